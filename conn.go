@@ -1,0 +1,379 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// connCore is what every wrapped connection implements, whatever the inner
+// connection offers. Validator is the one deliberate addition: the wrapper
+// must see each return of the connection to the pool.
+type connCore interface {
+	driver.Conn
+	driver.Validator
+	Unwrap() driver.Conn
+	// state returns the wrapper's own connection, for code that holds the
+	// value database/sql holds (sql.Conn.Raw).
+	state() *conn
+}
+
+// probeTimeout bounds the liveness check IsValid makes after a failure.
+const probeTimeout = 2 * time.Second
+
+// conn is one wrapped physical connection and the state lockhooks keeps
+// for it from Connect to Close. database/sql uses a connection from one
+// goroutine at a time; fields that other goroutines may read are atomic.
+type conn struct {
+	connector *connector
+	inner     driver.Conn
+	id        uint64
+
+	// The inner connection's optional interfaces, nil where absent.
+	// execer and queryer are also set from the legacy Execer and Queryer.
+	execer    driver.ExecerContext
+	queryer   driver.QueryerContext
+	preparer  driver.ConnPrepareContext
+	beginner  driver.ConnBeginTx
+	pinger    driver.Pinger
+	resetter  driver.SessionResetter
+	checker   driver.NamedValueChecker
+	validator driver.Validator
+
+	// suspect is set when an inner call failed with an error that did not
+	// come from the database server, so the connection may be broken.
+	suspect atomic.Bool
+
+	// pid is the Postgres backend pid, 0 until backendPID fetches it.
+	pid int32
+
+	// tx is the connection's transaction; database/sql runs at most one
+	// per connection at a time, so BeginTx hands out a pointer to it.
+	tx tx
+}
+
+var _ connCore = (*conn)(nil)
+
+// Interface bits of withConnInterfaces, in generated order.
+const (
+	connExecerContext uint = 1 << iota
+	connQueryerContext
+	connPrepareContext
+	connBeginTx
+	connPinger
+	connSessionResetter
+	connNamedValueChecker
+)
+
+// newConn wraps inner and returns it with exactly the optional interfaces
+// inner has (legacy Execer/Queryer count as their context forms).
+func newConn(c *connector, inner driver.Conn) driver.Conn {
+	w := &conn{connector: c, inner: inner, id: c.nextID.Add(1)}
+	w.tx.c = w
+	var mask uint
+	if e, ok := inner.(driver.ExecerContext); ok {
+		w.execer = e
+	} else if e, ok := inner.(driver.Execer); ok { //nolint:staticcheck // legacy drivers
+		w.execer = legacyExecer{e}
+	}
+	if w.execer != nil {
+		mask |= connExecerContext
+	}
+	if q, ok := inner.(driver.QueryerContext); ok {
+		w.queryer = q
+	} else if q, ok := inner.(driver.Queryer); ok { //nolint:staticcheck // legacy drivers
+		w.queryer = legacyQueryer{q}
+	}
+	if w.queryer != nil {
+		mask |= connQueryerContext
+	}
+	if p, ok := inner.(driver.ConnPrepareContext); ok {
+		w.preparer = p
+		mask |= connPrepareContext
+	}
+	if b, ok := inner.(driver.ConnBeginTx); ok {
+		w.beginner = b
+		mask |= connBeginTx
+	}
+	if p, ok := inner.(driver.Pinger); ok {
+		w.pinger = p
+		mask |= connPinger
+	}
+	if r, ok := inner.(driver.SessionResetter); ok {
+		w.resetter = r
+		mask |= connSessionResetter
+	}
+	if n, ok := inner.(driver.NamedValueChecker); ok {
+		w.checker = n
+		mask |= connNamedValueChecker
+	}
+	w.validator, _ = inner.(driver.Validator)
+	return withConnInterfaces(w, mask)
+}
+
+// Unwrap returns the inner driver connection, for sql.Conn.Raw users:
+//
+//	conn.Raw(func(dc any) error {
+//		inner := dc.(interface{ Unwrap() driver.Conn }).Unwrap()
+//		...
+//	})
+func (c *conn) Unwrap() driver.Conn { return c.inner }
+
+func (c *conn) state() *conn { return c }
+
+// String names the connection in errors and logs.
+func (c *conn) String() string {
+	if c.pid != 0 {
+		return fmt.Sprintf("connection #%d (backend pid %d)", c.id, c.pid)
+	}
+	return fmt.Sprintf("connection #%d", c.id)
+}
+
+// ExecContext runs query through the statement hooks.
+func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	st := c.intercept(ctx, query)
+	res, err := c.execer.ExecContext(ctx, st.text, args)
+	return res, c.observe(err)
+}
+
+// QueryContext runs query through the statement hooks.
+func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	st := c.intercept(ctx, query)
+	rows, err := c.queryer.QueryContext(ctx, st.text, args)
+	if err != nil {
+		return nil, c.observe(err)
+	}
+	return c.wrapRows(rows, st), nil
+}
+
+// Prepare prepares query (rewritten by the statement hooks) on the inner
+// connection; database/sql calls it only when PrepareContext is absent.
+func (c *conn) Prepare(query string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), query)
+}
+
+// PrepareContext prepares the rewritten query; executions of the statement
+// go through the same hooks.
+func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	st := c.intercept(ctx, query)
+	var (
+		inner driver.Stmt
+		err   error
+	)
+	if c.preparer != nil {
+		inner, err = c.preparer.PrepareContext(ctx, st.text)
+	} else {
+		inner, err = c.inner.Prepare(st.text)
+	}
+	if err != nil {
+		return nil, c.observe(err)
+	}
+	return newStmt(c, inner, st), nil
+}
+
+// Begin starts a transaction; database/sql calls it only when BeginTx is
+// absent.
+func (c *conn) Begin() (driver.Tx, error) {
+	inner, err := c.inner.Begin() //nolint:staticcheck // the inner driver has no BeginTx
+	if err != nil {
+		return nil, c.observe(err)
+	}
+	return c.tx.begin(inner, driver.TxOptions{}), nil
+}
+
+// BeginTx starts a transaction.
+func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	inner, err := c.beginner.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, c.observe(err)
+	}
+	return c.tx.begin(inner, opts), nil
+}
+
+// Ping forwards to the inner connection.
+func (c *conn) Ping(ctx context.Context) error { return c.observe(c.pinger.Ping(ctx)) }
+
+// ResetSession forwards to the inner connection; database/sql calls it when
+// it hands out a connection that was used before.
+func (c *conn) ResetSession(ctx context.Context) error { return c.resetter.ResetSession(ctx) }
+
+// CheckNamedValue forwards to the inner connection.
+func (c *conn) CheckNamedValue(nv *driver.NamedValue) error { return c.checker.CheckNamedValue(nv) }
+
+// IsValid is called by database/sql each time the connection goes back to
+// the pool; false makes it close the connection. A connection whose inner
+// driver has no Validator is checked after a failure that may have broken
+// it, so a dead connection (for example after a transaction cancelled by its
+// context) never returns to the pool.
+func (c *conn) IsValid() bool {
+	if c.validator != nil {
+		return c.validator.IsValid()
+	}
+	if !c.suspect.Load() {
+		return true
+	}
+	if c.pinger == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	if c.pinger.Ping(ctx) != nil {
+		return false
+	}
+	c.suspect.Store(false)
+	return true
+}
+
+// Close closes the physical connection.
+func (c *conn) Close() error {
+	return c.inner.Close()
+}
+
+// observe records what err says about the connection's health and returns
+// err unchanged (driver.ErrSkip must keep its identity).
+func (c *conn) observe(err error) error {
+	if err != nil && err != driver.ErrSkip && !isServerError(err) {
+		c.suspect.Store(true)
+	}
+	return err
+}
+
+// isServerError reports whether err is an error the database reported
+// (a Postgres SQLSTATE or an SQLite result code), after which the
+// connection is still usable.
+func isServerError(err error) bool {
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		return true
+	}
+	var lite interface{ Code() int }
+	return errors.As(err, &lite)
+}
+
+// backendPID returns the Postgres backend pid of the connection, asking the
+// server once, the first time a feature needs it.
+func (c *conn) backendPID(ctx context.Context) (int32, error) {
+	if c.pid != 0 {
+		return c.pid, nil
+	}
+	v, err := c.queryValue(ctx, "SELECT pg_backend_pid()")
+	if err != nil {
+		return 0, fmt.Errorf("lockhooks: reading the backend pid of %v: %w", c, err)
+	}
+	switch pid := v.(type) {
+	case int64:
+		c.pid = int32(pid)
+	case int32:
+		c.pid = pid
+	default:
+		return 0, fmt.Errorf("lockhooks: pg_backend_pid() returned %T, want an integer", v)
+	}
+	return c.pid, nil
+}
+
+// queryValue runs a statement of lockhooks' own on the inner connection,
+// bypassing the hooks, and returns the first column of its first row.
+func (c *conn) queryValue(ctx context.Context, query string, args ...driver.NamedValue) (driver.Value, error) {
+	var (
+		rows driver.Rows
+		err  error
+	)
+	if c.queryer != nil {
+		rows, err = c.queryer.QueryContext(ctx, query, args)
+	} else {
+		rows, err = c.queryPrepared(ctx, query, args)
+	}
+	if err != nil {
+		return nil, c.observe(err)
+	}
+	defer rows.Close()
+	dest := make([]driver.Value, len(rows.Columns()))
+	if err := rows.Next(dest); err != nil {
+		return nil, c.observe(err)
+	}
+	if len(dest) == 0 {
+		return nil, fmt.Errorf("lockhooks: %q returned no columns", query)
+	}
+	return dest[0], nil
+}
+
+// queryPrepared runs query through a prepared statement, for drivers
+// without a Queryer.
+func (c *conn) queryPrepared(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	var (
+		s   driver.Stmt
+		err error
+	)
+	if c.preparer != nil {
+		s, err = c.preparer.PrepareContext(ctx, query)
+	} else {
+		s, err = c.inner.Prepare(query)
+	}
+	if err != nil {
+		return nil, err
+	}
+	rows, err := stmtQuery(ctx, s, args)
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	return closingRows{Rows: rows, stmt: s}, nil
+}
+
+// closingRows closes its statement after its rows.
+type closingRows struct {
+	driver.Rows
+	stmt driver.Stmt
+}
+
+func (r closingRows) Close() error {
+	err := r.Rows.Close()
+	if cerr := r.stmt.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// legacyExecer gives a driver.Execer the ExecerContext form.
+type legacyExecer struct{ driver.Execer } //nolint:staticcheck // legacy drivers
+
+func (e legacyExecer) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	values, err := namedValuesToValues(args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return e.Exec(query, values)
+}
+
+// legacyQueryer gives a driver.Queryer the QueryerContext form.
+type legacyQueryer struct{ driver.Queryer } //nolint:staticcheck // legacy drivers
+
+func (q legacyQueryer) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	values, err := namedValuesToValues(args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return q.Query(query, values)
+}
+
+// namedValuesToValues converts arguments for legacy driver methods, which
+// cannot take named arguments.
+func namedValuesToValues(named []driver.NamedValue) ([]driver.Value, error) {
+	values := make([]driver.Value, len(named))
+	for i, nv := range named {
+		if nv.Name != "" {
+			return nil, fmt.Errorf("lockhooks: the inner driver does not support named arguments (got %q)", nv.Name)
+		}
+		values[i] = nv.Value
+	}
+	return values, nil
+}

@@ -1,0 +1,344 @@
+// Package lockhooks wraps a database/sql driver for PostgreSQL or SQLite so
+// that database locking is correct, visible and fast.
+//
+// A user changes one driver name:
+//
+//	name, err := lockhooks.Register("pgx") // "lockhooks+pgx"
+//	db, err := sql.Open(name, dsn)
+//
+// or wraps a connector:
+//
+//	db := lockhooks.OpenDB(stdlib.GetConnector(cfg))
+//
+// The root package imports neither pgx nor modernc.org/sqlite; it works with
+// any Postgres or SQLite driver and infers which of the two it talks to from
+// the inner driver's package (see [WithDialect]).
+package lockhooks
+
+//go:generate go run ./internal/ifacegen
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Dialect names the SQL dialect of the wrapped database.
+type Dialect string
+
+// The dialects lockhooks understands.
+const (
+	Postgres Dialect = "postgres"
+	SQLite   Dialect = "sqlite"
+)
+
+// Prefix is prepended to a driver's name by [Register].
+const Prefix = "lockhooks+"
+
+// ErrUnknownDialect is returned when the dialect is neither given with
+// [WithDialect] nor recognisable from the inner driver's package.
+var ErrUnknownDialect = errors.New("lockhooks: unknown SQL dialect")
+
+// An Option configures a wrapped driver or connector.
+type Option func(*options)
+
+// options is the configuration shared by every connection of one wrapper.
+type options struct {
+	dialect Dialect
+	logger  *slog.Logger
+}
+
+// WithDialect fixes the SQL dialect instead of inferring it from the inner
+// driver. It is needed for drivers lockhooks does not recognise; the
+// recognised ones are pgx (v4 and v5 stdlib), lib/pq, modernc.org/sqlite,
+// mattn/go-sqlite3 and ncruces/go-sqlite3.
+func WithDialect(d Dialect) Option {
+	return func(o *options) { o.dialect = d }
+}
+
+// WithLogger sets where lockhooks reports what it cannot return as an error,
+// such as a parked lock that was lost. The default is [slog.Default].
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+// driverPackages maps the import path of a driver's package to its dialect.
+var driverPackages = map[string]Dialect{
+	"github.com/jackc/pgx/v5/stdlib":      Postgres,
+	"github.com/jackc/pgx/v4/stdlib":      Postgres,
+	"github.com/lib/pq":                   Postgres,
+	"modernc.org/sqlite":                  SQLite,
+	"github.com/mattn/go-sqlite3":         SQLite,
+	"github.com/ncruces/go-sqlite3/driver": SQLite,
+}
+
+// inferDialect returns the dialect of the first value whose package is known.
+func inferDialect(values ...any) (Dialect, bool) {
+	for _, v := range values {
+		t := reflect.TypeOf(v)
+		for t != nil && t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t == nil {
+			continue
+		}
+		if d, ok := driverPackages[t.PkgPath()]; ok {
+			return d, true
+		}
+	}
+	return "", false
+}
+
+// resolveOptions applies opts and settles the dialect. inner names the
+// wrapped driver or connector for error messages and inference.
+func resolveOptions(opts []Option, inner ...any) (*options, error) {
+	o := &options{}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(o)
+		}
+	}
+	if o.logger == nil {
+		o.logger = slog.Default()
+	}
+	switch o.dialect {
+	case Postgres, SQLite:
+		return o, nil
+	case "":
+		if d, ok := inferDialect(inner...); ok {
+			o.dialect = d
+			return o, nil
+		}
+		return nil, fmt.Errorf("%w: cannot tell whether %s speaks PostgreSQL or SQLite; pass lockhooks.WithDialect(lockhooks.Postgres) or lockhooks.WithDialect(lockhooks.SQLite)",
+			ErrUnknownDialect, describe(inner[0]))
+	default:
+		return nil, fmt.Errorf("%w: %q is not supported; use lockhooks.Postgres or lockhooks.SQLite", ErrUnknownDialect, string(o.dialect))
+	}
+}
+
+// describe names v's type and package for error messages.
+func describe(v any) string {
+	t := reflect.TypeOf(v)
+	if t == nil {
+		return "<nil>"
+	}
+	base := t
+	for base.Kind() == reflect.Pointer {
+		base = base.Elem()
+	}
+	if base.PkgPath() == "" {
+		return fmt.Sprintf("driver %s", t)
+	}
+	return fmt.Sprintf("driver %s (package %s)", t, base.PkgPath())
+}
+
+// Driver is a wrapped driver.Driver. It implements driver.DriverContext, so
+// every *sql.DB opened by name gets its own connector and lock state.
+type Driver struct {
+	inner driver.Driver
+	opts  []Option
+}
+
+var (
+	_ driver.Driver        = (*Driver)(nil)
+	_ driver.DriverContext = (*Driver)(nil)
+)
+
+// Wrap returns a driver that opens connections through d with lockhooks'
+// locking behaviour. Errors in d or opts (a nil driver, an unknown dialect)
+// are returned when the first connector or connection is opened.
+func Wrap(d driver.Driver, opts ...Option) driver.Driver {
+	return &Driver{inner: d, opts: opts}
+}
+
+// Open opens one connection; database/sql prefers OpenConnector.
+func (d *Driver) Open(dsn string) (driver.Conn, error) {
+	c, err := d.OpenConnector(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return c.Connect(context.Background())
+}
+
+// OpenConnector returns a connector for dsn that shares lock state between
+// all of its connections.
+func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
+	if d.inner == nil {
+		return nil, errors.New("lockhooks: Wrap was given a nil driver.Driver")
+	}
+	var inner driver.Connector
+	if dc, ok := d.inner.(driver.DriverContext); ok {
+		c, err := dc.OpenConnector(dsn)
+		if err != nil {
+			return nil, err
+		}
+		inner = c
+	} else {
+		inner = dsnConnector{dsn: dsn, driver: d.inner}
+	}
+	o, err := resolveOptions(d.opts, d.inner)
+	if err != nil {
+		return nil, err
+	}
+	return newConnector(inner, d, o), nil
+}
+
+// Unwrap returns the wrapped driver.
+func (d *Driver) Unwrap() driver.Driver { return d.inner }
+
+// dsnConnector adapts a driver without DriverContext, as database/sql does.
+type dsnConnector struct {
+	dsn    string
+	driver driver.Driver
+}
+
+func (c dsnConnector) Connect(context.Context) (driver.Conn, error) { return c.driver.Open(c.dsn) }
+func (c dsnConnector) Driver() driver.Driver                        { return c.driver }
+
+// WrapConnector returns a connector whose connections have lockhooks'
+// locking behaviour. Use it with sql.OpenDB when the inner driver is
+// configured through a connector (pgx's stdlib.GetConnector,
+// modernc's sqlite.NewConnector). Errors in c or opts are returned by the
+// first Connect.
+func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
+	if c == nil {
+		return brokenConnector{err: errors.New("lockhooks: WrapConnector was given a nil driver.Connector")}
+	}
+	o, err := resolveOptions(opts, c.Driver(), c)
+	if err != nil {
+		return brokenConnector{err: err, drv: c.Driver()}
+	}
+	return newConnector(c, &Driver{inner: c.Driver(), opts: opts}, o)
+}
+
+// brokenConnector reports a configuration error on every Connect, the way
+// sql.OpenDB reports connector errors: at first use.
+type brokenConnector struct {
+	err error
+	drv driver.Driver
+}
+
+func (b brokenConnector) Connect(context.Context) (driver.Conn, error) { return nil, b.err }
+func (b brokenConnector) Driver() driver.Driver                        { return &Driver{inner: b.drv} }
+
+// OpenDB is sql.OpenDB(WrapConnector(c, opts...)).
+func OpenDB(c driver.Connector, opts ...Option) *sql.DB {
+	return sql.OpenDB(WrapConnector(c, opts...))
+}
+
+// Open opens a database through the registered driver driverName (for
+// example "pgx" or "sqlite") with lockhooks' locking behaviour, without
+// registering a new name. Unlike sql.Open it checks the options at once.
+func Open(driverName, dsn string, opts ...Option) (*sql.DB, error) {
+	inner, err := registeredDriver(driverName)
+	if err != nil {
+		return nil, err
+	}
+	c, err := Wrap(inner, opts...).(*Driver).OpenConnector(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return sql.OpenDB(c), nil
+}
+
+// registerMu makes the check-then-register in Register atomic: sql.Register
+// panics on a duplicate name.
+var registerMu sync.Mutex
+
+// Register registers the driver registered as driverName again, wrapped, as
+// "lockhooks+"+driverName, and returns that name for sql.Open. Registering
+// the same driver again without options returns the name and no error; a
+// repeat with options is an error, because the first registration's options
+// stay in force.
+func Register(driverName string, opts ...Option) (string, error) {
+	if strings.HasPrefix(driverName, Prefix) {
+		return "", fmt.Errorf("lockhooks: %q is already a lockhooks driver; register the inner driver's name instead", driverName)
+	}
+	inner, err := registeredDriver(driverName)
+	if err != nil {
+		return "", err
+	}
+	if _, err := resolveOptions(opts, inner); err != nil {
+		return "", err
+	}
+	name := Prefix + driverName
+
+	registerMu.Lock()
+	defer registerMu.Unlock()
+	if existing, err := registeredDriver(name); err == nil {
+		w, ok := existing.(*Driver)
+		switch {
+		case !ok || w.inner != inner:
+			return "", fmt.Errorf("lockhooks: the driver name %q is already taken by %s", name, describe(existing))
+		case len(opts) > 0:
+			return name, fmt.Errorf("lockhooks: %q is already registered; its first options stay in force (use lockhooks.Open or OpenDB for different options)", name)
+		}
+		return name, nil
+	}
+	sql.Register(name, Wrap(inner, opts...))
+	return name, nil
+}
+
+// registeredDriver returns the driver registered as name. sql.Open does not
+// connect, so this only looks the name up.
+func registeredDriver(name string) (driver.Driver, error) {
+	if !slices.Contains(sql.Drivers(), name) {
+		return nil, fmt.Errorf("lockhooks: no database/sql driver is registered as %q (is its package imported?); registered: %s",
+			name, strings.Join(sql.Drivers(), ", "))
+	}
+	db, err := sql.Open(name, "")
+	if err != nil {
+		return nil, fmt.Errorf("lockhooks: cannot look up the driver registered as %q: %w", name, err)
+	}
+	d := db.Driver()
+	_ = db.Close()
+	return d, nil
+}
+
+// connector is the wrapped connector: the state of one wrapped database,
+// shared by all of its connections.
+type connector struct {
+	inner  driver.Connector
+	driver *Driver
+	opts   *options
+	nextID atomic.Uint64
+}
+
+var (
+	_ driver.Connector = (*connector)(nil)
+	_ io.Closer        = (*connector)(nil)
+)
+
+func newConnector(inner driver.Connector, d *Driver, o *options) *connector {
+	return &connector{inner: inner, driver: d, opts: o}
+}
+
+// Connect opens and wraps one physical connection.
+func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
+	inner, err := c.inner.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return newConn(c, inner), nil
+}
+
+// Driver returns the wrapped driver, as sql.DB.Driver reports it.
+func (c *connector) Driver() driver.Driver { return c.driver }
+
+// Close is called by sql.DB.Close; it closes the inner connector when that
+// is an io.Closer.
+func (c *connector) Close() error {
+	if cl, ok := c.inner.(io.Closer); ok {
+		return cl.Close()
+	}
+	return nil
+}

@@ -1,0 +1,334 @@
+// Package pgtest gives tests a real PostgreSQL database.
+//
+// It starts one private cluster per test binary from the system's server
+// binaries (initdb and pg_ctl on PATH or under /usr/lib/postgresql/*/bin), in a
+// temporary directory, on a free loopback port, with durability turned off
+// for speed; each test that calls [DSN] gets a fresh database, dropped when
+// the test ends, and [Main] stops and removes the cluster when the binary's
+// tests are done. A cluster left behind by a test binary that was killed is
+// stopped and removed by the next one.
+//
+// Environment:
+//   - LOCKHOOKS_TEST_PG_DSN: use this server instead of starting one (the
+//     user must be allowed to create databases);
+//   - LOCKHOOKS_REQUIRE_PG=1: fail, instead of skip, when no server can be had
+//     (CI sets it).
+//
+// When the tests run as root (initdb refuses to), the cluster is run as the
+// postgres system user through runuser.
+package pgtest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the admin connection
+)
+
+// Environment variables read by this package.
+const (
+	EnvDSN     = "LOCKHOOKS_TEST_PG_DSN"
+	EnvRequire = "LOCKHOOKS_REQUIRE_PG"
+)
+
+// dirPrefix names the clusters' directories, so stale ones can be found.
+const dirPrefix = "lockhooks-pgtest-"
+
+// ownerFile in a cluster directory holds the pid of the test binary that
+// started it.
+const ownerFile = "owner.pid"
+
+// settings make the throwaway cluster fast; no data here must survive.
+var settings = []string{
+	"fsync = off",
+	"synchronous_commit = off",
+	"full_page_writes = off",
+	"max_connections = 300",
+	"shared_buffers = 64MB",
+	"listen_addresses = '127.0.0.1'",
+	"log_min_messages = warning",
+}
+
+var (
+	once    sync.Once
+	server  *cluster // nil when startErr is set
+	admin   *sql.DB
+	adminTo string // DSN template, database name replaced per test
+	started error  // why no server is available
+	dbSeq   atomic.Int64
+)
+
+// cluster is a running private cluster.
+type cluster struct {
+	dir    string // owns data/, the socket and the log
+	bin    string // directory of initdb and pg_ctl
+	port   int
+	asUser bool // run the binaries as the postgres system user
+}
+
+// Main runs the package's tests and then stops the private cluster, if one
+// was started. Use it from TestMain:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+func Main(m *testing.M) {
+	code := m.Run()
+	Stop()
+	os.Exit(code)
+}
+
+// Stop stops and removes the private cluster, if one was started.
+func Stop() {
+	if admin != nil {
+		admin.Close()
+	}
+	if server != nil {
+		server.stop()
+	}
+}
+
+// DSN returns the DSN (a postgres:// URL) of a new, empty database for t,
+// dropped when t ends. Without a server it skips t with a loud message, or
+// fails it when LOCKHOOKS_REQUIRE_PG=1.
+func DSN(t testing.TB) string {
+	t.Helper()
+	once.Do(start)
+	if started != nil {
+		if os.Getenv(EnvRequire) == "1" {
+			t.Fatalf("pgtest: PostgreSQL is required (%s=1) but unavailable: %v", EnvRequire, started)
+		}
+		t.Skipf("pgtest: SKIPPING a PostgreSQL test: %v (install PostgreSQL or set %s)", started, EnvDSN)
+	}
+	name := fmt.Sprintf("t%d_%s", dbSeq.Add(1), sanitize(t.Name()))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("pgtest: creating database %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("pgtest: dropping database %s: %v", name, err)
+		}
+	})
+	return withDatabase(adminTo, name)
+}
+
+var notIdent = regexp.MustCompile(`[^a-z0-9_]+`)
+
+// sanitize turns a test name into part of a database name.
+func sanitize(name string) string {
+	s := notIdent.ReplaceAllString(strings.ToLower(name), "_")
+	if len(s) > 40 {
+		s = s[:40]
+	}
+	return s
+}
+
+// withDatabase returns dsn with its database replaced by db.
+func withDatabase(dsn, db string) string {
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Path = "/" + db
+		return u.String()
+	}
+	return dsn + " dbname=" + db
+}
+
+// start finds or starts a server and opens the admin connection.
+func start() {
+	dsn := os.Getenv(EnvDSN)
+	if dsn == "" {
+		c, err := startCluster()
+		if err != nil {
+			started = err
+			return
+		}
+		server = c
+		dsn = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = db.PingContext(ctx)
+		cancel()
+	}
+	if err != nil {
+		started = fmt.Errorf("connecting to %s: %w", redact(dsn), err)
+		if server != nil {
+			server.stop()
+			server = nil
+		}
+		return
+	}
+	db.SetMaxOpenConns(2)
+	admin, adminTo = db, dsn
+}
+
+// redact hides a password in dsn.
+func redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return dsn
+}
+
+// findBin returns the directory holding initdb and pg_ctl.
+func findBin() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p), nil
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	return "", errors.New("no initdb on PATH or under /usr/lib/postgresql/*/bin (apt-get install postgresql)")
+}
+
+// version reads the major version from /usr/lib/postgresql/<v>/bin.
+func version(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}
+
+// startCluster creates and starts a new private cluster.
+func startCluster() (*cluster, error) {
+	bin, err := findBin()
+	if err != nil {
+		return nil, err
+	}
+	removeStale(bin)
+	dir, err := os.MkdirTemp("", dirPrefix)
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{dir: dir, bin: bin, asUser: os.Geteuid() == 0}
+	if err := c.create(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		if c.port, err = freePort(); err != nil {
+			return nil, err
+		}
+		if lastErr = c.run("pg_ctl", "start", "-w", "-t", "60", "-D", c.data(), "-l", filepath.Join(dir, "server.log"),
+			"-o", fmt.Sprintf("-p %d -k %s", c.port, dir)); lastErr == nil {
+			return c, nil
+		}
+	}
+	log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
+	os.RemoveAll(dir)
+	return nil, fmt.Errorf("starting PostgreSQL: %w\n%s", lastErr, log)
+}
+
+func (c *cluster) data() string { return filepath.Join(c.dir, "data") }
+
+// create runs initdb and writes the settings and the owner pid.
+func (c *cluster) create() error {
+	if err := os.WriteFile(filepath.Join(c.dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return err
+	}
+	if c.asUser {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return fmt.Errorf("running as root, initdb needs the postgres system user: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(c.dir, uid, gid); err != nil {
+			return err
+		}
+		if err := os.Chmod(c.dir, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := c.run("initdb", "-D", c.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
+		return err
+	}
+	conf := filepath.Join(c.data(), "postgresql.conf")
+	f, err := os.OpenFile(conf, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString("\n# lockhooks pgtest\n" + strings.Join(settings, "\n") + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// run runs one of the server binaries, as the postgres user when needed.
+func (c *cluster) run(name string, args ...string) error {
+	path := filepath.Join(c.bin, name)
+	var cmd *exec.Cmd
+	if c.asUser {
+		cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
+	} else {
+		cmd = exec.Command(path, args...)
+	}
+	cmd.Dir = c.dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// stop stops the cluster at once and removes its directory.
+func (c *cluster) stop() {
+	_ = c.run("pg_ctl", "stop", "-D", c.data(), "-m", "immediate", "-w", "-t", "30")
+	os.RemoveAll(c.dir)
+}
+
+// removeStale stops and removes clusters whose test binary is gone.
+func removeStale(bin string) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, dir := range dirs {
+		raw, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue // being created right now, or not ours
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+		if err != nil || alive(pid) {
+			continue
+		}
+		stale := &cluster{dir: dir, bin: bin, asUser: os.Geteuid() == 0}
+		stale.stop()
+	}
+}
+
+// alive reports whether process pid exists.
+func alive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

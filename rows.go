@@ -1,0 +1,127 @@
+package lockhooks
+
+import (
+	"database/sql/driver"
+	"io"
+	"reflect"
+)
+
+// The optional rows interfaces, each with only its own methods (the
+// driver package's versions embed driver.Rows, which would make the
+// generated structs' methods ambiguous).
+type (
+	rowsNextResultSet interface {
+		HasNextResultSet() bool
+		NextResultSet() error
+	}
+	rowsColumnTypeScanType         interface{ ColumnTypeScanType(index int) reflect.Type }
+	rowsColumnTypeDatabaseTypeName interface{ ColumnTypeDatabaseTypeName(index int) string }
+	rowsColumnTypeLength           interface {
+		ColumnTypeLength(index int) (length int64, ok bool)
+	}
+	rowsColumnTypeNullable interface {
+		ColumnTypeNullable(index int) (nullable, ok bool)
+	}
+	rowsColumnTypePrecisionScale interface {
+		ColumnTypePrecisionScale(index int) (precision, scale int64, ok bool)
+	}
+)
+
+// rows wraps the rows of a statement the wrapper must follow to its end
+// (for example one that took a lock whose outcome is read from its result).
+// Statements that need nothing of the kind get the inner rows unwrapped.
+type rows struct {
+	c     *conn
+	inner driver.Rows
+	st    statement
+}
+
+// Interface bits of withRowsInterfaces, in generated order.
+const (
+	rowsNextResultSetBit uint = 1 << iota
+	rowsScanTypeBit
+	rowsDatabaseTypeNameBit
+	rowsLengthBit
+	rowsNullableBit
+	rowsPrecisionScaleBit
+)
+
+// wrapRows returns inner itself unless the statement st needs its rows
+// followed, and then a wrapper with exactly inner's optional interfaces.
+func (c *conn) wrapRows(inner driver.Rows, st statement) driver.Rows {
+	if !st.followRows() {
+		return inner
+	}
+	return newRows(c, inner, st)
+}
+
+func newRows(c *conn, inner driver.Rows, st statement) driver.Rows {
+	r := &rows{c: c, inner: inner, st: st}
+	var mask uint
+	if _, ok := inner.(rowsNextResultSet); ok {
+		mask |= rowsNextResultSetBit
+	}
+	if _, ok := inner.(rowsColumnTypeScanType); ok {
+		mask |= rowsScanTypeBit
+	}
+	if _, ok := inner.(rowsColumnTypeDatabaseTypeName); ok {
+		mask |= rowsDatabaseTypeNameBit
+	}
+	if _, ok := inner.(rowsColumnTypeLength); ok {
+		mask |= rowsLengthBit
+	}
+	if _, ok := inner.(rowsColumnTypeNullable); ok {
+		mask |= rowsNullableBit
+	}
+	if _, ok := inner.(rowsColumnTypePrecisionScale); ok {
+		mask |= rowsPrecisionScaleBit
+	}
+	return withRowsInterfaces(r, mask)
+}
+
+// Columns forwards to the inner rows.
+func (r *rows) Columns() []string { return r.inner.Columns() }
+
+// Next forwards to the inner rows and notes a failure that may have broken
+// the connection.
+func (r *rows) Next(dest []driver.Value) error {
+	err := r.inner.Next(dest)
+	if err != nil && err != io.EOF {
+		r.c.observe(err)
+	}
+	return err
+}
+
+// Close closes the inner rows.
+func (r *rows) Close() error { return r.c.observe(r.inner.Close()) }
+
+// HasNextResultSet forwards to the inner rows.
+func (r *rows) HasNextResultSet() bool { return r.inner.(rowsNextResultSet).HasNextResultSet() }
+
+// NextResultSet forwards to the inner rows.
+func (r *rows) NextResultSet() error { return r.inner.(rowsNextResultSet).NextResultSet() }
+
+// ColumnTypeScanType forwards to the inner rows.
+func (r *rows) ColumnTypeScanType(i int) reflect.Type {
+	return r.inner.(rowsColumnTypeScanType).ColumnTypeScanType(i)
+}
+
+// ColumnTypeDatabaseTypeName forwards to the inner rows.
+func (r *rows) ColumnTypeDatabaseTypeName(i int) string {
+	return r.inner.(rowsColumnTypeDatabaseTypeName).ColumnTypeDatabaseTypeName(i)
+}
+
+// ColumnTypeLength forwards to the inner rows.
+func (r *rows) ColumnTypeLength(i int) (int64, bool) {
+	return r.inner.(rowsColumnTypeLength).ColumnTypeLength(i)
+}
+
+// ColumnTypeNullable forwards to the inner rows.
+func (r *rows) ColumnTypeNullable(i int) (bool, bool) {
+	return r.inner.(rowsColumnTypeNullable).ColumnTypeNullable(i)
+}
+
+// ColumnTypePrecisionScale forwards to the inner rows.
+func (r *rows) ColumnTypePrecisionScale(i int) (int64, int64, bool) {
+	return r.inner.(rowsColumnTypePrecisionScale).ColumnTypePrecisionScale(i)
+}

@@ -1,0 +1,117 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql/driver"
+)
+
+// stmtColumnConverter is driver.ColumnConverter under a name that does not
+// collide with its method: a struct embedding driver.ColumnConverter has a
+// field, not a method, called ColumnConverter.
+type stmtColumnConverter interface {
+	ColumnConverter(idx int) driver.ValueConverter
+}
+
+// stmt is a wrapped prepared statement. Its text was rewritten when it was
+// prepared; each execution goes through the connection's hooks with the
+// classification made then.
+type stmt struct {
+	c     *conn
+	inner driver.Stmt
+	st    statement
+
+	execer    driver.StmtExecContext
+	queryer   driver.StmtQueryContext
+	checker   driver.NamedValueChecker
+	converter driver.ColumnConverter
+}
+
+// Interface bits of withStmtInterfaces, in generated order.
+const (
+	stmtExecContextBit uint = 1 << iota
+	stmtQueryContextBit
+	stmtNamedValueCheckerBit
+	stmtColumnConverterBit
+)
+
+// newStmt wraps inner with exactly the optional interfaces it has.
+func newStmt(c *conn, inner driver.Stmt, st statement) driver.Stmt {
+	s := &stmt{c: c, inner: inner, st: st}
+	var mask uint
+	if e, ok := inner.(driver.StmtExecContext); ok {
+		s.execer = e
+		mask |= stmtExecContextBit
+	}
+	if q, ok := inner.(driver.StmtQueryContext); ok {
+		s.queryer = q
+		mask |= stmtQueryContextBit
+	}
+	if n, ok := inner.(driver.NamedValueChecker); ok {
+		s.checker = n
+		mask |= stmtNamedValueCheckerBit
+	}
+	if cc, ok := inner.(driver.ColumnConverter); ok { //nolint:staticcheck // forwarded for drivers that have it
+		s.converter = cc
+		mask |= stmtColumnConverterBit
+	}
+	return withStmtInterfaces(s, mask)
+}
+
+// Close closes the inner statement.
+func (s *stmt) Close() error { return s.inner.Close() }
+
+// NumInput forwards to the inner statement.
+func (s *stmt) NumInput() int { return s.inner.NumInput() }
+
+// Exec runs the statement; database/sql calls it only when ExecContext is
+// absent.
+func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
+	res, err := s.inner.Exec(args) //nolint:staticcheck // the inner statement has no ExecContext
+	return res, s.c.observe(err)
+}
+
+// Query runs the statement; database/sql calls it only when QueryContext is
+// absent.
+func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
+	rows, err := s.inner.Query(args) //nolint:staticcheck // the inner statement has no QueryContext
+	if err != nil {
+		return nil, s.c.observe(err)
+	}
+	return s.c.wrapRows(rows, s.st), nil
+}
+
+// ExecContext runs the statement.
+func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	res, err := s.execer.ExecContext(ctx, args)
+	return res, s.c.observe(err)
+}
+
+// QueryContext runs the statement.
+func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	rows, err := s.queryer.QueryContext(ctx, args)
+	if err != nil {
+		return nil, s.c.observe(err)
+	}
+	return s.c.wrapRows(rows, s.st), nil
+}
+
+// CheckNamedValue forwards to the inner statement.
+func (s *stmt) CheckNamedValue(nv *driver.NamedValue) error { return s.checker.CheckNamedValue(nv) }
+
+// ColumnConverter forwards to the inner statement.
+func (s *stmt) ColumnConverter(idx int) driver.ValueConverter { return s.converter.ColumnConverter(idx) }
+
+// stmtQuery runs a prepared statement with the context form when it has one.
+func stmtQuery(ctx context.Context, s driver.Stmt, args []driver.NamedValue) (driver.Rows, error) {
+	if q, ok := s.(driver.StmtQueryContext); ok {
+		return q.QueryContext(ctx, args)
+	}
+	values, err := namedValuesToValues(args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.Query(values) //nolint:staticcheck // the inner statement has no QueryContext
+}
