@@ -73,11 +73,11 @@ func WithLogger(l *slog.Logger) Option {
 
 // driverPackages maps the import path of a driver's package to its dialect.
 var driverPackages = map[string]Dialect{
-	"github.com/jackc/pgx/v5/stdlib":      Postgres,
-	"github.com/jackc/pgx/v4/stdlib":      Postgres,
-	"github.com/lib/pq":                   Postgres,
-	"modernc.org/sqlite":                  SQLite,
-	"github.com/mattn/go-sqlite3":         SQLite,
+	"github.com/jackc/pgx/v5/stdlib":       Postgres,
+	"github.com/jackc/pgx/v4/stdlib":       Postgres,
+	"github.com/lib/pq":                    Postgres,
+	"modernc.org/sqlite":                   SQLite,
+	"github.com/mattn/go-sqlite3":          SQLite,
 	"github.com/ncruces/go-sqlite3/driver": SQLite,
 }
 

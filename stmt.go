@@ -99,7 +99,9 @@ func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driv
 func (s *stmt) CheckNamedValue(nv *driver.NamedValue) error { return s.checker.CheckNamedValue(nv) }
 
 // ColumnConverter forwards to the inner statement.
-func (s *stmt) ColumnConverter(idx int) driver.ValueConverter { return s.converter.ColumnConverter(idx) }
+func (s *stmt) ColumnConverter(idx int) driver.ValueConverter {
+	return s.converter.ColumnConverter(idx)
+}
 
 // stmtQuery runs a prepared statement with the context form when it has one.
 func stmtQuery(ctx context.Context, s driver.Stmt, args []driver.NamedValue) (driver.Rows, error) {

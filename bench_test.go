@@ -1,0 +1,119 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/lockhooks/lockhooks/internal/pgtest"
+)
+
+// benchDB is one database opened raw and through the wrapper.
+type benchDB struct {
+	name    string // db=...
+	dialect Dialect
+	open    func(b *testing.B, wrapped bool) *sql.DB
+}
+
+var benchDBs = []benchDB{
+	{"sqlite-mem", SQLite, func(b *testing.B, wrapped bool) *sql.DB {
+		var (
+			db  *sql.DB
+			err error
+		)
+		if wrapped {
+			db, err = Open("sqlite", ":memory:")
+		} else {
+			db, err = sql.Open("sqlite", ":memory:")
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		db.SetMaxOpenConns(1) // one in-memory database
+		return db
+	}},
+	{"postgres", Postgres, func(b *testing.B, wrapped bool) *sql.DB {
+		dsn := pgtest.DSN(b)
+		var (
+			db  *sql.DB
+			err error
+		)
+		if wrapped {
+			db, err = Open("pgx", dsn)
+		} else {
+			db, err = sql.Open("pgx", dsn)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		db.SetMaxOpenConns(1)
+		return db
+	}},
+}
+
+// runRawAndWrapped runs fn as db=<name>/driver=raw and driver=lockhooks
+// sub-benchmarks on a table t(id, v) with one row, so benchstat can put
+// them side by side (-col /driver).
+func runRawAndWrapped(b *testing.B, fn func(b *testing.B, db *sql.DB, d Dialect)) {
+	for _, bd := range benchDBs {
+		for _, wrapped := range []bool{false, true} {
+			name := "db=" + bd.name + "/driver=raw"
+			if wrapped {
+				name = "db=" + bd.name + "/driver=lockhooks"
+			}
+			b.Run(name, func(b *testing.B) {
+				db := bd.open(b, wrapped)
+				defer db.Close()
+				mustExec(b, db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+				mustExec(b, db, "INSERT INTO t (id, v) VALUES (1, 0)")
+				b.ReportAllocs()
+				b.ResetTimer()
+				fn(b, db, bd.dialect)
+			})
+		}
+	}
+}
+
+func BenchmarkExec(b *testing.B) {
+	runRawAndWrapped(b, func(b *testing.B, db *sql.DB, d Dialect) {
+		ctx := context.Background()
+		q := "UPDATE t SET v = v + 1 WHERE id = " + placeholder(d, 1)
+		for b.Loop() {
+			if _, err := db.ExecContext(ctx, q, 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func BenchmarkQueryRow(b *testing.B) {
+	runRawAndWrapped(b, func(b *testing.B, db *sql.DB, d Dialect) {
+		ctx := context.Background()
+		q := "SELECT v FROM t WHERE id = " + placeholder(d, 1)
+		var v int
+		for b.Loop() {
+			if err := db.QueryRowContext(ctx, q, 1).Scan(&v); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func BenchmarkTx(b *testing.B) {
+	runRawAndWrapped(b, func(b *testing.B, db *sql.DB, d Dialect) {
+		ctx := context.Background()
+		q := "UPDATE t SET v = v + 1 WHERE id = " + placeholder(d, 1)
+		for b.Loop() {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := tx.ExecContext(ctx, q, 1); err != nil {
+				b.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
