@@ -117,3 +117,36 @@ func BenchmarkTx(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkIntercept is the statement hooks' cost per statement: text with
+// no "for" (a byte search), a repeated locking statement (a cache hit), and
+// a locking statement seen for the first time (scan and rewrite).
+func BenchmarkIntercept(b *testing.B) {
+	ctx := context.Background()
+	noFor := `SELECT "users"."id", "users"."name" FROM "users" WHERE "users"."org_id" = $1 ORDER BY "users"."id" LIMIT 50`
+	locking := `SELECT "users"."id", "users"."name" FROM "users" WHERE "users"."org_id" = $1 ORDER BY "users"."id" FOR UPDATE`
+	for _, d := range []Dialect{Postgres, SQLite} {
+		c := &conn{connector: newConnector(nil, nil, mustOptions(b, WithDialect(d)))}
+		b.Run("dialect="+string(d)+"/path=no-for", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				c.intercept(ctx, noFor)
+			}
+		})
+		b.Run("dialect="+string(d)+"/path=cached", func(b *testing.B) {
+			c.intercept(ctx, locking)
+			b.ReportAllocs()
+			for b.Loop() {
+				c.intercept(ctx, locking)
+			}
+		})
+		b.Run("dialect="+string(d)+"/path=uncached", func(b *testing.B) {
+			r := c.connector.rewriter
+			b.ReportAllocs()
+			for b.Loop() {
+				clear(r.cache)
+				c.intercept(ctx, locking)
+			}
+		})
+	}
+}

@@ -136,7 +136,7 @@ func (c *conn) String() string {
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	st := c.intercept(ctx, query)
 	res, err := c.execer.ExecContext(ctx, st.text, args)
-	return res, c.observe(err)
+	return res, st.explain(c.observe(err))
 }
 
 // QueryContext runs query through the statement hooks.
@@ -144,7 +144,7 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 	st := c.intercept(ctx, query)
 	rows, err := c.queryer.QueryContext(ctx, st.text, args)
 	if err != nil {
-		return nil, c.observe(err)
+		return nil, st.explain(c.observe(err))
 	}
 	return c.wrapRows(rows, st), nil
 }
@@ -169,7 +169,7 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 		inner, err = c.inner.Prepare(st.text)
 	}
 	if err != nil {
-		return nil, c.observe(err)
+		return nil, st.explain(c.observe(err))
 	}
 	return newStmt(c, inner, st), nil
 }

@@ -53,8 +53,9 @@ type Option func(*options)
 
 // options is the configuration shared by every connection of one wrapper.
 type options struct {
-	dialect Dialect
-	logger  *slog.Logger
+	dialect         Dialect
+	logger          *slog.Logger
+	keyShareRewrite bool
 }
 
 // WithDialect fixes the SQL dialect instead of inferring it from the inner
@@ -69,6 +70,18 @@ func WithDialect(d Dialect) Option {
 // such as a parked lock that was lost. The default is [slog.Default].
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
+}
+
+// WithKeyShareRewrite turns the Postgres rewrite of FOR UPDATE into
+// FOR NO KEY UPDATE on or off; it is on by default. FOR NO KEY UPDATE still
+// excludes every other writer of the row, but not the FOR KEY SHARE locks
+// that foreign-key checks take on parent rows, so inserting or updating
+// child rows no longer waits for, or deadlocks with, a parent locked
+// FOR UPDATE. Keep FOR UPDATE per statement with [KeepForUpdate] or
+// [KeepForUpdateComment] where the row will be deleted or its key changed.
+// On SQLite, locking clauses are always removed (SQLite has none).
+func WithKeyShareRewrite(on bool) Option {
+	return func(o *options) { o.keyShareRewrite = on }
 }
 
 // driverPackages maps the import path of a driver's package to its dialect.
@@ -101,7 +114,7 @@ func inferDialect(values ...any) (Dialect, bool) {
 // resolveOptions applies opts and settles the dialect. inner names the
 // wrapped driver or connector for error messages and inference.
 func resolveOptions(opts []Option, inner ...any) (*options, error) {
-	o := &options{}
+	o := &options{keyShareRewrite: true}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(o)
@@ -309,8 +322,9 @@ func registeredDriver(name string) (driver.Driver, error) {
 type connector struct {
 	inner  driver.Connector
 	driver *Driver
-	opts   *options
-	nextID atomic.Uint64
+	opts     *options
+	rewriter *rewriter
+	nextID   atomic.Uint64
 }
 
 var (
@@ -319,7 +333,7 @@ var (
 )
 
 func newConnector(inner driver.Connector, d *Driver, o *options) *connector {
-	return &connector{inner: inner, driver: d, opts: o}
+	return &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o)}
 }
 
 // Connect opens and wraps one physical connection.

@@ -1,23 +1,147 @@
 package lockhooks
 
-import "context"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
+)
+
+// KeepForUpdateComment in a statement's text keeps its FOR UPDATE as
+// written, like [KeepForUpdate] does for one call:
+//
+//	db.QueryContext(ctx, "SELECT … FOR UPDATE /*lockhooks:keep-for-update*/")
+//
+// Use it for a row you are about to DELETE or whose key you will change.
+const KeepForUpdateComment = "/*" + sqlscan.KeepComment + "*/"
+
+// keepForUpdateKey is the context key of KeepForUpdate.
+type keepForUpdateKey struct{}
+
+// KeepForUpdate returns a context whose statements keep FOR UPDATE as
+// written on Postgres instead of having it rewritten to FOR NO KEY UPDATE.
+// Use it for the statements that lock a row you are about to DELETE or whose
+// key you will change; FOR NO KEY UPDATE does not exclude the FOR KEY SHARE
+// locks of foreign-key checks, FOR UPDATE does.
+func KeepForUpdate(ctx context.Context) context.Context {
+	return context.WithValue(ctx, keepForUpdateKey{}, true)
+}
 
 // statement is what the hooks decided about one statement's text: the text
 // to send and what the wrapper must do around it. It is a value, so
 // classifying a statement allocates nothing.
 type statement struct {
 	text  string
-	flags stmtFlags
+	locks sqlscan.LockInfo // row-locking clauses found in the text as given
 }
-
-// stmtFlags mark what a statement needs of the wrapper.
-type stmtFlags uint8
 
 // followRows reports whether the statement's rows must be wrapped.
-func (st statement) followRows() bool { return st.flags != 0 }
+func (st statement) followRows() bool { return false }
 
 // intercept is the one place where statement text is classified and
-// rewritten, for Exec, Query and Prepare alike.
+// rewritten, for Exec, Query and Prepare alike. Text without the letters
+// "for" (no locking clause possible) costs one byte scan.
 func (c *conn) intercept(ctx context.Context, query string) statement {
-	return statement{text: query}
+	if !sqlscan.MayLock(query) {
+		return statement{text: query}
+	}
+	return c.connector.rewriter.rewrite(ctx, query)
 }
+
+// maxCachedStatement is the longest text the rewrite cache keeps; longer
+// statements (bulk inserts, generated SQL) are scanned each time.
+const maxCachedStatement = 4 << 10
+
+// maxCacheEntries bounds the rewrite cache; when it is full it starts over.
+const maxCacheEntries = 1024
+
+// rewriter applies the locking-clause policy of one wrapped database:
+// FOR UPDATE -> FOR NO KEY UPDATE on Postgres, locking clauses removed on
+// SQLite. It caches its results, so a repeated statement costs a map
+// lookup and no allocation.
+type rewriter struct {
+	dialect sqlscan.Dialect
+	op      sqlscan.Op
+
+	mu    sync.RWMutex
+	cache map[string]statement
+}
+
+func newRewriter(o *options) *rewriter {
+	r := &rewriter{cache: make(map[string]statement)}
+	switch {
+	case o.dialect == SQLite:
+		r.dialect, r.op = sqlscan.SQLite, sqlscan.Strip
+	case o.keyShareRewrite:
+		r.dialect, r.op = sqlscan.Postgres, sqlscan.NoKeyUpdate
+	default:
+		r.dialect, r.op = sqlscan.Postgres, sqlscan.Inspect
+	}
+	return r
+}
+
+// rewrite returns query as it must be sent.
+func (r *rewriter) rewrite(ctx context.Context, query string) statement {
+	if r.op == sqlscan.NoKeyUpdate && ctx.Value(keepForUpdateKey{}) != nil {
+		text, info := sqlscan.Rewrite(query, r.dialect, sqlscan.Inspect)
+		return statement{text: text, locks: info}
+	}
+	r.mu.RLock()
+	st, ok := r.cache[query]
+	r.mu.RUnlock()
+	if ok {
+		return st
+	}
+	text, info := sqlscan.Rewrite(query, r.dialect, r.op)
+	st = statement{text: text, locks: info}
+	if len(query) <= maxCachedStatement {
+		r.mu.Lock()
+		if len(r.cache) >= maxCacheEntries {
+			clear(r.cache)
+		}
+		r.cache[query] = st
+		r.mu.Unlock()
+	}
+	return st
+}
+
+// explain adds what to do to errors a locking clause caused; other errors
+// are returned as they are.
+func (st statement) explain(err error) error {
+	if err == nil || !st.locks.Locks() {
+		return err
+	}
+	var pg interface{ SQLState() string }
+	if !errors.As(err, &pg) || pg.SQLState() != "0A000" || !strings.Contains(err.Error(), "nullable side of an outer join") {
+		return err
+	}
+	strength := "FOR NO KEY UPDATE"
+	if st.locks&sqlscan.Kept != 0 || !strings.Contains(st.text, "NO KEY ") {
+		strength = "FOR UPDATE"
+	}
+	of := sqlscan.FirstTable(st.text, sqlscan.Postgres)
+	if of == "" {
+		of = "<table>"
+	}
+	return &OuterJoinLockError{Err: err, Fix: strength + " OF " + of}
+}
+
+// OuterJoinLockError is returned for Postgres's "FOR UPDATE cannot be
+// applied to the nullable side of an outer join" (SQLSTATE 0A000): a
+// locking clause without OF tries to lock the rows of every table in the
+// query, including outer-joined ones that may be NULL. It wraps the
+// driver's error.
+type OuterJoinLockError struct {
+	Err error  // the driver's error
+	Fix string // the locking clause to use instead, e.g. FOR NO KEY UPDATE OF runs
+}
+
+func (e *OuterJoinLockError) Error() string {
+	return fmt.Sprintf("%v; lockhooks: lock only the rows of the table you mean with %s (or load the joined rows with a second query)", e.Err, e.Fix)
+}
+
+// Unwrap returns the driver's error.
+func (e *OuterJoinLockError) Unwrap() error { return e.Err }

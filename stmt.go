@@ -67,7 +67,7 @@ func (s *stmt) NumInput() int { return s.inner.NumInput() }
 // absent.
 func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
 	res, err := s.inner.Exec(args) //nolint:staticcheck // the inner statement has no ExecContext
-	return res, s.c.observe(err)
+	return res, s.st.explain(s.c.observe(err))
 }
 
 // Query runs the statement; database/sql calls it only when QueryContext is
@@ -75,7 +75,7 @@ func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
 func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 	rows, err := s.inner.Query(args) //nolint:staticcheck // the inner statement has no QueryContext
 	if err != nil {
-		return nil, s.c.observe(err)
+		return nil, s.st.explain(s.c.observe(err))
 	}
 	return s.c.wrapRows(rows, s.st), nil
 }
@@ -83,14 +83,14 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 // ExecContext runs the statement.
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	res, err := s.execer.ExecContext(ctx, args)
-	return res, s.c.observe(err)
+	return res, s.st.explain(s.c.observe(err))
 }
 
 // QueryContext runs the statement.
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	rows, err := s.queryer.QueryContext(ctx, args)
 	if err != nil {
-		return nil, s.c.observe(err)
+		return nil, s.st.explain(s.c.observe(err))
 	}
 	return s.c.wrapRows(rows, s.st), nil
 }

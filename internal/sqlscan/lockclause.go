@@ -35,15 +35,24 @@ const (
 )
 
 // MayLock reports whether src contains the letters "for" in any case: text
-// without them has no locking clause. It is a byte loop, cheaper than
-// scanning.
+// without them has no locking clause. It is much cheaper than scanning.
 func MayLock(src string) bool {
-	for i := 0; i+2 < len(src); i++ {
-		if src[i]|0x20 == 'f' && src[i+1]|0x20 == 'o' && src[i+2]|0x20 == 'r' {
+	return hasFor(src, 'f') || hasFor(src, 'F')
+}
+
+// hasFor reports whether s has f (either case of "f") followed by "or" in
+// any case.
+func hasFor(s string, f byte) bool {
+	for {
+		i := strings.IndexByte(s, f)
+		if i < 0 || i+2 >= len(s) {
+			return false
+		}
+		if s[i+1]|0x20 == 'o' && s[i+2]|0x20 == 'r' {
 			return true
 		}
+		s = s[i+1:]
 	}
-	return false
 }
 
 // Rewrite finds the row-locking clauses of the query statements in src
@@ -53,9 +62,12 @@ func MayLock(src string) bool {
 // applies op to them. Everything outside the changed clauses stays byte for
 // byte. It returns src itself, with no allocation, when nothing changes.
 func Rewrite(src string, d Dialect, op Op) (string, LockInfo) {
+	if !MayLock(src) {
+		return src, 0
+	}
 	w := walker{s: New(src, d), op: op}
 	w.walk()
-	if len(w.edits) == 0 {
+	if w.nEdits == 0 {
 		return src, w.info
 	}
 	return w.apply(src), w.info
@@ -70,13 +82,17 @@ const maxDepth = 64
 
 // walker walks the tokens of a text, one statement at a time.
 type walker struct {
-	s     Scanner
-	op    Op
-	info  LockInfo
-	edits []edit // nil until there is a change, so inspecting allocates nothing
+	s    Scanner
+	op   Op
+	info LockInfo
+	// The edits: the first ones in a fixed array (walker does not escape,
+	// so this costs no allocation), more in a slice.
+	few    [4]edit
+	more   []edit
+	nEdits int
 
 	// per statement
-	stmtEdits  int    // len(edits) when the statement began
+	stmtEdits  int    // nEdits when the statement began
 	first      bool   // the next significant token is the statement's first
 	rewritable bool   // the statement is DML (query context at level 0)
 	create     bool   // the statement is CREATE … (may have a BEGIN … END body)
@@ -110,6 +126,7 @@ func (w *walker) walk() {
 // KeepComment and skipped.
 func (w *walker) next() Token {
 	for {
+		w.s.SkipSpace()
 		t := w.s.Next()
 		switch t.Kind {
 		case Space:
@@ -124,8 +141,26 @@ func (w *walker) next() Token {
 	}
 }
 
+// addEdit records one change.
+func (w *walker) addEdit(e edit) {
+	if w.nEdits < len(w.few) {
+		w.few[w.nEdits] = e
+	} else {
+		w.more = append(w.more, e)
+	}
+	w.nEdits++
+}
+
+// edit returns the i-th change.
+func (w *walker) edit(i int) edit {
+	if i < len(w.few) {
+		return w.few[i]
+	}
+	return w.more[i-len(w.few)]
+}
+
 func (w *walker) startStatement() {
-	w.stmtEdits = len(w.edits)
+	w.stmtEdits = w.nEdits
 	w.first = true
 	w.rewritable, w.create, w.keep, w.keptUpdate = false, false, false, false
 	w.depth, w.body, w.query, w.levelOpen = 0, 0, 0, false
@@ -137,7 +172,12 @@ func (w *walker) endStatement() {
 		if w.keptUpdate {
 			w.info |= Kept
 		}
-		w.edits = w.edits[:w.stmtEdits]
+		w.nEdits = w.stmtEdits
+		if w.nEdits > len(w.few) {
+			w.more = w.more[:w.nEdits-len(w.few)]
+		} else {
+			w.more = w.more[:0]
+		}
 	}
 }
 
@@ -203,7 +243,7 @@ func (w *walker) word(t Token) {
 		w.trackBody(text)
 		return
 	}
-	if strings.EqualFold(text, "FOR") && w.inQuery() {
+	if len(text) == 3 && strings.EqualFold(text, "FOR") && w.inQuery() {
 		w.lockingClause(t)
 	}
 }
@@ -298,15 +338,15 @@ func (w *walker) lockingClause(forTok Token) {
 	case NoKeyUpdate:
 		if strength == ForUpdate {
 			w.keptUpdate = true
-			w.edits = append(w.edits, edit{pos: updateAt, end: updateAt})
+			w.addEdit(edit{pos: updateAt, end: updateAt})
 		}
 	case Strip:
-		w.edits = append(w.edits, edit{pos: forTok.Start, end: end})
+		w.addEdit(edit{pos: forTok.Start, end: end})
 	}
 }
 
 func (w *walker) isWord(t Token, want string) bool {
-	return t.Kind == Word && strings.EqualFold(w.s.Text(t), want)
+	return t.Kind == Word && t.End-t.Start == len(want) && strings.EqualFold(w.s.Text(t), want)
 }
 
 // setQuery records whether the innermost open level holds a query.
@@ -333,9 +373,10 @@ func (w *walker) inQuery() bool {
 // apply returns src with the edits made.
 func (w *walker) apply(src string) string {
 	var b strings.Builder
-	b.Grow(len(src) + len(" KEY NO")*len(w.edits))
+	b.Grow(len(src) + len("NO KEY ")*w.nEdits)
 	last := 0
-	for _, e := range w.edits {
+	for i := range w.nEdits {
+		e := w.edit(i)
 		b.WriteString(src[last:e.pos])
 		if e.end == e.pos {
 			b.WriteString("NO KEY ")

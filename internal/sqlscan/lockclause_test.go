@@ -93,13 +93,13 @@ func TestKeepCommentIsPerStatement(t *testing.T) {
 
 func TestRewriteReportsLockInfo(t *testing.T) {
 	for in, want := range map[string]LockInfo{
-		`SELECT 1 FROM t FOR UPDATE`:                         ForUpdate,
-		`SELECT 1 FROM t FOR NO KEY UPDATE NOWAIT`:           ForNoKeyUpdate | NoWait,
-		`SELECT 1 FROM t FOR SHARE OF t SKIP LOCKED`:         ForShare | SkipLocked,
-		`SELECT 1 FROM t FOR KEY SHARE`:                      ForKeyShare,
-		`SELECT 1 FROM t`:                                    0,
-		`CREATE POLICY p ON t FOR UPDATE USING (true)`:       0,
-		`SELECT 1 FROM a FOR UPDATE OF a FOR SHARE OF b`:     ForUpdate | ForShare,
+		`SELECT 1 FROM t FOR UPDATE`:                        ForUpdate,
+		`SELECT 1 FROM t FOR NO KEY UPDATE NOWAIT`:          ForNoKeyUpdate | NoWait,
+		`SELECT 1 FROM t FOR SHARE OF t SKIP LOCKED`:        ForShare | SkipLocked,
+		`SELECT 1 FROM t FOR KEY SHARE`:                     ForKeyShare,
+		`SELECT 1 FROM t`:                                   0,
+		`CREATE POLICY p ON t FOR UPDATE USING (true)`:      0,
+		`SELECT 1 FROM a FOR UPDATE OF a FOR SHARE OF b`:    ForUpdate | ForShare,
 		`SELECT 1 FROM a FOR UPDATE OF "s"."a", b.c NOWAIT`: ForUpdate | NoWait,
 	} {
 		if _, got := Rewrite(in, Postgres, Inspect); got != want {
@@ -145,5 +145,21 @@ func TestRewriteAllocatesNothingWhenUnchanged(t *testing.T) {
 	q := `SELECT a, b, c FROM t WHERE id = $1 AND s = 'for update' /* FOR UPDATE */ ORDER BY a FOR SHARE`
 	if n := testing.AllocsPerRun(100, func() { Rewrite(q, Postgres, NoKeyUpdate) }); n != 0 {
 		t.Errorf("Rewrite of a text it does not change allocated %v times", n)
+	}
+}
+
+func TestFirstTable(t *testing.T) {
+	for in, want := range map[string]string{
+		`SELECT * FROM runs LEFT JOIN jobs ON jobs.run_id = runs.id FOR UPDATE`: "runs",
+		`SELECT * FROM runs r LEFT JOIN jobs j ON j.run_id = r.id FOR UPDATE`:   "r",
+		`SELECT * FROM public.runs AS "R" LEFT JOIN jobs ON true`:               `"R"`,
+		`SELECT * FROM ONLY s.runs WHERE id = 1`:                                "s.runs",
+		`SELECT (SELECT 1 FROM inner_t), x FROM outer_t LEFT JOIN y ON true`:    "outer_t",
+		`SELECT 1`: "",
+		`SELECT "users".* FROM "users" LEFT JOIN "companies" "Company" ON true FOR UPDATE`: `"users"`,
+	} {
+		if got := FirstTable(in, Postgres); got != want {
+			t.Errorf("FirstTable(%s) = %q, want %q", in, got, want)
+		}
 	}
 }

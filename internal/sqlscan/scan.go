@@ -12,6 +12,8 @@
 // PostgreSQL 9.1): a backslash escapes only inside E'…'.
 package sqlscan
 
+import "strings"
+
 // Dialect selects the lexical rules.
 type Dialect uint8
 
@@ -88,12 +90,23 @@ func (s *Scanner) Next() Token {
 func (s *Scanner) scan() Kind {
 	src := s.src
 	c := src[s.pos]
-	switch {
-	case isSpace(c):
-		for s.pos < len(src) && isSpace(src[s.pos]) {
-			s.pos++
-		}
+	switch class[c] {
+	case clIdentStart:
+		return s.word()
+	case clSpace:
+		s.SkipSpace()
 		return Space
+	case clDigit:
+		s.number()
+		return Number
+	}
+	switch {
+	case c == '"':
+		s.quoted('"', false)
+		return QuotedIdent
+	case c == '\'':
+		s.quoted('\'', false)
+		return String
 	case c == '-' && s.peek(1) == '-':
 		for s.pos < len(src) && src[s.pos] != '\n' {
 			s.pos++
@@ -102,21 +115,11 @@ func (s *Scanner) scan() Kind {
 	case c == '/' && s.peek(1) == '*':
 		s.blockComment()
 		return Comment
-	case c == '\'':
-		s.quoted('\'', false)
-		return String
-	case c == '"':
-		s.quoted('"', false)
-		return QuotedIdent
 	case c == '$':
 		return s.dollar()
-	case isDigit(c) || (c == '.' && isDigit(s.peek(1))):
-		for s.pos < len(src) && (isIdentCont(src[s.pos]) || src[s.pos] == '.') {
-			s.pos++
-		}
+	case c == '.' && isDigit(s.peek(1)):
+		s.number()
 		return Number
-	case isIdentStart(c):
-		return s.word()
 	case s.dialect == SQLite && c == '`':
 		s.quoted('`', false)
 		return QuotedIdent
@@ -142,6 +145,13 @@ func (s *Scanner) scan() Kind {
 	}
 	s.pos++
 	return Punct
+}
+
+// number scans a numeric literal (loosely: digits, letters, '_' and '.').
+func (s *Scanner) number() {
+	for s.pos < len(s.src) && (isIdentCont(s.src[s.pos]) || s.src[s.pos] == '.') {
+		s.pos++
+	}
 }
 
 // word scans an identifier or keyword, or a literal with a one-letter
@@ -185,10 +195,24 @@ func (s *Scanner) word() Kind {
 func (s *Scanner) quoted(q byte, backslash bool) {
 	src := s.src
 	s.pos++ // the opening quote
+	if !backslash {
+		for {
+			i := strings.IndexByte(src[s.pos:], q)
+			if i < 0 {
+				s.pos = len(src)
+				return
+			}
+			s.pos += i + 1
+			if s.pos >= len(src) || src[s.pos] != q {
+				return
+			}
+			s.pos++ // a doubled quote
+		}
+	}
 	for s.pos < len(src) {
 		c := src[s.pos]
 		switch {
-		case backslash && c == '\\':
+		case c == '\\':
 			s.skip(2)
 		case c == q:
 			if s.peek(1) == q {
@@ -284,14 +308,36 @@ func (s *Scanner) skip(n int) {
 	s.pos = min(s.pos+n, len(s.src))
 }
 
-func isSpace(c byte) bool {
-	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
+// Byte classes, looked up in one table.
+const (
+	clSpace uint8 = 1 << iota
+	clDigit
+	clIdentStart
+)
+
+var class = func() (t [256]uint8) {
+	for _, c := range []byte(" \t\n\r\f\v") {
+		t[c] = clSpace
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = clDigit
+	}
+	for c := 0; c < 256; c++ {
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '_' || c >= 0x80 {
+			t[c] = clIdentStart
+		}
+	}
+	return t
+}()
+
+func isSpace(c byte) bool      { return class[c] == clSpace }
+func isDigit(c byte) bool      { return class[c] == clDigit }
+func isIdentStart(c byte) bool { return class[c] == clIdentStart }
+func isIdentCont(c byte) bool  { return class[c]&(clIdentStart|clDigit) != 0 }
+
+// SkipSpace advances past white space, so that the next token is not Space.
+func (s *Scanner) SkipSpace() {
+	for s.pos < len(s.src) && class[s.src[s.pos]] == clSpace {
+		s.pos++
+	}
 }
-
-func isDigit(c byte) bool { return '0' <= c && c <= '9' }
-
-func isIdentStart(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '_' || c >= 0x80
-}
-
-func isIdentCont(c byte) bool { return isIdentStart(c) || isDigit(c) }

@@ -1,0 +1,38 @@
+package sqlscan
+
+import (
+	"strings"
+	"testing"
+)
+
+// stmt200 is a 200-byte statement with strings, a comment and no locking
+// clause, as an ORM would send it.
+var stmt200 = `SELECT "users"."id", "users"."name", "users"."format" FROM "users" /* app */ WHERE "users"."name" = 'o''brien' AND "users"."deleted_at" IS NULL AND "users"."org_id" = $1 ORDER BY "users"."id" LIMIT 50`
+
+func BenchmarkScan200(b *testing.B) {
+	if len(stmt200) != 200 {
+		b.Fatalf("statement is %d bytes", len(stmt200))
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(stmt200)))
+	for b.Loop() {
+		Rewrite(stmt200, Postgres, NoKeyUpdate)
+	}
+}
+
+func BenchmarkRewrite200(b *testing.B) {
+	q := strings.Replace(stmt200, "LIMIT 50", "FOR UPDATE", 1)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(q)))
+	for b.Loop() {
+		Rewrite(q, Postgres, NoKeyUpdate)
+	}
+}
+
+func BenchmarkMayLock200(b *testing.B) {
+	b.ReportAllocs()
+	b.SetBytes(int64(len(stmt200)))
+	for b.Loop() {
+		MayLock(stmt200)
+	}
+}
