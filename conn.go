@@ -53,6 +53,9 @@ type conn struct {
 	// tx is the connection's transaction; database/sql runs at most one
 	// per connection at a time, so BeginTx hands out a pointer to it.
 	tx tx
+
+	// pin is the connection's session advisory locks (Postgres).
+	pin pinState
 }
 
 var _ connCore = (*conn)(nil)
@@ -135,6 +138,9 @@ func (c *conn) String() string {
 // ExecContext runs query through the statement hooks.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	st := c.intercept(ctx, query)
+	if st.advisory != nil || c.pin.active.Load() {
+		return c.execTracked(ctx, st, args, func() (driver.Result, error) { return c.execer.ExecContext(ctx, st.text, args) })
+	}
 	res, err := c.execer.ExecContext(ctx, st.text, args)
 	return res, st.explain(c.observe(err))
 }
@@ -142,11 +148,49 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 // QueryContext runs query through the statement hooks.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	st := c.intercept(ctx, query)
-	rows, err := c.queryer.QueryContext(ctx, st.text, args)
-	if err != nil {
-		return nil, st.explain(c.observe(err))
+	if st.advisory != nil || c.pin.active.Load() {
+		return c.queryTracked(ctx, st, args, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
 	}
-	return c.wrapRows(rows, st), nil
+	rows, err := c.queryer.QueryContext(ctx, st.text, args)
+	return rows, st.explain(c.observe(err))
+}
+
+// execTracked runs a statement that calls advisory-lock functions, or runs
+// on a connection holding session locks, with the lock tracking around it.
+func (c *conn) execTracked(ctx context.Context, st statement, args []driver.NamedValue, run func() (driver.Result, error)) (driver.Result, error) {
+	plan, handled, err := c.beforeAdvisory(ctx, st, args)
+	if handled && err == nil {
+		return driver.RowsAffected(1), nil // a rerouted unlock: SELECT returned one row
+	}
+	if err != nil {
+		return nil, err
+	}
+	res, err := run()
+	err = c.afterAdvisory(ctx, plan, st.explain(c.observe(err)))
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// queryTracked is execTracked for queries: the tracking is brought up to
+// date when the rows are closed.
+func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.NamedValue, run func() (driver.Rows, error)) (driver.Rows, error) {
+	plan, handled, err := c.beforeAdvisory(ctx, st, args)
+	if handled && err == nil {
+		return &unlockResult{name: st.advisory.Calls[0].Func.Name()}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	rows, err := run()
+	if err != nil {
+		return nil, c.afterAdvisory(ctx, plan, st.explain(c.observe(err)))
+	}
+	if st.advisory == nil {
+		return rows, nil
+	}
+	return newRows(ctx, c, rows, plan), nil
 }
 
 // Prepare prepares query (rewritten by the statement hooks) on the inner
@@ -209,6 +253,9 @@ func (c *conn) CheckNamedValue(nv *driver.NamedValue) error { return c.checker.C
 // it, so a dead connection (for example after a transaction cancelled by its
 // context) never returns to the pool.
 func (c *conn) IsValid() bool {
+	if c.holdsLocks() {
+		return false // withdrawn: Close parks it
+	}
 	if c.validator != nil {
 		return c.validator.IsValid()
 	}
@@ -227,8 +274,16 @@ func (c *conn) IsValid() bool {
 	return true
 }
 
-// Close closes the physical connection.
+// Close closes the physical connection, unless it holds session advisory
+// locks: then it is parked, open, outside the pool, until its locks are
+// unlocked (through any connection of the database) or db.Close.
 func (c *conn) Close() error {
+	if c.park() {
+		return nil
+	}
+	if c.connector.pins != nil {
+		c.connector.pins.unregister(c)
+	}
 	return c.inner.Close()
 }
 
@@ -277,6 +332,16 @@ func (c *conn) backendPID(ctx context.Context) (int32, error) {
 // queryValue runs a statement of lockhooks' own on the inner connection,
 // bypassing the hooks, and returns the first column of its first row.
 func (c *conn) queryValue(ctx context.Context, query string, args ...driver.NamedValue) (driver.Value, error) {
+	row, err := c.queryRow(ctx, query, args)
+	if err != nil {
+		return nil, err
+	}
+	return row[0], nil
+}
+
+// queryRow runs a statement of lockhooks' own on the inner connection,
+// bypassing the hooks, and returns its first row.
+func (c *conn) queryRow(ctx context.Context, query string, args []driver.NamedValue) ([]driver.Value, error) {
 	var (
 		rows driver.Rows
 		err  error
@@ -297,7 +362,7 @@ func (c *conn) queryValue(ctx context.Context, query string, args ...driver.Name
 	if len(dest) == 0 {
 		return nil, fmt.Errorf("lockhooks: %q returned no columns", query)
 	}
-	return dest[0], nil
+	return dest, nil
 }
 
 // queryPrepared runs query through a prepared statement, for drivers

@@ -30,6 +30,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Dialect names the SQL dialect of the wrapped database.
@@ -53,10 +56,21 @@ type Option func(*options)
 
 // options is the configuration shared by every connection of one wrapper.
 type options struct {
-	dialect         Dialect
-	logger          *slog.Logger
-	keyShareRewrite bool
+	dialect           Dialect
+	logger            *slog.Logger
+	keyShareRewrite   bool
+	meterProvider     metric.MeterProvider
+	lockCheckInterval time.Duration
+	lockCheckTimeout  time.Duration
+	parkedWarning     time.Duration
 }
+
+// Defaults of the advisory-lock options.
+const (
+	defaultLockCheckInterval = time.Second
+	defaultLockCheckTimeout  = 5 * time.Second
+	defaultParkedWarning     = time.Minute
+)
 
 // WithDialect fixes the SQL dialect instead of inferring it from the inner
 // driver. It is needed for drivers lockhooks does not recognise; the
@@ -82,6 +96,26 @@ func WithLogger(l *slog.Logger) Option {
 // On SQLite, locking clauses are always removed (SQLite has none).
 func WithKeyShareRewrite(on bool) Option {
 	return func(o *options) { o.keyShareRewrite = on }
+}
+
+// WithLockCheckInterval sets how often lockhooks checks, on a side
+// connection of its own, that the backends holding session advisory locks
+// are alive (default 1s). A lock whose backend died is reported lost within
+// about this time even when nobody uses its connection.
+func WithLockCheckInterval(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.lockCheckInterval = d
+		}
+	}
+}
+
+// WithParkedLockWarning sets after how long a session advisory lock held by
+// a connection withdrawn from the pool is logged as a warning, with its key,
+// backend pid, age and the call site that took it (default 1 minute; 0
+// turns the warning off).
+func WithParkedLockWarning(d time.Duration) Option {
+	return func(o *options) { o.parkedWarning = d }
 }
 
 // driverPackages maps the import path of a driver's package to its dialect.
@@ -114,7 +148,12 @@ func inferDialect(values ...any) (Dialect, bool) {
 // resolveOptions applies opts and settles the dialect. inner names the
 // wrapped driver or connector for error messages and inference.
 func resolveOptions(opts []Option, inner ...any) (*options, error) {
-	o := &options{keyShareRewrite: true}
+	o := &options{
+		keyShareRewrite:   true,
+		lockCheckInterval: defaultLockCheckInterval,
+		lockCheckTimeout:  defaultLockCheckTimeout,
+		parkedWarning:     defaultParkedWarning,
+	}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(o)
@@ -320,10 +359,12 @@ func registeredDriver(name string) (driver.Driver, error) {
 // connector is the wrapped connector: the state of one wrapped database,
 // shared by all of its connections.
 type connector struct {
-	inner  driver.Connector
-	driver *Driver
+	inner    driver.Connector
+	driver   *Driver
 	opts     *options
 	rewriter *rewriter
+	pins     *pinning         // Postgres only
+	named    lockTable[int64] // SQLite's in-process advisory locks
 	nextID   atomic.Uint64
 }
 
@@ -333,7 +374,11 @@ var (
 )
 
 func newConnector(inner driver.Connector, d *Driver, o *options) *connector {
-	return &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o)}
+	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o)}
+	if o.dialect == Postgres {
+		c.pins = newPinning(c)
+	}
+	return c
 }
 
 // Connect opens and wraps one physical connection.
@@ -348,9 +393,13 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 // Driver returns the wrapped driver, as sql.DB.Driver reports it.
 func (c *connector) Driver() driver.Driver { return c.driver }
 
-// Close is called by sql.DB.Close; it closes the inner connector when that
-// is an io.Closer.
+// Close is called by sql.DB.Close. Connections parked because they hold
+// session advisory locks are closed, which releases the locks (each is
+// logged); then the inner connector is closed when it is an io.Closer.
 func (c *connector) Close() error {
+	if c.pins != nil {
+		c.pins.close()
+	}
 	if cl, ok := c.inner.(io.Closer); ok {
 		return cl.Close()
 	}

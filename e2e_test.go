@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -288,7 +290,7 @@ func TestRealDriversKeepTheirInterfaces(t *testing.T) {
 					return err
 				}
 				defer innerRows.Close()
-				w := newRows(dc.(connCore).state(), innerRows, statement{})
+				w := newRows(ctx, dc.(connCore).state(), innerRows, advisoryPlan{})
 				if got, want := implemented(w, rowsOptional), implemented(innerRows, rowsOptional); got != want || want == 0 {
 					t.Errorf("wrapped rows implement %06b, inner %06b", got, want)
 				}
@@ -372,4 +374,34 @@ func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// The backend pid is fetched once, when first needed, not at connect.
+func TestBackendPIDIsFetchedLazily(t *testing.T) {
+	ctx := context.Background()
+	conn, err := openPG(t).Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var want int32
+	if err := conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	conn.Raw(func(dc any) error {
+		c := dc.(connCore).state()
+		if c.pid != 0 {
+			t.Errorf("the pid was fetched at connect")
+		}
+		for range 2 {
+			got, err := c.backendPID(ctx)
+			if err != nil || got != want {
+				t.Errorf("backendPID = %d, %v; want %d", got, err, want)
+			}
+		}
+		if s := c.String(); !strings.Contains(s, fmt.Sprint(want)) {
+			t.Errorf("String() = %q does not name the pid", s)
+		}
+		return nil
+	})
 }

@@ -34,18 +34,19 @@ func KeepForUpdate(ctx context.Context) context.Context {
 // to send and what the wrapper must do around it. It is a value, so
 // classifying a statement allocates nothing.
 type statement struct {
-	text  string
-	locks sqlscan.LockInfo // row-locking clauses found in the text as given
+	text     string
+	locks    sqlscan.LockInfo  // row-locking clauses found in the text as given
+	advisory *sqlscan.Advisory // advisory-lock calls (Postgres), nil if none
 }
 
-// followRows reports whether the statement's rows must be wrapped.
-func (st statement) followRows() bool { return false }
-
 // intercept is the one place where statement text is classified and
-// rewritten, for Exec, Query and Prepare alike. Text without the letters
-// "for" (no locking clause possible) costs one byte scan.
+// rewritten, for Exec, Query and Prepare alike. Text that can neither hold
+// a locking clause (no "for") nor call an advisory-lock function (no
+// "advisory") costs two byte searches.
 func (c *conn) intercept(ctx context.Context, query string) statement {
-	if !sqlscan.MayLock(query) {
+	mayLock := sqlscan.MayLock(query)
+	mayAdvisory := c.connector.pins != nil && sqlscan.MayAdvisory(query)
+	if !mayLock && !mayAdvisory {
 		return statement{text: query}
 	}
 	return c.connector.rewriter.rewrite(ctx, query)
@@ -83,11 +84,10 @@ func newRewriter(o *options) *rewriter {
 	return r
 }
 
-// rewrite returns query as it must be sent.
+// rewrite returns query as it must be sent, with what it does with locks.
 func (r *rewriter) rewrite(ctx context.Context, query string) statement {
 	if r.op == sqlscan.NoKeyUpdate && ctx.Value(keepForUpdateKey{}) != nil {
-		text, info := sqlscan.Rewrite(query, r.dialect, sqlscan.Inspect)
-		return statement{text: text, locks: info}
+		return r.classify(query, sqlscan.Inspect)
 	}
 	r.mu.RLock()
 	st, ok := r.cache[query]
@@ -95,8 +95,7 @@ func (r *rewriter) rewrite(ctx context.Context, query string) statement {
 	if ok {
 		return st
 	}
-	text, info := sqlscan.Rewrite(query, r.dialect, r.op)
-	st = statement{text: text, locks: info}
+	st = r.classify(query, r.op)
 	if len(query) <= maxCachedStatement {
 		r.mu.Lock()
 		if len(r.cache) >= maxCacheEntries {
@@ -104,6 +103,18 @@ func (r *rewriter) rewrite(ctx context.Context, query string) statement {
 		}
 		r.cache[query] = st
 		r.mu.Unlock()
+	}
+	return st
+}
+
+// classify rewrites query with op and finds its advisory-lock calls.
+func (r *rewriter) classify(query string, op sqlscan.Op) statement {
+	text, info := sqlscan.Rewrite(query, r.dialect, op)
+	st := statement{text: text, locks: info}
+	if r.dialect == sqlscan.Postgres && sqlscan.MayAdvisory(query) {
+		if a := sqlscan.ParseAdvisory(query); len(a.Calls) > 0 || a.DiscardAll {
+			st.advisory = &a
+		}
 	}
 	return st
 }

@@ -1,6 +1,7 @@
 package lockhooks
 
 import (
+	"context"
 	"database/sql/driver"
 	"io"
 	"reflect"
@@ -27,13 +28,15 @@ type (
 	}
 )
 
-// rows wraps the rows of a statement the wrapper must follow to its end
-// (for example one that took a lock whose outcome is read from its result).
-// Statements that need nothing of the kind get the inner rows unwrapped.
+// rows wraps the rows of a statement the wrapper must follow to its end:
+// one that calls advisory-lock functions, whose effect is known once its
+// rows are closed. Other statements get the inner rows unwrapped.
 type rows struct {
 	c     *conn
 	inner driver.Rows
-	st    statement
+	ctx   context.Context
+	plan  advisoryPlan
+	err   error // the first error of Next, for the tracking
 }
 
 // Interface bits of withRowsInterfaces, in generated order.
@@ -46,17 +49,9 @@ const (
 	rowsPrecisionScaleBit
 )
 
-// wrapRows returns inner itself unless the statement st needs its rows
-// followed, and then a wrapper with exactly inner's optional interfaces.
-func (c *conn) wrapRows(inner driver.Rows, st statement) driver.Rows {
-	if !st.followRows() {
-		return inner
-	}
-	return newRows(c, inner, st)
-}
-
-func newRows(c *conn, inner driver.Rows, st statement) driver.Rows {
-	r := &rows{c: c, inner: inner, st: st}
+// newRows wraps inner with exactly its optional interfaces.
+func newRows(ctx context.Context, c *conn, inner driver.Rows, plan advisoryPlan) driver.Rows {
+	r := &rows{c: c, inner: inner, ctx: ctx, plan: plan}
 	var mask uint
 	if _, ok := inner.(rowsNextResultSet); ok {
 		mask |= rowsNextResultSetBit
@@ -88,12 +83,25 @@ func (r *rows) Next(dest []driver.Value) error {
 	err := r.inner.Next(dest)
 	if err != nil && err != io.EOF {
 		r.c.observe(err)
+		if r.err == nil {
+			r.err = err
+		}
 	}
 	return err
 }
 
-// Close closes the inner rows.
-func (r *rows) Close() error { return r.c.observe(r.inner.Close()) }
+// Close closes the inner rows, then brings the lock tracking up to date.
+func (r *rows) Close() error {
+	err := r.c.observe(r.inner.Close())
+	stmtErr := r.err
+	if stmtErr == nil {
+		stmtErr = err
+	}
+	if lerr := r.c.afterAdvisory(r.ctx, r.plan, stmtErr); lerr != nil && lerr != stmtErr {
+		return lerr
+	}
+	return err
+}
 
 // HasNextResultSet forwards to the inner rows.
 func (r *rows) HasNextResultSet() bool { return r.inner.(rowsNextResultSet).HasNextResultSet() }

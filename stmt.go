@@ -63,36 +63,56 @@ func (s *stmt) Close() error { return s.inner.Close() }
 // NumInput forwards to the inner statement.
 func (s *stmt) NumInput() int { return s.inner.NumInput() }
 
+// tracked reports whether executions need the lock tracking around them.
+func (s *stmt) tracked() bool { return s.st.advisory != nil || s.c.pin.active.Load() }
+
 // Exec runs the statement; database/sql calls it only when ExecContext is
 // absent.
 func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
-	res, err := s.inner.Exec(args) //nolint:staticcheck // the inner statement has no ExecContext
+	run := func() (driver.Result, error) { return s.inner.Exec(args) } //nolint:staticcheck // no ExecContext
+	if s.tracked() {
+		return s.c.execTracked(context.Background(), s.st, valuesToNamed(args), run)
+	}
+	res, err := run()
 	return res, s.st.explain(s.c.observe(err))
 }
 
 // Query runs the statement; database/sql calls it only when QueryContext is
 // absent.
 func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
-	rows, err := s.inner.Query(args) //nolint:staticcheck // the inner statement has no QueryContext
-	if err != nil {
-		return nil, s.st.explain(s.c.observe(err))
+	run := func() (driver.Rows, error) { return s.inner.Query(args) } //nolint:staticcheck // no QueryContext
+	if s.tracked() {
+		return s.c.queryTracked(context.Background(), s.st, valuesToNamed(args), run)
 	}
-	return s.c.wrapRows(rows, s.st), nil
+	rows, err := run()
+	return rows, s.st.explain(s.c.observe(err))
 }
 
 // ExecContext runs the statement.
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	if s.tracked() {
+		return s.c.execTracked(ctx, s.st, args, func() (driver.Result, error) { return s.execer.ExecContext(ctx, args) })
+	}
 	res, err := s.execer.ExecContext(ctx, args)
 	return res, s.st.explain(s.c.observe(err))
 }
 
 // QueryContext runs the statement.
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	rows, err := s.queryer.QueryContext(ctx, args)
-	if err != nil {
-		return nil, s.st.explain(s.c.observe(err))
+	if s.tracked() {
+		return s.c.queryTracked(ctx, s.st, args, func() (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
 	}
-	return s.c.wrapRows(rows, s.st), nil
+	rows, err := s.queryer.QueryContext(ctx, args)
+	return rows, s.st.explain(s.c.observe(err))
+}
+
+// valuesToNamed gives legacy arguments their ordinals.
+func valuesToNamed(args []driver.Value) []driver.NamedValue {
+	named := make([]driver.NamedValue, len(args))
+	for i, v := range args {
+		named[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
+	}
+	return named
 }
 
 // CheckNamedValue forwards to the inner statement.

@@ -1,6 +1,9 @@
 package lockhooks
 
-import "database/sql/driver"
+import (
+	"context"
+	"database/sql/driver"
+)
 
 // tx is the wrapped transaction. It lives inside its conn (database/sql runs
 // one transaction per connection at a time), so beginning one allocates
@@ -34,8 +37,16 @@ func (t *tx) Rollback() error {
 	return err
 }
 
-// end forgets the finished transaction.
+// end forgets the finished transaction and, if a statement in it changed
+// session locks in ways only pg_locks can tell, reads pg_locks now that
+// the transaction's own locks are gone.
 func (t *tx) end() {
 	t.inner = nil
 	t.opts = driver.TxOptions{}
+	t.c.pin.mu.Lock()
+	recheck := t.c.pin.recheck
+	t.c.pin.mu.Unlock()
+	if recheck {
+		t.c.reconcile(context.Background(), "unknown")
+	}
 }

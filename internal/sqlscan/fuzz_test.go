@@ -9,7 +9,7 @@ func addSeeds(f *testing.F) {
 	for _, c := range noKeyCases {
 		f.Add(c.in)
 	}
-	for _, s := range []string{"$", "$$", "$a", "E'", "U&'", "/*", "--", `"`, "(((", ")))", "FOR", "for no key", "FOR UPDATE OF", "FOR SKIP"} {
+	for _, s := range []string{"SELECT pg_advisory_lock($1)", "SELECT pg_try_advisory_lock(1, 2)", "DISCARD ALL", "$", "$$", "$a", "E'", "U&'", "/*", "--", `"`, "(((", ")))", "FOR", "for no key", "FOR UPDATE OF", "FOR SKIP"} {
 		f.Add(s)
 	}
 }
@@ -46,6 +46,11 @@ func FuzzRewrite(f *testing.F) {
 		}
 		if same, _ := Rewrite(in, Postgres, Inspect); same != in {
 			t.Fatalf("Inspect changed the text")
+		}
+
+		adv := ParseAdvisory(in)
+		if len(adv.Calls) > 0 && !MayAdvisory(in) {
+			t.Fatalf("%q has advisory calls but MayAdvisory is false", in)
 		}
 
 		stripped, sinfo := Rewrite(in, SQLite, Strip)

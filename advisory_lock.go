@@ -1,0 +1,159 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// AdvisoryLock is a session advisory lock held on one connection of a
+// lockhooks database (on SQLite, an in-process named lock). Run the work it
+// protects on [AdvisoryLock.Conn], stop it when [AdvisoryLock.Lost] is
+// closed, and end it with [AdvisoryLock.Release].
+type AdvisoryLock struct {
+	key  int64
+	db   *sql.DB
+	conn *sql.Conn
+	c    *conn // the wrapper's state of conn
+
+	mu       sync.Mutex
+	released bool
+}
+
+// AcquireAdvisoryLock takes the exclusive session advisory lock key
+// (pg_advisory_lock), waiting until it is free or ctx ends, on a connection
+// of db it keeps for the lock. db must be opened through lockhooks. Use
+// [LockID] to derive key from a name. On SQLite the lock is in-process.
+func AcquireAdvisoryLock(ctx context.Context, db *sql.DB, key int64) (*AdvisoryLock, error) {
+	l, ok, err := acquire(context.WithValue(ctx, callSiteKey{}, callSite()), db, key, false)
+	if err == nil && !ok {
+		err = errors.New("lockhooks: pg_advisory_lock returned without the lock")
+	}
+	return l, err
+}
+
+// TryAdvisoryLock takes the exclusive session advisory lock key if it is
+// free (pg_try_advisory_lock); ok is false, and l nil, if another session
+// holds it.
+func TryAdvisoryLock(ctx context.Context, db *sql.DB, key int64) (l *AdvisoryLock, ok bool, err error) {
+	return acquire(context.WithValue(ctx, callSiteKey{}, callSite()), db, key, true)
+}
+
+func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLock, bool, error) {
+	sc, err := db.Conn(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	var c *conn
+	if err := sc.Raw(func(dc any) error {
+		w, ok := dc.(connCore)
+		if !ok {
+			return fmt.Errorf("lockhooks: AcquireAdvisoryLock needs a database opened through lockhooks (lockhooks.Open, OpenDB or a lockhooks+ driver name); this one's connections are %T", dc)
+		}
+		c = w.state()
+		return nil
+	}); err != nil {
+		sc.Close()
+		return nil, false, err
+	}
+	l := &AdvisoryLock{key: key, db: db, conn: sc, c: c}
+	if c.connector.opts.dialect == SQLite {
+		return l.acquireInProcess(ctx, try)
+	}
+	if !try {
+		if _, err := sc.ExecContext(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+			sc.Close()
+			return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %d: %w", key, err)
+		}
+		return l, true, nil
+	}
+	var got bool
+	if err := sc.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&got); err != nil {
+		sc.Close()
+		return nil, false, fmt.Errorf("lockhooks: trying advisory lock %d: %w", key, err)
+	}
+	if !got {
+		sc.Close()
+		return nil, false, nil
+	}
+	return l, true, nil
+}
+
+// acquireInProcess takes the SQLite stand-in: an in-process named lock.
+func (l *AdvisoryLock) acquireInProcess(ctx context.Context, try bool) (*AdvisoryLock, bool, error) {
+	names := &l.c.connector.named
+	site := siteOf(ctx)
+	if try {
+		if !names.tryLock(l.key, l, site) {
+			l.conn.Close()
+			return nil, false, nil
+		}
+		return l, true, nil
+	}
+	if err := names.lock(ctx, l.key, l, site); err != nil {
+		l.conn.Close()
+		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %d: %w", l.key, err)
+	}
+	return l, true, nil
+}
+
+// Key returns the lock's key.
+func (l *AdvisoryLock) Key() int64 { return l.key }
+
+// Conn returns the connection that holds the lock. Run the protected work
+// on it: its statements fail with an error wrapping [ErrLockLost] once the
+// lock is lost, instead of running unprotected. Do not close it; Release
+// does.
+func (l *AdvisoryLock) Conn() *sql.Conn { return l.conn }
+
+// Lost returns a channel that is closed when the lock is known lost: its
+// connection died, so another session may hold the lock now. lockhooks
+// checks the holder's backend every WithLockCheckInterval (default 1s). On
+// SQLite the in-process lock cannot be lost and the channel never closes.
+func (l *AdvisoryLock) Lost() <-chan struct{} {
+	return l.c.lostChan()
+}
+
+// Err returns nil while the lock is held, and an error wrapping
+// [ErrLockLost] once it is lost.
+func (l *AdvisoryLock) Err() error {
+	l.c.pin.mu.Lock()
+	defer l.c.pin.mu.Unlock()
+	return l.c.pin.lost
+}
+
+// Release unlocks the lock, checking that the unlock released it, and gives
+// the connection back to the pool. It returns an error wrapping
+// [ErrLockLost] if the lock was lost meanwhile. Releasing twice is an error.
+func (l *AdvisoryLock) Release(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.released {
+		return fmt.Errorf("lockhooks: advisory lock %d was already released", l.key)
+	}
+	l.released = true
+	defer l.conn.Close()
+	if err := l.Err(); err != nil {
+		return err
+	}
+	if l.c.connector.opts.dialect == SQLite {
+		l.c.connector.named.unlock(l.key, l)
+		return nil
+	}
+	var ok bool
+	err := l.conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
+	if errors.Is(err, sql.ErrConnDone) {
+		// The caller closed Conn(): the connection is parked and still holds
+		// the lock; the unlock is rerouted to it.
+		err = l.db.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
+	}
+	if err != nil {
+		return fmt.Errorf("lockhooks: releasing advisory lock %d: %w", l.key, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: pg_advisory_unlock(%d) returned false", ErrNotLockOwner, l.key)
+	}
+	return nil
+}

@@ -1,0 +1,42 @@
+package sqlscan
+
+import (
+	"reflect"
+	"testing"
+)
+
+func TestParseAdvisory(t *testing.T) {
+	lit := func(v int64) Arg { return Arg{Kind: ArgLiteral, Value: v} }
+	par := func(n int) Arg { return Arg{Kind: ArgParam, Param: n} }
+	expr := func(text string) Arg { return Arg{Kind: ArgExpr, Text: text} }
+	cases := []struct {
+		in   string
+		want Advisory
+	}{
+		{`SELECT pg_advisory_lock(42)`, Advisory{Simple: true, Calls: []AdvisoryCall{{Func: 0, Args: [2]Arg{lit(42)}, NArgs: 1}}}},
+		{`select PG_ADVISORY_UNLOCK($1);`, Advisory{Simple: true, Calls: []AdvisoryCall{{Func: FnUnlock, Args: [2]Arg{par(1)}, NArgs: 1}}}},
+		{`SELECT pg_catalog.pg_try_advisory_lock_shared($1::bigint) AS ok`, Advisory{Simple: true, Calls: []AdvisoryCall{{Func: FnTry | FnShared, Args: [2]Arg{par(1)}, NArgs: 1}}}},
+		{`SELECT pg_advisory_lock(1, -2)`, Advisory{Simple: true, Calls: []AdvisoryCall{{Args: [2]Arg{lit(1), lit(-2)}, NArgs: 2}}}},
+		{`SELECT pg_advisory_xact_lock(hashtext('x'))`, Advisory{Simple: true, Calls: []AdvisoryCall{{Func: FnXact, Args: [2]Arg{expr("hashtext('x')")}, NArgs: 1}}}},
+		{`SELECT pg_advisory_unlock_all()`, Advisory{Simple: true, Calls: []AdvisoryCall{{Func: FnUnlockAll}}}},
+		{`SELECT pg_advisory_lock(id) FROM t`, Advisory{Calls: []AdvisoryCall{{Args: [2]Arg{expr("id")}, NArgs: 1}}}},
+		{`SELECT pg_advisory_lock(1), pg_advisory_lock(2)`, Advisory{Calls: []AdvisoryCall{{Args: [2]Arg{lit(1)}, NArgs: 1}, {Args: [2]Arg{lit(2)}, NArgs: 1}}}},
+		{`SELECT CASE WHEN pg_try_advisory_lock(7) THEN 1 END`, Advisory{Calls: []AdvisoryCall{{Func: FnTry, Args: [2]Arg{lit(7)}, NArgs: 1}}}},
+		{`SELECT 'pg_advisory_lock(1)' /* pg_advisory_lock(2) */`, Advisory{}},
+		{`discard ALL`, Advisory{DiscardAll: true}},
+		{`SELECT pg_advisory_lock(f(1, 2))`, Advisory{Simple: true, Calls: []AdvisoryCall{{Args: [2]Arg{expr("f(1, 2)")}, NArgs: 1}}}},
+	}
+	for _, c := range cases {
+		if got := ParseAdvisory(c.in); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s:\n got %+v\nwant %+v", c.in, got, c.want)
+		}
+		if !MayAdvisory(c.in) && (len(c.want.Calls) > 0 || c.want.DiscardAll) {
+			t.Errorf("MayAdvisory(%s) = false", c.in)
+		}
+	}
+	for _, s := range []string{"SELECT 1", "UPDATE t SET v = 1", "SELECT v FROM advise"} {
+		if MayAdvisory(s) {
+			t.Errorf("MayAdvisory(%s) = true", s)
+		}
+	}
+}

@@ -1,0 +1,614 @@
+package lockhooks
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/lockhooks/lockhooks/internal/pgtest"
+)
+
+func TestLockIDMatchesDstack(t *testing.T) {
+	for name, want := range map[string]int64{
+		"global_exports": 6333502497592769007,
+		"server_init":    7047472480246918123,
+		"migrations":     8499576275731843811,
+		"":               2636181500157147221,
+	} {
+		if got := LockID(name); got != want {
+			t.Errorf("LockID(%q) = %d, want %d", name, got, want)
+		}
+	}
+}
+
+// pinEnv is a fresh database opened through lockhooks (with fast lock
+// checks, a captured log and a metric reader) and through raw pgx.
+type pinEnv struct {
+	wrapped, raw *sql.DB
+	log          *syncBuffer
+	metrics      *sdkmetric.ManualReader
+}
+
+func newPinEnv(t *testing.T, opts ...Option) *pinEnv {
+	t.Helper()
+	dsn := pgtest.DSN(t)
+	e := &pinEnv{log: &syncBuffer{}, metrics: sdkmetric.NewManualReader()}
+	opts = append([]Option{
+		WithLockCheckInterval(20 * time.Millisecond),
+		WithLogger(slog.New(slog.NewTextHandler(e.log, nil))),
+		WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.metrics))),
+	}, opts...)
+	var err error
+	if e.wrapped, err = Open("pgx", dsn, opts...); err != nil {
+		t.Fatal(err)
+	}
+	if e.raw, err = sql.Open("pgx", dsn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.wrapped.Close(); e.raw.Close() })
+	return e
+}
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// heldCount returns how many backends hold advisory key k (bigint form) in
+// pg_locks.
+func heldCount(t testing.TB, raw *sql.DB, k int64) int {
+	t.Helper()
+	var n int
+	err := raw.QueryRow(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2`, k>>32, k&0xffffffff).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// otherConn takes a connection out of db's pool, so the next db call runs
+// on a different one.
+func otherConn(t *testing.T, db *sql.DB) *sql.Conn {
+	t.Helper()
+	c, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func unlock(t *testing.T, db interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, k int64) (bool, error) {
+	t.Helper()
+	var ok bool
+	err := db.QueryRowContext(context.Background(), "SELECT pg_advisory_unlock($1)", k).Scan(&ok)
+	return ok, err
+}
+
+// dstack issue 3881: lock with db.Exec, unlock with db.QueryRow on another
+// pooled connection. Raw pgx answers false and leaves the lock on an idle
+// connection; lockhooks runs the unlock on the connection that holds it.
+func TestUnlockOnAnotherPooledConnection(t *testing.T) {
+	const k = 3881
+	e := newPinEnv(t)
+	for _, c := range []struct {
+		name    string
+		db      *sql.DB
+		want    bool
+		wantErr bool
+	}{
+		{"raw", e.raw, false, false},
+		{"lockhooks", e.wrapped, true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := c.db.Exec("SELECT pg_advisory_lock($1)", k); err != nil {
+				t.Fatal(err)
+			}
+			busy := otherConn(t, c.db) // raw: takes the idle holder, so the unlock goes elsewhere
+			ok, err := unlock(t, c.db, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != c.want {
+				t.Errorf("pg_advisory_unlock returned %v, want %v", ok, c.want)
+			}
+			busy.Close()
+			held := heldCount(t, e.raw, k)
+			if c.want && held != 0 {
+				t.Errorf("pg_locks shows the lock held by %d backends after the unlock", held)
+			}
+			if !c.want && held != 1 {
+				t.Errorf("raw: pg_locks shows %d holders, want the leaked 1", held)
+			}
+			if !c.want {
+				e.raw.SetMaxIdleConns(0) // drop the leak
+				e.raw.SetMaxIdleConns(2)
+			}
+		})
+	}
+}
+
+// The same through a transaction: tx.Exec(lock); tx.Commit(); db.Exec(unlock).
+func TestUnlockAfterTransactionCommit(t *testing.T) {
+	const k = 77
+	e := newPinEnv(t)
+	tx, err := e.wrapped.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("SELECT pg_advisory_lock(77)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.wrapped.Stats().Idle; got != 0 {
+		t.Errorf("the holder went back to the pool: %d idle", got)
+	}
+	holder := holderPID(t, e.raw, k)
+	if _, err := e.wrapped.Exec("SELECT pg_advisory_unlock($1)", k); err != nil {
+		t.Fatal(err)
+	}
+	if n := heldCount(t, e.raw, k); n != 0 {
+		t.Errorf("lock still held by %d backends", n)
+	}
+	waitFor(t, 5*time.Second, "the parked connection to close", func() bool { return !backendAlive(t, e.raw, holder) })
+}
+
+// holderPID returns the pid of the backend holding advisory key k.
+func holderPID(t testing.TB, raw *sql.DB, k int64) int32 {
+	t.Helper()
+	var pid int32
+	if err := raw.QueryRow(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2`, k>>32, k&0xffffffff).Scan(&pid); err != nil {
+		t.Fatalf("no holder of advisory lock %d: %v", k, err)
+	}
+	return pid
+}
+
+// backendAlive reports whether backend pid is connected.
+func backendAlive(t testing.TB, raw *sql.DB, pid int32) bool {
+	t.Helper()
+	var n int
+	if err := raw.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+func TestReentrantSharedAndPairLocks(t *testing.T) {
+	e := newPinEnv(t)
+	db := e.wrapped
+	t.Run("re-entrant", func(t *testing.T) {
+		c := otherConn(t, db)
+		mustExec(t, c, "SELECT pg_advisory_lock(5)")
+		holder := holderPID(t, e.raw, 5)
+		mustExec(t, c, "SELECT pg_advisory_lock(5)")
+		c.Close() // parked with the lock taken twice
+		if ok, err := unlock(t, db, 5); !ok || err != nil {
+			t.Fatalf("first unlock: %v, %v", ok, err)
+		}
+		if n := heldCount(t, e.raw, 5); n != 1 {
+			t.Fatalf("locked twice, unlocked once: %d holders, want 1", n)
+		}
+		if ok, err := unlock(t, db, 5); !ok || err != nil {
+			t.Fatalf("second unlock: %v, %v", ok, err)
+		}
+		if n := heldCount(t, e.raw, 5); n != 0 {
+			t.Fatalf("after both unlocks: %d holders", n)
+		}
+		waitFor(t, 5*time.Second, "the parked connection to close", func() bool { return !backendAlive(t, e.raw, holder) })
+	})
+	t.Run("shared on two connections", func(t *testing.T) {
+		c1, c2 := otherConn(t, db), otherConn(t, db)
+		for _, c := range []*sql.Conn{c1, c2} {
+			mustExec(t, c, "SELECT pg_advisory_lock_shared(6)")
+		}
+		if n := heldCount(t, e.raw, 6); n != 2 {
+			t.Fatalf("%d shared holders, want 2", n)
+		}
+		c1.Close()
+		c2.Close() // both parked
+		for range 2 {
+			var ok bool
+			if err := db.QueryRow("SELECT pg_advisory_unlock_shared(6)").Scan(&ok); err != nil || !ok {
+				t.Fatalf("shared unlock: %v, %v", ok, err)
+			}
+		}
+		if n := heldCount(t, e.raw, 6); n != 0 {
+			t.Fatalf("%d shared holders left", n)
+		}
+		// An exclusive unlock does not release a shared lock.
+		mustExec(t, db, "SELECT pg_advisory_lock_shared(6)")
+		if _, err := unlock(t, db, 6); !errors.Is(err, ErrNotLockOwner) {
+			t.Fatalf("exclusive unlock of a shared lock: %v, want ErrNotLockOwner", err)
+		}
+		mustExec(t, db, "SELECT pg_advisory_unlock_shared(6)")
+	})
+	t.Run("int4 pairs are their own key space", func(t *testing.T) {
+		mustExec(t, db, "SELECT pg_advisory_lock(0, 7)")
+		if _, err := unlock(t, db, 7); !errors.Is(err, ErrNotLockOwner) {
+			t.Fatalf("bigint unlock of a pair lock: %v, want ErrNotLockOwner", err)
+		}
+		var ok bool
+		if err := db.QueryRow("SELECT pg_advisory_unlock($1, $2)", 0, 7).Scan(&ok); err != nil || !ok {
+			t.Fatalf("pair unlock: %v, %v", ok, err)
+		}
+	})
+	t.Run("expression keys", func(t *testing.T) {
+		mustExec(t, db, "SELECT pg_advisory_lock(hashtext('jobs'))")
+		var ok bool
+		if err := db.QueryRow("SELECT pg_advisory_unlock(hashtext($1))", "jobs").Scan(&ok); err != nil || !ok {
+			t.Fatalf("unlock by expression: %v, %v", ok, err)
+		}
+		var n int
+		if err := e.raw.QueryRow("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").Scan(&n); err != nil || n != 0 {
+			t.Fatalf("%d advisory locks left (%v)", n, err)
+		}
+	})
+}
+
+func TestTryLocks(t *testing.T) {
+	e := newPinEnv(t)
+	holder := otherConn(t, e.raw)
+	mustExec(t, holder, "SELECT pg_advisory_lock(9)")
+	defer mustExec(t, holder, "SELECT pg_advisory_unlock(9)")
+
+	var ok bool
+	if err := e.wrapped.QueryRow("SELECT pg_try_advisory_lock(9)").Scan(&ok); err != nil || ok {
+		t.Fatalf("try of a held lock: %v, %v", ok, err)
+	}
+	if s := e.wrapped.Stats(); s.Idle != 1 {
+		t.Errorf("a failed try parked the connection: %d idle", s.Idle)
+	}
+	if _, err := e.wrapped.Exec("SELECT pg_try_advisory_lock(10)"); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.wrapped.Stats(); s.Idle != 0 {
+		t.Errorf("a successful try did not park the connection: %d idle", s.Idle)
+	}
+	l, got, err := TryAdvisoryLock(context.Background(), e.wrapped, 9)
+	if err != nil || got || l != nil {
+		t.Fatalf("TryAdvisoryLock of a held key: %v, %v, %v", l, got, err)
+	}
+	if ok, err := unlock(t, e.wrapped, 10); !ok || err != nil {
+		t.Fatalf("unlock of the tried lock: %v, %v", ok, err)
+	}
+}
+
+// An unlock that cannot be honoured is an error naming the holder, never
+// Postgres's silent false.
+func TestUnlockNotOwnedIsAnError(t *testing.T) {
+	e := newPinEnv(t)
+	_, err := unlock(t, e.wrapped, 404)
+	if !errors.Is(err, ErrNotLockOwner) || !strings.Contains(err.Error(), "no connection of this database holds") {
+		t.Fatalf("unlock of a key nobody holds: %v", err)
+	}
+	l, err := AcquireAdvisoryLock(context.Background(), e.wrapped, 405)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	_, err = unlock(t, e.wrapped, 405)
+	if !errors.Is(err, ErrNotLockOwner) || !strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "pg_pinning_test.go") {
+		t.Fatalf("unlock of a key held by a connection in use: %v", err)
+	}
+}
+
+func TestTransactionLevelLocks(t *testing.T) {
+	e := newPinEnv(t)
+	if _, err := e.wrapped.Exec("SELECT pg_advisory_xact_lock(11)"); err == nil || !strings.Contains(err.Error(), "outside a transaction") {
+		t.Fatalf("xact lock outside a transaction: %v", err)
+	}
+	tx, err := e.wrapped.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, tx, "SELECT pg_advisory_xact_lock(11)")
+	if n := heldCount(t, e.raw, 11); n != 1 {
+		t.Fatalf("xact lock: %d holders", n)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if n := heldCount(t, e.raw, 11); n != 0 {
+		t.Fatalf("xact lock after commit: %d holders", n)
+	}
+	if s := e.wrapped.Stats(); s.Idle != 1 {
+		t.Errorf("a transaction-level lock parked the connection: %d idle", s.Idle)
+	}
+}
+
+func TestAcquireAdvisoryLock(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, e.wrapped, LockID("server_init"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Conn().PingContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := heldCount(t, e.raw, l.Key()); n != 1 {
+		t.Fatalf("%d holders", n)
+	}
+	// A second acquire waits; with a deadline it gives up cleanly.
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := AcquireAdvisoryLock(short, e.wrapped, l.Key()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("contended acquire: %v", err)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err == nil {
+		t.Fatal("a second Release succeeded")
+	}
+	// The cancelled waiter's backend may be granted the lock in the moment
+	// before it reads the cancel and exits: wait for that to pass.
+	waitFor(t, 10*time.Second, "no holder after Release", func() bool { return heldCount(t, e.raw, l.Key()) == 0 })
+	// Release after the caller closed Conn(): rerouted to the parked holder.
+	l, err = AcquireAdvisoryLock(ctx, e.wrapped, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Conn().Close()
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release after Conn().Close(): %v", err)
+	}
+	if n := heldCount(t, e.raw, 12); n != 0 {
+		t.Fatalf("%d holders after Release", n)
+	}
+}
+
+func terminate(t testing.TB, raw *sql.DB, pid int32) {
+	t.Helper()
+	var ok bool
+	if err := raw.QueryRow("SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d): %v, %v", pid, ok, err)
+	}
+}
+
+func pidOf(t testing.TB, c *sql.Conn) int32 {
+	t.Helper()
+	var pid int32
+	if err := c.QueryRowContext(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// The holder's backend is terminated: Lost closes, the next statement on
+// the lock's connection fails with ErrLockLost, the loss is logged and
+// counted.
+func TestLostLockIsReported(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, e.wrapped, 21)
+	if err != nil {
+		t.Fatal(err)
+	}
+	terminate(t, e.raw, pidOf(t, l.Conn()))
+	select {
+	case <-l.Lost():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lost() did not close after the holder's backend was terminated")
+	}
+	if !errors.Is(l.Err(), ErrLockLost) {
+		t.Fatalf("Err() = %v", l.Err())
+	}
+	if _, err := l.Conn().ExecContext(ctx, "SELECT 1"); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("statement after the loss: %v, want ErrLockLost", err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Release after the loss: %v", err)
+	}
+	if !strings.Contains(e.log.String(), "advisory lock lost") {
+		t.Errorf("no log line for the loss:\n%s", e.log)
+	}
+	if got := counterValue(t, e.metrics, "lockhooks.lock.lost"); got != 1 {
+		t.Errorf("lockhooks.lock.lost = %d, want 1", got)
+	}
+	// The pool still works, on a fresh connection.
+	mustExec(t, e.wrapped, "SELECT 1")
+}
+
+// Detected without any statement on the lock's connection: a statement on
+// a connection whose lock is gone fails at once, even before the monitor.
+func TestLostLockOnNextStatement(t *testing.T) {
+	e := newPinEnv(t, WithLockCheckInterval(time.Hour))
+	ctx := context.Background()
+	c := otherConn(t, e.wrapped)
+	mustExec(t, c, "SELECT pg_advisory_lock(22)")
+	terminate(t, e.raw, pidOf(t, c))
+	waitFor(t, 10*time.Second, "the backend to exit", func() bool { return heldCount(t, e.raw, 22) == 0 })
+	_, err := c.ExecContext(ctx, "UPDATE nothing SET x = 1")
+	if !errors.Is(err, ErrLockLost) {
+		t.Fatalf("statement on the dead holder: %v, want ErrLockLost", err)
+	}
+	if _, err := c.ExecContext(ctx, "SELECT 1"); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("the next statement: %v, want ErrLockLost again", err)
+	}
+}
+
+// A parked holder whose backend is terminated is detected by the monitor,
+// counted, logged and closed.
+func TestParkedLockLossIsDetected(t *testing.T) {
+	e := newPinEnv(t)
+	mustExec(t, e.wrapped, "SELECT pg_advisory_lock(23)")
+	var pid int32
+	if err := e.raw.QueryRow("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = 23").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if got := gaugeValue(t, e.metrics, "lockhooks.advisory.parked_connections"); got != 1 {
+		t.Fatalf("parked_connections = %d, want 1", got)
+	}
+	terminate(t, e.raw, pid)
+	waitFor(t, 10*time.Second, "the loss to be counted", func() bool { return counterValue(t, e.metrics, "lockhooks.lock.lost") == 1 })
+	if !strings.Contains(e.log.String(), "parked=true") {
+		t.Errorf("the log does not say the holder was parked:\n%s", e.log)
+	}
+	if got := gaugeValue(t, e.metrics, "lockhooks.advisory.parked_connections"); got != 0 {
+		t.Errorf("parked_connections = %d after the loss, want 0", got)
+	}
+	if _, err := unlock(t, e.wrapped, 23); !errors.Is(err, ErrNotLockOwner) {
+		t.Errorf("unlock of the lost lock: %v, want ErrNotLockOwner", err)
+	}
+}
+
+// A context cancelled while pg_advisory_lock waits: pgx closes the
+// connection, so every lock it held is gone. The tracking must say so.
+func TestCancelDuringLockWaitKeepsTrackingTrue(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	blocker := otherConn(t, e.raw)
+	mustExec(t, blocker, "SELECT pg_advisory_lock(31)")
+
+	c := otherConn(t, e.wrapped)
+	mustExec(t, c, "SELECT pg_advisory_lock(30)")
+	pid := pidOf(t, c)
+	waitCtx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.ExecContext(waitCtx, "SELECT pg_advisory_lock(31)")
+		errc <- err
+	}()
+	waitFor(t, 10*time.Second, "the lock wait", func() bool {
+		var n int
+		e.raw.QueryRow("SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted", pid).Scan(&n)
+		return n == 1
+	})
+	cancel()
+	err := <-errc
+	if !errors.Is(err, ErrLockLost) {
+		t.Fatalf("cancelled wait on a connection holding lock 30: %v, want ErrLockLost", err)
+	}
+	// The truth: the backend is gone, and with it lock 30.
+	waitFor(t, 10*time.Second, "lock 30 to be released", func() bool { return heldCount(t, e.raw, 30) == 0 })
+	c.Raw(func(dc any) error {
+		w := dc.(connCore).state()
+		w.pin.mu.Lock()
+		defer w.pin.mu.Unlock()
+		if len(w.pin.held) != 0 {
+			t.Errorf("tracking still holds %d keys", len(w.pin.held))
+		}
+		return nil
+	})
+
+	// Without earlier locks: the cancelled wait leaves nothing tracked and
+	// the pool usable.
+	cctx, cancel2 := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel2()
+	if _, err := e.wrapped.ExecContext(cctx, "SELECT pg_advisory_lock(31)"); err == nil {
+		t.Fatal("the contended lock was granted")
+	}
+	if s := e.wrapped.Stats(); s.InUse != 1 { // c
+		t.Errorf("%d connections in use", s.InUse)
+	}
+	if got := gaugeValue(t, e.metrics, "lockhooks.advisory.held_locks"); got != 0 {
+		t.Errorf("held_locks = %d after the cancelled acquire", got)
+	}
+}
+
+// db.Close releases what parked connections hold, and says so.
+func TestCloseReleasesParkedLocks(t *testing.T) {
+	e := newPinEnv(t)
+	mustExec(t, e.wrapped, "SELECT pg_advisory_lock(41)")
+	if err := e.wrapped.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the parked lock to be released", func() bool { return heldCount(t, e.raw, 41) == 0 })
+	if !strings.Contains(e.log.String(), "db.Close releases") {
+		t.Errorf("no log line for the release:\n%s", e.log)
+	}
+}
+
+// Rerouted unlocks are counted; a parked lock older than the threshold is
+// logged with its call site.
+func TestParkedLockWarningAndRerouteMetric(t *testing.T) {
+	e := newPinEnv(t, WithParkedLockWarning(50*time.Millisecond))
+	mustExec(t, e.wrapped, "SELECT pg_advisory_lock(42)")
+	waitFor(t, 10*time.Second, "the parked-lock warning", func() bool {
+		return strings.Contains(e.log.String(), "still held by a connection withdrawn from the pool")
+	})
+	if !strings.Contains(e.log.String(), "_test.go:") {
+		t.Errorf("the warning does not name the call site:\n%s", e.log)
+	}
+	if ok, err := unlock(t, e.wrapped, 42); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if got := counterValue(t, e.metrics, "lockhooks.advisory.unlocks_rerouted"); got != 1 {
+		t.Errorf("unlocks_rerouted = %d, want 1", got)
+	}
+}
+
+// collect returns the metric named name.
+func collect(t testing.TB, r *sdkmetric.ManualReader, name string) (metricdata.Metrics, bool) {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				return m, true
+			}
+		}
+	}
+	return metricdata.Metrics{}, false
+}
+
+func counterValue(t testing.TB, r *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	m, ok := collect(t, r, name)
+	if !ok {
+		return 0
+	}
+	var sum int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		sum += dp.Value
+	}
+	return sum
+}
+
+func gaugeValue(t testing.TB, r *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	m, ok := collect(t, r, name)
+	if !ok {
+		t.Fatalf("no metric %s", name)
+	}
+	var sum int64
+	for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+		sum += dp.Value
+	}
+	return sum
+}
