@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
 // connCore is what every wrapped connection implements, whatever the inner
@@ -137,7 +139,16 @@ func (c *conn) String() string {
 
 // ExecContext runs query through the statement hooks.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if query == lockMarker {
+		return c.lockset(ctx, args)
+	}
 	st := c.intercept(ctx, query)
+	if c.needsWriterLock(st, query) {
+		if err := c.connector.writer.lock(ctx, c, c.connector.opts.busyTimeout); err != nil {
+			return nil, err
+		}
+		defer c.connector.writer.unlock()
+	}
 	if st.advisory != nil || c.pin.active.Load() {
 		return c.execTracked(ctx, st, args, func() (driver.Result, error) { return c.execer.ExecContext(ctx, st.text, args) })
 	}
@@ -148,11 +159,40 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 // QueryContext runs query through the statement hooks.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	st := c.intercept(ctx, query)
+	if c.needsWriterLock(st, query) {
+		return c.queryWriting(ctx, st, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
+	}
 	if st.advisory != nil || c.pin.active.Load() {
 		return c.queryTracked(ctx, st, args, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
 	}
 	rows, err := c.queryer.QueryContext(ctx, st.text, args)
 	return rows, st.explain(c.observe(err))
+}
+
+// needsWriterLock notes that a statement ran in the current transaction,
+// and reports whether the statement is an SQLite write outside a
+// transaction (or a SELECT that asked for row locks), which must hold the
+// writer lock while it runs.
+func (c *conn) needsWriterLock(st statement, query string) bool {
+	if c.tx.inner != nil {
+		c.tx.read = true
+		return false
+	}
+	return c.connector.opts.dialect == SQLite && (st.locks.Locks() || sqlscan.IsWrite(query))
+}
+
+// queryWriting runs an SQLite query that writes under the writer lock,
+// held until its rows are closed.
+func (c *conn) queryWriting(ctx context.Context, st statement, run func() (driver.Rows, error)) (driver.Rows, error) {
+	if err := c.connector.writer.lock(ctx, c, c.connector.opts.busyTimeout); err != nil {
+		return nil, err
+	}
+	rows, err := run()
+	if err != nil {
+		c.connector.writer.unlock()
+		return nil, st.explain(c.observe(err))
+	}
+	return newRows(ctx, c, rows, advisoryPlan{}, true), nil
 }
 
 // execTracked runs a statement that calls advisory-lock functions, or runs
@@ -190,7 +230,7 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 	if st.advisory == nil {
 		return rows, nil
 	}
-	return newRows(ctx, c, rows, plan), nil
+	return newRows(ctx, c, rows, plan, false), nil
 }
 
 // Prepare prepares query (rewritten by the statement hooks) on the inner
@@ -202,6 +242,9 @@ func (c *conn) Prepare(query string) (driver.Stmt, error) {
 // PrepareContext prepares the rewritten query; executions of the statement
 // go through the same hooks.
 func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	if query == lockMarker {
+		return markerStmt{c}, nil
+	}
 	st := c.intercept(ctx, query)
 	var (
 		inner driver.Stmt
@@ -215,12 +258,15 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 	if err != nil {
 		return nil, st.explain(c.observe(err))
 	}
-	return newStmt(c, inner, st), nil
+	return newStmt(c, inner, query, st), nil
 }
 
 // Begin starts a transaction; database/sql calls it only when BeginTx is
 // absent.
 func (c *conn) Begin() (driver.Tx, error) {
+	if c.connector.opts.dialect == SQLite {
+		return c.beginImmediate(context.Background(), driver.TxOptions{})
+	}
 	inner, err := c.inner.Begin() //nolint:staticcheck // the inner driver has no BeginTx
 	if err != nil {
 		return nil, c.observe(err)
@@ -228,13 +274,54 @@ func (c *conn) Begin() (driver.Tx, error) {
 	return c.tx.begin(inner, driver.TxOptions{}), nil
 }
 
-// BeginTx starts a transaction.
+// BeginTx starts a transaction. On SQLite a transaction that may write
+// (ReadOnly false) first takes the in-process writer lock, then runs
+// BEGIN IMMEDIATE, so it never meets SQLITE_BUSY from this process.
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if c.connector.opts.dialect == SQLite && !opts.ReadOnly {
+		return c.beginImmediate(ctx, opts)
+	}
 	inner, err := c.beginner.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, c.observe(err)
 	}
 	return c.tx.begin(inner, opts), nil
+}
+
+// beginImmediate begins an SQLite write transaction under the writer lock.
+func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if err := c.connector.writer.lock(ctx, c, c.connector.opts.busyTimeout); err != nil {
+		return nil, err
+	}
+	var err error
+	if c.execer != nil {
+		_, err = c.execer.ExecContext(ctx, "BEGIN IMMEDIATE", nil)
+	} else {
+		err = c.execPrepared(ctx, "BEGIN IMMEDIATE")
+	}
+	if err != nil {
+		c.connector.writer.unlock()
+		return nil, c.observe(err)
+	}
+	t := c.tx.begin(immediateTx{c}, opts)
+	t.writer = true
+	return t, nil
+}
+
+// execPrepared runs a statement of lockhooks' own through Prepare, for
+// drivers without an Execer.
+func (c *conn) execPrepared(ctx context.Context, query string) error {
+	s, err := c.inner.Prepare(query)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if e, ok := s.(driver.StmtExecContext); ok {
+		_, err = e.ExecContext(ctx, nil)
+	} else {
+		_, err = s.Exec(nil) //nolint:staticcheck // no ExecContext
+	}
+	return err
 }
 
 // Ping forwards to the inner connection.
@@ -280,6 +367,9 @@ func (c *conn) IsValid() bool {
 func (c *conn) Close() error {
 	if c.park() {
 		return nil
+	}
+	if c.tx.inner != nil {
+		c.tx.end() // closed inside a transaction: its locks go with it
 	}
 	if c.connector.pins != nil {
 		c.connector.pins.unregister(c)

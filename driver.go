@@ -63,6 +63,11 @@ type options struct {
 	lockCheckInterval time.Duration
 	lockCheckTimeout  time.Duration
 	parkedWarning     time.Duration
+	busyTimeout       time.Duration
+
+	// testReleaseBeforeCommit, set only by tests, breaks the lockset rule on
+	// purpose: locks are released before COMMIT, and the hook runs between.
+	testReleaseBeforeCommit func()
 }
 
 // Defaults of the advisory-lock options.
@@ -70,6 +75,7 @@ const (
 	defaultLockCheckInterval = time.Second
 	defaultLockCheckTimeout  = 5 * time.Second
 	defaultParkedWarning     = time.Minute
+	defaultBusyTimeout       = 5 * time.Second
 )
 
 // WithDialect fixes the SQL dialect instead of inferring it from the inner
@@ -106,6 +112,18 @@ func WithLockCheckInterval(d time.Duration) Option {
 	return func(o *options) {
 		if d > 0 {
 			o.lockCheckInterval = d
+		}
+	}
+}
+
+// WithBusyTimeout sets how long an SQLite writer waits for the in-process
+// writer lock before failing with [ErrWriterLockTimeout] (default 5s). It
+// is also the busy_timeout lockhooks sets on connections whose DSN sets
+// none, for waits on other processes.
+func WithBusyTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.busyTimeout = d
 		}
 	}
 }
@@ -153,6 +171,7 @@ func resolveOptions(opts []Option, inner ...any) (*options, error) {
 		lockCheckInterval: defaultLockCheckInterval,
 		lockCheckTimeout:  defaultLockCheckTimeout,
 		parkedWarning:     defaultParkedWarning,
+		busyTimeout:       defaultBusyTimeout,
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -241,7 +260,9 @@ func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newConnector(inner, d, o), nil
+	c := newConnector(inner, d, o)
+	c.dsn = dsn
+	return c, nil
 }
 
 // Unwrap returns the wrapped driver.
@@ -364,7 +385,10 @@ type connector struct {
 	opts     *options
 	rewriter *rewriter
 	pins     *pinning         // Postgres only
-	named    lockTable[int64] // SQLite's in-process advisory locks
+	named    lockTable[int64]      // SQLite's in-process advisory locks
+	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
+	writer   writerLock            // SQLite's in-process writer lock
+	dsn      string                // "" when the inner connector was given
 	nextID   atomic.Uint64
 }
 
@@ -386,6 +410,12 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	inner, err := c.inner.Connect(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if c.opts.dialect == SQLite {
+		if err := c.sqliteDefaults(ctx, inner); err != nil {
+			inner.Close()
+			return nil, err
+		}
 	}
 	return newConn(c, inner), nil
 }

@@ -290,7 +290,7 @@ func TestRealDriversKeepTheirInterfaces(t *testing.T) {
 					return err
 				}
 				defer innerRows.Close()
-				w := newRows(ctx, dc.(connCore).state(), innerRows, advisoryPlan{})
+				w := newRows(ctx, dc.(connCore).state(), innerRows, advisoryPlan{}, false)
 				if got, want := implemented(w, rowsOptional), implemented(innerRows, rowsOptional); got != want || want == 0 {
 					t.Errorf("wrapped rows implement %06b, inner %06b", got, want)
 				}

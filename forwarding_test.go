@@ -152,7 +152,7 @@ func TestRowsExposeExactlyTheInnerInterfaces(t *testing.T) {
 		if got := implemented(inner, rowsOptional); got != mask {
 			t.Fatalf("fake rows %06b implement %06b: the test double is wrong", mask, got)
 		}
-		r := newRows(context.Background(), c.state(), inner, advisoryPlan{})
+		r := newRows(context.Background(), c.state(), inner, advisoryPlan{}, false)
 		if got := implemented(r, rowsOptional); got != mask {
 			t.Errorf("inner rows %06b: wrapper implements %06b", mask, got)
 		}

@@ -101,12 +101,23 @@ type pinState struct {
 // callSiteKey carries the user's call site into the hooks.
 type callSiteKey struct{}
 
-// callSite returns file:line of the first caller outside database/sql and
+// callers is a captured call stack, symbolised only when printed, so that
+// recording where a lock was taken costs no allocation.
+type callers struct {
+	pcs [16]uintptr
+	n   int
+}
+
+// capture records the current call stack.
+func (c *callers) capture() { c.n = runtime.Callers(3, c.pcs[:]) }
+
+// String returns file:line of the first frame outside database/sql and
 // lockhooks itself.
-func callSite() string {
-	var pcs [24]uintptr
-	n := runtime.Callers(2, pcs[:])
-	frames := runtime.CallersFrames(pcs[:n])
+func (c *callers) String() string {
+	if c.n == 0 {
+		return "unknown"
+	}
+	frames := runtime.CallersFrames(c.pcs[:c.n])
 	for {
 		f, more := frames.Next()
 		internal := strings.HasPrefix(f.Function, "database/sql.") ||
@@ -118,6 +129,14 @@ func callSite() string {
 			return "unknown"
 		}
 	}
+}
+
+// callSite returns file:line of the first caller outside database/sql and
+// lockhooks itself.
+func callSite() string {
+	var c callers
+	c.capture()
+	return c.String()
 }
 
 // shortFile keeps the last two elements of a path.
@@ -881,8 +900,7 @@ func (c *conn) loseLocks(cause error) error {
 	if c.pin.lostCh == nil {
 		c.pin.lostCh = make(chan struct{})
 	}
-	close(c.pin.lostCh)
-	lost := c.pin.lost
+	lostCh, lost := c.pin.lostCh, c.pin.lost
 	c.pin.mu.Unlock()
 
 	c.pin.active.Store(true) // statements now fail with lost
@@ -890,6 +908,7 @@ func (c *conn) loseLocks(cause error) error {
 	c.connector.pins.ins.lockLost(context.Background(), "advisory", n)
 	c.connector.opts.logger.Error("lockhooks: advisory lock lost", "connection", c.id, "backend_pid", c.pid,
 		"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "parked", parked, "cause", cause.Error())
+	close(lostCh) // after the log and the count, so whoever waits on Lost sees them
 	if parked {
 		c.inner.Close()
 	}

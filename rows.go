@@ -30,13 +30,15 @@ type (
 
 // rows wraps the rows of a statement the wrapper must follow to its end:
 // one that calls advisory-lock functions, whose effect is known once its
-// rows are closed. Other statements get the inner rows unwrapped.
+// rows are closed, or an SQLite write that holds the writer lock until
+// then. Other statements get the inner rows unwrapped.
 type rows struct {
-	c     *conn
-	inner driver.Rows
-	ctx   context.Context
-	plan  advisoryPlan
-	err   error // the first error of Next, for the tracking
+	c      *conn
+	inner  driver.Rows
+	ctx    context.Context
+	plan   advisoryPlan
+	writer bool  // the statement holds the SQLite writer lock until Close
+	err    error // the first error of Next, for the tracking
 }
 
 // Interface bits of withRowsInterfaces, in generated order.
@@ -50,8 +52,8 @@ const (
 )
 
 // newRows wraps inner with exactly its optional interfaces.
-func newRows(ctx context.Context, c *conn, inner driver.Rows, plan advisoryPlan) driver.Rows {
-	r := &rows{c: c, inner: inner, ctx: ctx, plan: plan}
+func newRows(ctx context.Context, c *conn, inner driver.Rows, plan advisoryPlan, writer bool) driver.Rows {
+	r := &rows{c: c, inner: inner, ctx: ctx, plan: plan, writer: writer}
 	var mask uint
 	if _, ok := inner.(rowsNextResultSet); ok {
 		mask |= rowsNextResultSetBit
@@ -90,9 +92,15 @@ func (r *rows) Next(dest []driver.Value) error {
 	return err
 }
 
-// Close closes the inner rows, then brings the lock tracking up to date.
+// Close closes the inner rows, then releases the writer lock or brings the
+// lock tracking up to date.
 func (r *rows) Close() error {
 	err := r.c.observe(r.inner.Close())
+	if r.writer {
+		r.writer = false
+		r.c.connector.writer.unlock()
+		return err
+	}
 	stmtErr := r.err
 	if stmtErr == nil {
 		stmtErr = err

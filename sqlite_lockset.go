@@ -2,6 +2,14 @@ package lockhooks
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -157,4 +165,486 @@ func (e *lockEntry) removeWaiter(w *lockWaiter) {
 			return
 		}
 	}
+}
+
+// ErrLockAfterSnapshot is returned by Lock and TryLock in a transaction
+// whose snapshot may already hide what other transactions committed before
+// the lock was granted: on SQLite, a read-only transaction that has read;
+// on Postgres, a REPEATABLE READ or SERIALIZABLE transaction. Lock first,
+// or commit and lock at the start of a new transaction.
+var ErrLockAfterSnapshot = errors.New("lockhooks: lock taken after the transaction's snapshot")
+
+// ErrWriterLockTimeout is returned when a write on SQLite waited for the
+// in-process writer lock longer than the busy timeout.
+var ErrWriterLockTimeout = errors.New("lockhooks: timed out waiting for the SQLite writer lock")
+
+// lockMarker is the statement Lock runs through tx.ExecContext. A lockhooks
+// connection recognises it and never sends it; any other driver sends it
+// and fails on the unknown function, so a transaction that is not
+// lockhooks' never silently goes unlocked.
+const lockMarker = "SELECT lockhooks_lock_needs_a_lockhooks_database($1)"
+
+// lockRequest is Lock's argument: the canonical request, encoded. It is a
+// driver.Valuer so that drivers without a NamedValueChecker (modernc) pass
+// its bytes through unchanged.
+type lockRequest []byte
+
+// Value returns the encoded request.
+func (r lockRequest) Value() (driver.Value, error) { return []byte(r), nil }
+
+// Lock takes the in-memory locks (namespace, id) for every id, in one
+// canonical order (integers numerically, then strings and fmt.Stringers
+// bytewise, then 16-byte UUIDs), waiting without polling while another
+// transaction holds one, until ctx ends. The locks are released only after
+// the transaction's COMMIT or ROLLBACK returned. A transaction may lock an
+// id it holds again.
+//
+// On SQLite the locks are in-process; on Postgres they are
+// pg_advisory_xact_lock keys derived from (namespace, id), taken in sorted
+// key order in one round trip, so the same code serves several replicas.
+// tx must come from a database opened through lockhooks.
+func Lock(ctx context.Context, tx *sql.Tx, namespace string, ids ...any) error {
+	_, err := lockRequestExec(ctx, tx, namespace, ids, false)
+	return err
+}
+
+// TryLock takes all the locks of Lock, or none, without waiting; it reports
+// whether it took them. Use it to skip work another transaction holds (the
+// queue-worker pattern).
+func TryLock(ctx context.Context, tx *sql.Tx, namespace string, ids ...any) (bool, error) {
+	return lockRequestExec(ctx, tx, namespace, ids, true)
+}
+
+func lockRequestExec(ctx context.Context, tx *sql.Tx, namespace string, ids []any, try bool) (bool, error) {
+	if tx == nil {
+		return false, errors.New("lockhooks: Lock needs a transaction (db.BeginTx); got a nil *sql.Tx")
+	}
+	keys, err := canonicalIDs(ids)
+	if err != nil {
+		return false, err
+	}
+	res, err := tx.ExecContext(ctx, lockMarker, encodeLockRequest(namespace, keys, try))
+	if err != nil {
+		if strings.Contains(err.Error(), "lockhooks_lock_needs_a_lockhooks_database") {
+			return false, fmt.Errorf("lockhooks: Lock needs a transaction of a database opened through lockhooks (lockhooks.Open, OpenDB or a lockhooks+ driver name); this one sent the request to the server: %w", err)
+		}
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// Type tags of canonical ids; their order is the order between types.
+const (
+	tagInt    = 'i'
+	tagString = 's'
+	tagUUID   = 'u'
+)
+
+// canonicalIDs encodes ids so that byte order is the documented lock
+// order, sorts them and drops duplicates.
+func canonicalIDs(ids []any) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, errors.New("lockhooks: Lock needs at least one id")
+	}
+	keys := make([]string, 0, len(ids))
+	for _, id := range ids {
+		var b []byte
+		switch v := id.(type) {
+		case int:
+			b = intKey(int64(v))
+		case int64:
+			b = intKey(v)
+		case int32:
+			b = intKey(int64(v))
+		case int16:
+			b = intKey(int64(v))
+		case int8:
+			b = intKey(int64(v))
+		case uint32:
+			b = intKey(int64(v))
+		case uint16:
+			b = intKey(int64(v))
+		case uint8:
+			b = intKey(int64(v))
+		case uint:
+			if uint64(v) > 1<<63-1 {
+				return nil, fmt.Errorf("lockhooks: id %d does not fit an int64", v)
+			}
+			b = intKey(int64(v))
+		case uint64:
+			if v > 1<<63-1 {
+				return nil, fmt.Errorf("lockhooks: id %d does not fit an int64", v)
+			}
+			b = intKey(int64(v))
+		case string:
+			b = append([]byte{tagString}, v...)
+		case [16]byte:
+			b = append([]byte{tagUUID}, v[:]...)
+		case fmt.Stringer:
+			b = append([]byte{tagString}, v.String()...)
+		default:
+			return nil, fmt.Errorf("lockhooks: cannot lock an id of type %T; use an integer, a string, a [16]byte UUID or a fmt.Stringer", id)
+		}
+		keys = append(keys, string(b))
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys), nil
+}
+
+// intKey encodes n so that byte order is numeric order.
+func intKey(n int64) []byte {
+	b := make([]byte, 9)
+	b[0] = tagInt
+	binary.BigEndian.PutUint64(b[1:], uint64(n)^(1<<63))
+	return b
+}
+
+// describeID turns a canonical id back into text for messages.
+func describeID(key string) string {
+	switch key[0] {
+	case tagInt:
+		return strconv.FormatInt(int64(binary.BigEndian.Uint64([]byte(key[1:]))^(1<<63)), 10)
+	case tagUUID:
+		return fmt.Sprintf("%x", key[1:])
+	}
+	return strconv.Quote(key[1:])
+}
+
+// encodeLockRequest packs a request: try flag, namespace, then ids, each
+// length-prefixed.
+func encodeLockRequest(namespace string, keys []string, try bool) lockRequest {
+	b := []byte{0}
+	if try {
+		b[0] = 1
+	}
+	b = binary.AppendUvarint(b, uint64(len(namespace)))
+	b = append(b, namespace...)
+	for _, k := range keys {
+		b = binary.AppendUvarint(b, uint64(len(k)))
+		b = append(b, k...)
+	}
+	return b
+}
+
+// decodeLockRequest unpacks encodeLockRequest.
+func decodeLockRequest(b []byte) (namespace string, keys []string, try bool, err error) {
+	bad := errors.New("lockhooks: malformed lock request")
+	if len(b) < 1 {
+		return "", nil, false, bad
+	}
+	try, b = b[0] == 1, b[1:]
+	next := func() (string, bool) {
+		n, w := binary.Uvarint(b)
+		if w <= 0 || uint64(len(b)-w) < n {
+			return "", false
+		}
+		s := string(b[w : w+int(n)])
+		b = b[w+int(n):]
+		return s, true
+	}
+	var ok bool
+	if namespace, ok = next(); !ok {
+		return "", nil, false, bad
+	}
+	for len(b) > 0 {
+		k, ok := next()
+		if !ok || k == "" {
+			return "", nil, false, bad
+		}
+		keys = append(keys, k)
+	}
+	return namespace, keys, try, nil
+}
+
+// locksetKey is one in-memory lock.
+type locksetKey struct {
+	namespace string
+	id        string // canonical
+}
+
+// txOwner identifies one transaction as a lock owner: database/sql reuses
+// a connection's tx wrapper, so the generation tells transactions apart.
+type txOwner struct {
+	c   *conn
+	gen uint64
+}
+
+// lockset serves Lock's marker statement on conn c, in its transaction.
+func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	if len(args) != 1 {
+		return nil, errors.New("lockhooks: malformed lock request")
+	}
+	var raw []byte
+	switch v := args[0].Value.(type) {
+	case lockRequest:
+		raw = v
+	case []byte:
+		raw = v
+	default:
+		return nil, fmt.Errorf("lockhooks: malformed lock request (%T)", v)
+	}
+	namespace, keys, try, err := decodeLockRequest(raw)
+	if err != nil {
+		return nil, err
+	}
+	t := &c.tx
+	if t.inner == nil {
+		return nil, errors.New("lockhooks: Lock needs a transaction: pass the *sql.Tx of db.BeginTx")
+	}
+	if err := t.snapshotGuard(namespace); err != nil {
+		return nil, err
+	}
+	var ok bool
+	if c.connector.opts.dialect == Postgres {
+		ok, err = c.locksetPostgres(ctx, namespace, keys, try)
+	} else {
+		ok, err = t.locksetInProcess(ctx, namespace, keys, try)
+	}
+	if err != nil || !ok {
+		return driver.RowsAffected(0), err
+	}
+	return driver.RowsAffected(1), nil
+}
+
+// snapshotGuard refuses a lock the transaction's snapshot would undermine.
+func (t *tx) snapshotGuard(namespace string) error {
+	if t.c.connector.opts.dialect == Postgres {
+		switch sql.IsolationLevel(t.opts.Isolation) {
+		case sql.LevelRepeatableRead, sql.LevelSnapshot, sql.LevelSerializable, sql.LevelLinearizable:
+			return fmt.Errorf("%w: Lock(%q) in a %v transaction: Postgres fixes its snapshot at the start of the statement that waits for the lock, so rows committed by the holder stay invisible; lock in a READ COMMITTED transaction (the default), or commit and lock before the snapshot-isolated work",
+				ErrLockAfterSnapshot, namespace, sql.IsolationLevel(t.opts.Isolation))
+		}
+		return nil
+	}
+	if t.readOnly() && t.read {
+		return fmt.Errorf("%w: Lock(%q) after this read-only SQLite transaction has read: its snapshot hides what the lock's previous holder committed; lock before the first read, or commit and start a new transaction after locking",
+			ErrLockAfterSnapshot, namespace)
+	}
+	return nil
+}
+
+// locksetInProcess takes keys in order in the database's lockset table.
+func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []string, try bool) (bool, error) {
+	table := &t.c.connector.locksets
+	owner := txOwner{t.c, t.gen}
+	site := t.c.site()
+	taken := 0
+	for _, k := range keys {
+		key := locksetKey{namespace, k}
+		if try {
+			if !table.tryLock(key, owner, site) {
+				t.releaseLast(taken)
+				return false, nil
+			}
+		} else if err := table.lock(ctx, key, owner, site); err != nil {
+			t.releaseLast(taken)
+			return false, err
+		}
+		t.locks = append(t.locks, key)
+		taken++
+	}
+	return true, nil
+}
+
+// releaseLast releases the last n locks the transaction took.
+func (t *tx) releaseLast(n int) {
+	table := &t.c.connector.locksets
+	owner := txOwner{t.c, t.gen}
+	for _, key := range t.locks[len(t.locks)-n:] {
+		table.unlock(key, owner)
+	}
+	t.locks = t.locks[:len(t.locks)-n]
+}
+
+// advisoryKeys maps (namespace, id) to Postgres advisory keys, sorted.
+func advisoryKeys(namespace string, keys []string) []int64 {
+	out := make([]int64, len(keys))
+	for i, k := range keys {
+		out[i] = LockID(namespace + "\x00" + k)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// locksetPostgres takes the keys as transaction-level advisory locks, in
+// sorted order, in one statement (the target list runs left to right).
+// TryLock takes session try-locks first and turns them into
+// transaction-level ones only if it got them all, so it holds all or none.
+func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []string, try bool) (bool, error) {
+	ks := advisoryKeys(namespace, keys)
+	if !try {
+		_, err := c.queryRow(ctx, "SELECT "+calls("pg_advisory_xact_lock", ks), nil)
+		return err == nil, err
+	}
+	row, err := c.queryRow(ctx, "SELECT "+calls("pg_try_advisory_lock", ks), nil)
+	if err != nil {
+		return false, err
+	}
+	var got []int64
+	for i, v := range row {
+		if ok, _ := v.(bool); ok {
+			got = append(got, ks[i])
+		}
+	}
+	q := "SELECT " + calls("pg_advisory_unlock", got)
+	all := len(got) == len(ks)
+	if all {
+		q = "SELECT " + calls("pg_advisory_xact_lock", ks) + ", " + calls("pg_advisory_unlock", ks)
+	}
+	if len(got) > 0 {
+		if _, err := c.queryRow(ctx, q, nil); err != nil {
+			return false, err
+		}
+	}
+	return all, nil
+}
+
+// calls returns "fn(k1), fn(k2), …".
+func calls(fn string, keys []int64) string {
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fn + "(" + strconv.FormatInt(k, 10) + ")"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// site returns where the current statement was called from, for lock
+// holders' records.
+func (c *conn) site() string { return callSite() }
+
+// writerLock is the in-process lock that serialises SQLite writers of one
+// database: FIFO, honouring ctx, bounded by the busy timeout. Taking it
+// uncontended allocates nothing.
+type writerLock struct {
+	mu      sync.Mutex
+	held    bool
+	owner   any
+	since   time.Time
+	site    callers
+	waiters []*writerWaiter
+}
+
+type writerWaiter struct {
+	owner   any
+	granted chan struct{}
+	site    callers
+}
+
+// lock takes the writer lock for owner, waiting at most timeout (0: no
+// limit beyond ctx).
+func (w *writerLock) lock(ctx context.Context, owner any, timeout time.Duration) error {
+	w.mu.Lock()
+	if !w.held {
+		w.held, w.owner, w.since = true, owner, time.Now()
+		w.site.capture()
+		w.mu.Unlock()
+		return nil
+	}
+	wt := &writerWaiter{owner: owner, granted: make(chan struct{})}
+	wt.site.capture()
+	w.waiters = append(w.waiters, wt)
+	w.mu.Unlock()
+
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C
+	}
+	var err error
+	select {
+	case <-wt.granted:
+		return nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-expired:
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	select {
+	case <-wt.granted: // handed over meanwhile: keep it
+		return nil
+	default:
+	}
+	for i, x := range w.waiters {
+		if x == wt {
+			w.waiters = append(w.waiters[:i], w.waiters[i+1:]...)
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: waited %v; the holder has held it for %v, since %s; shorten write transactions or raise the busy timeout",
+		ErrWriterLockTimeout, timeout, time.Since(w.since).Round(time.Millisecond), w.site.String())
+}
+
+// unlock releases the writer lock, handing it to the first waiter.
+func (w *writerLock) unlock() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.handOff()
+}
+
+// handOff gives the lock to the first waiter, or frees it; w.mu is held.
+func (w *writerLock) handOff() {
+	if len(w.waiters) == 0 {
+		w.held, w.owner = false, nil
+		return
+	}
+	next := w.waiters[0]
+	w.waiters[0] = nil
+	w.waiters = w.waiters[1:]
+	w.owner, w.since, w.site = next.owner, time.Now(), next.site
+	close(next.granted)
+}
+
+// sqliteDefaults sets on a new SQLite connection what lockhooks relies on,
+// where the DSN does not say otherwise: busy_timeout (the busy timeout),
+// journal_mode=WAL (readers do not block the writer) and foreign_keys=ON.
+// With a connector lockhooks cannot read the DSN, so it only sets a
+// busy_timeout that is still SQLite's default of 0.
+func (c *connector) sqliteDefaults(ctx context.Context, inner driver.Conn) error {
+	dsn := strings.ToLower(c.dsn)
+	says := func(words ...string) bool {
+		for _, w := range words {
+			if strings.Contains(dsn, w) {
+				return true
+			}
+		}
+		return false
+	}
+	var pragmas []string
+	busy := "PRAGMA busy_timeout = " + strconv.FormatInt(c.opts.busyTimeout.Milliseconds(), 10)
+	if c.dsn == "" {
+		rows, err := queryDirect(ctx, inner, "PRAGMA busy_timeout", nil)
+		if err != nil {
+			return err
+		}
+		v := make([]driver.Value, 1)
+		err = rows.Next(v)
+		rows.Close()
+		if err == nil && asInt64(v[0]) == 0 {
+			pragmas = append(pragmas, busy)
+		}
+	} else {
+		if !says("busy_timeout", "_timeout") {
+			pragmas = append(pragmas, busy)
+		}
+		if !says("journal_mode", "_journal") {
+			pragmas = append(pragmas, "PRAGMA journal_mode = WAL")
+		}
+		if !says("foreign_keys", "_fk") {
+			pragmas = append(pragmas, "PRAGMA foreign_keys = ON")
+		}
+	}
+	for _, p := range pragmas {
+		rows, err := queryDirect(ctx, inner, p, nil)
+		if err != nil {
+			return fmt.Errorf("lockhooks: %s on a new SQLite connection: %w", p, err)
+		}
+		rows.Close()
+	}
+	return nil
 }

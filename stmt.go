@@ -3,6 +3,7 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
 )
 
 // stmtColumnConverter is driver.ColumnConverter under a name that does not
@@ -19,6 +20,7 @@ type stmt struct {
 	c     *conn
 	inner driver.Stmt
 	st    statement
+	query string // as the application wrote it
 
 	execer    driver.StmtExecContext
 	queryer   driver.StmtQueryContext
@@ -35,8 +37,8 @@ const (
 )
 
 // newStmt wraps inner with exactly the optional interfaces it has.
-func newStmt(c *conn, inner driver.Stmt, st statement) driver.Stmt {
-	s := &stmt{c: c, inner: inner, st: st}
+func newStmt(c *conn, inner driver.Stmt, query string, st statement) driver.Stmt {
+	s := &stmt{c: c, inner: inner, st: st, query: query}
 	var mask uint
 	if e, ok := inner.(driver.StmtExecContext); ok {
 		s.execer = e
@@ -69,6 +71,12 @@ func (s *stmt) tracked() bool { return s.st.advisory != nil || s.c.pin.active.Lo
 // Exec runs the statement; database/sql calls it only when ExecContext is
 // absent.
 func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
+	if s.c.needsWriterLock(s.st, s.query) {
+		if err := s.c.connector.writer.lock(context.Background(), s.c, s.c.connector.opts.busyTimeout); err != nil {
+			return nil, err
+		}
+		defer s.c.connector.writer.unlock()
+	}
 	run := func() (driver.Result, error) { return s.inner.Exec(args) } //nolint:staticcheck // no ExecContext
 	if s.tracked() {
 		return s.c.execTracked(context.Background(), s.st, valuesToNamed(args), run)
@@ -81,6 +89,9 @@ func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
 // absent.
 func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 	run := func() (driver.Rows, error) { return s.inner.Query(args) } //nolint:staticcheck // no QueryContext
+	if s.c.needsWriterLock(s.st, s.query) {
+		return s.c.queryWriting(context.Background(), s.st, run)
+	}
 	if s.tracked() {
 		return s.c.queryTracked(context.Background(), s.st, valuesToNamed(args), run)
 	}
@@ -90,6 +101,12 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 
 // ExecContext runs the statement.
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	if s.c.needsWriterLock(s.st, s.query) {
+		if err := s.c.connector.writer.lock(ctx, s.c, s.c.connector.opts.busyTimeout); err != nil {
+			return nil, err
+		}
+		defer s.c.connector.writer.unlock()
+	}
 	if s.tracked() {
 		return s.c.execTracked(ctx, s.st, args, func() (driver.Result, error) { return s.execer.ExecContext(ctx, args) })
 	}
@@ -99,6 +116,9 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 
 // QueryContext runs the statement.
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	if s.c.needsWriterLock(s.st, s.query) {
+		return s.c.queryWriting(ctx, s.st, func() (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
+	}
 	if s.tracked() {
 		return s.c.queryTracked(ctx, s.st, args, func() (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
 	}
@@ -136,4 +156,20 @@ func stmtQuery(ctx context.Context, s driver.Stmt, args []driver.NamedValue) (dr
 		return nil, err
 	}
 	return s.Query(values) //nolint:staticcheck // the inner statement has no QueryContext
+}
+
+// markerStmt is Lock's marker statement prepared on a driver without an
+// Execer: executing it serves the lock request; nothing is sent.
+type markerStmt struct{ c *conn }
+
+func (m markerStmt) Close() error  { return nil }
+func (m markerStmt) NumInput() int { return 1 }
+func (m markerStmt) Exec(args []driver.Value) (driver.Result, error) {
+	return m.c.lockset(context.Background(), valuesToNamed(args))
+}
+func (m markerStmt) Query([]driver.Value) (driver.Rows, error) {
+	return nil, errors.New("lockhooks: the Lock marker is executed, not queried")
+}
+func (m markerStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	return m.c.lockset(ctx, args)
 }

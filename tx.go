@@ -5,6 +5,27 @@ import (
 	"database/sql/driver"
 )
 
+// immediateTx is an SQLite write transaction begun with BEGIN IMMEDIATE by
+// the wrapper itself (drivers cannot choose the BEGIN mode per
+// transaction).
+type immediateTx struct{ c *conn }
+
+// Commit commits; if COMMIT fails the transaction is rolled back, so the
+// connection is never left inside it.
+func (t immediateTx) Commit() error {
+	if _, err := t.c.execer.ExecContext(context.Background(), "COMMIT", nil); err != nil {
+		t.c.execer.ExecContext(context.Background(), "ROLLBACK", nil)
+		return err
+	}
+	return nil
+}
+
+// Rollback rolls back.
+func (t immediateTx) Rollback() error {
+	_, err := t.c.execer.ExecContext(context.Background(), "ROLLBACK", nil)
+	return err
+}
+
 // tx is the wrapped transaction. It lives inside its conn (database/sql runs
 // one transaction per connection at a time), so beginning one allocates
 // nothing; what must happen after COMMIT or ROLLBACK happens here.
@@ -12,6 +33,11 @@ type tx struct {
 	c     *conn
 	inner driver.Tx
 	opts  driver.TxOptions
+	gen   uint64 // tells this connection's transactions apart, as lock owners
+
+	read   bool         // a statement ran in the transaction (its snapshot is fixed)
+	writer bool         // the transaction holds the SQLite writer lock
+	locks  []locksetKey // lockset holds to release after COMMIT/ROLLBACK
 }
 
 var _ driver.Tx = (*tx)(nil)
@@ -19,11 +45,20 @@ var _ driver.Tx = (*tx)(nil)
 // begin starts tracking the transaction inner and returns it wrapped.
 func (t *tx) begin(inner driver.Tx, opts driver.TxOptions) *tx {
 	t.inner, t.opts = inner, opts
+	t.gen++
+	t.read = false
 	return t
 }
 
+// readOnly reports whether the transaction was begun read-only.
+func (t *tx) readOnly() bool { return t.opts.ReadOnly }
+
 // Commit commits the inner transaction, then runs what waits for its end.
 func (t *tx) Commit() error {
+	if hook := t.c.connector.opts.testReleaseBeforeCommit; hook != nil && len(t.locks) > 0 {
+		t.releaseLast(len(t.locks))
+		hook()
+	}
 	err := t.c.observe(t.inner.Commit())
 	t.end()
 	return err
@@ -37,12 +72,20 @@ func (t *tx) Rollback() error {
 	return err
 }
 
-// end forgets the finished transaction and, if a statement in it changed
-// session locks in ways only pg_locks can tell, reads pg_locks now that
-// the transaction's own locks are gone.
+// end runs once COMMIT or ROLLBACK returned (whatever it returned): it
+// releases the transaction's lockset holds and the SQLite writer lock, and,
+// if a statement in it changed session locks in ways only pg_locks can
+// tell, reads pg_locks now that the transaction's own locks are gone.
 func (t *tx) end() {
 	t.inner = nil
 	t.opts = driver.TxOptions{}
+	if len(t.locks) > 0 {
+		t.releaseLast(len(t.locks))
+	}
+	if t.writer {
+		t.writer = false
+		t.c.connector.writer.unlock()
+	}
 	t.c.pin.mu.Lock()
 	recheck := t.c.pin.recheck
 	t.c.pin.mu.Unlock()

@@ -40,3 +40,26 @@ func TestParseAdvisory(t *testing.T) {
 		}
 	}
 }
+
+func TestIsWrite(t *testing.T) {
+	for in, want := range map[string]bool{
+		"INSERT INTO t VALUES (1)":                           true,
+		"  /* c */ update t SET v = 1":                       true,
+		"DELETE FROM t":                                      true,
+		"REPLACE INTO t VALUES (1)":                          true,
+		"CREATE TABLE t (id int)":                            true,
+		"WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x": true,
+		"WITH x AS (SELECT 1) SELECT * FROM x":               false,
+		"SELECT 1":                                           false,
+		"PRAGMA journal_mode":                                false,
+		"":                                                   false,
+		"insertion":                                          false,
+	} {
+		if got := IsWrite(in); got != want {
+			t.Errorf("IsWrite(%q) = %v", in, got)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { IsWrite("INSERT INTO t VALUES (?)") }); n != 0 {
+		t.Errorf("IsWrite allocated %v times", n)
+	}
+}
