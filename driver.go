@@ -384,7 +384,7 @@ type connector struct {
 	driver   *Driver
 	opts     *options
 	rewriter *rewriter
-	pins     *pinning         // Postgres only
+	pins     *pinning              // Postgres only
 	named    lockTable[int64]      // SQLite's in-process advisory locks
 	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
 	writer   writerLock            // SQLite's in-process writer lock
