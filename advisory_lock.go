@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // AdvisoryLock is a session advisory lock held on one connection of a
@@ -84,15 +86,16 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 // acquireInProcess takes the SQLite stand-in: an in-process named lock.
 func (l *AdvisoryLock) acquireInProcess(ctx context.Context, try bool) (*AdvisoryLock, bool, error) {
 	names := &l.c.connector.named
-	site := siteOf(ctx)
+	var site callers
+	site.capture()
 	if try {
-		if !names.tryLock(l.key, l, site) {
+		if !names.tryLock(l.key, l, &site, trace.SpanContextFromContext(ctx)) {
 			l.conn.Close()
 			return nil, false, nil
 		}
 		return l, true, nil
 	}
-	if err := names.lock(ctx, l.key, l, site); err != nil {
+	if err := names.lock(ctx, l.key, l, &site); err != nil {
 		l.conn.Close()
 		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %d: %w", l.key, err)
 	}

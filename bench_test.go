@@ -3,6 +3,9 @@ package lockhooks
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"github.com/lockhooks/lockhooks/internal/pgtest"
@@ -64,8 +67,12 @@ func runRawAndWrapped(b *testing.B, fn func(b *testing.B, db *sql.DB, d Dialect)
 			b.Run(name, func(b *testing.B) {
 				db := bd.open(b, wrapped)
 				defer db.Close()
-				mustExec(b, db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
-				mustExec(b, db, "INSERT INTO t (id, v) VALUES (1, 0)")
+				if bd.dialect == Postgres {
+					mustExec(b, db, "CREATE TABLE t (id SERIAL PRIMARY KEY, v INTEGER NOT NULL)")
+				} else {
+					mustExec(b, db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+				}
+				mustExec(b, db, "INSERT INTO t (v) VALUES (0)")
 				b.ReportAllocs()
 				b.ResetTimer()
 				fn(b, db, bd.dialect)
@@ -147,6 +154,93 @@ func BenchmarkIntercept(b *testing.B) {
 				clear(r.cache)
 				c.intercept(ctx, locking)
 			}
+		})
+	}
+}
+
+// BenchmarkInsert is an autocommit INSERT: on SQLite through lockhooks it
+// takes and releases the in-process writer lock.
+func BenchmarkInsert(b *testing.B) {
+	runRawAndWrapped(b, func(b *testing.B, db *sql.DB, d Dialect) {
+		ctx := context.Background()
+		q := "INSERT INTO t (v) VALUES (" + placeholder(d, 1) + ")"
+		for b.Loop() {
+			if _, err := db.ExecContext(ctx, q, 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkLocksetUncontended is one lock and release of the in-process
+// lockset table, the cost Lock adds beyond its marker statement.
+func BenchmarkLocksetUncontended(b *testing.B) {
+	var table lockTable[locksetKey]
+	ctx := context.Background()
+	key := locksetKey{"accounts", "i12345678"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := table.lock(ctx, key, 1, nil); err != nil {
+			b.Fatal(err)
+		}
+		table.unlock(key, 1)
+	}
+}
+
+// BenchmarkLockInTx is a read-only SQLite transaction with and without a
+// Lock of one id: the whole cost of Lock through database/sql.
+func BenchmarkLockInTx(b *testing.B) {
+	db, err := Open("sqlite", ":memory:")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	ctx := context.Background()
+	for _, lock := range []bool{false, true} {
+		b.Run(fmt.Sprintf("lock=%v", lock), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if lock {
+					if err := Lock(ctx, tx, "accounts", 42); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := tx.Commit(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkLocksetContended is lock/unlock throughput with 2, 8 and 64
+// goroutines over 4 ids (heavy contention: most acquisitions wait).
+func BenchmarkLocksetContended(b *testing.B) {
+	for _, g := range []int{2, 8, 64} {
+		b.Run(fmt.Sprintf("goroutines=%d", g), func(b *testing.B) {
+			var table lockTable[int]
+			ctx := context.Background()
+			var next atomic.Int64
+			b.SetParallelism((g + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				owner := next.Add(1)
+				i := int(owner)
+				for pb.Next() {
+					k := i % 4
+					i++
+					if err := table.lock(ctx, k, owner, nil); err != nil {
+						b.Error(err)
+						return
+					}
+					table.unlock(k, owner)
+				}
+			})
 		})
 	}
 }

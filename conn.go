@@ -139,17 +139,28 @@ func (c *conn) String() string {
 
 // ExecContext runs query through the statement hooks.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if c.connector.tel.statementSpans {
+		ctx, span := c.connector.tel.statementSpan(ctx, query)
+		res, err := c.exec(ctx, query, args)
+		endStatementSpan(span, err)
+		return res, err
+	}
+	return c.exec(ctx, query, args)
+}
+
+// exec is ExecContext without the statement span.
+func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	if query == lockMarker {
 		return c.lockset(ctx, args)
 	}
 	st := c.intercept(ctx, query)
 	if c.needsWriterLock(st, query) {
-		if err := c.connector.writer.lock(ctx, c, c.connector.opts.busyTimeout); err != nil {
+		if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, query); err != nil {
 			return nil, err
 		}
 		defer c.connector.writer.unlock()
 	}
-	if st.advisory != nil || c.pin.active.Load() {
+	if st.advisory != nil || st.rowLock || c.pin.active.Load() {
 		return c.execTracked(ctx, st, args, func() (driver.Result, error) { return c.execer.ExecContext(ctx, st.text, args) })
 	}
 	res, err := c.execer.ExecContext(ctx, st.text, args)
@@ -158,11 +169,22 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 
 // QueryContext runs query through the statement hooks.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if c.connector.tel.statementSpans {
+		ctx, span := c.connector.tel.statementSpan(ctx, query)
+		rows, err := c.query(ctx, query, args)
+		endStatementSpan(span, err)
+		return rows, err
+	}
+	return c.query(ctx, query, args)
+}
+
+// query is QueryContext without the statement span.
+func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	st := c.intercept(ctx, query)
 	if c.needsWriterLock(st, query) {
-		return c.queryWriting(ctx, st, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
+		return c.queryWriting(ctx, st, query, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
 	}
-	if st.advisory != nil || c.pin.active.Load() {
+	if st.advisory != nil || st.rowLock || c.pin.active.Load() {
 		return c.queryTracked(ctx, st, args, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
 	}
 	rows, err := c.queryer.QueryContext(ctx, st.text, args)
@@ -183,8 +205,8 @@ func (c *conn) needsWriterLock(st statement, query string) bool {
 
 // queryWriting runs an SQLite query that writes under the writer lock,
 // held until its rows are closed.
-func (c *conn) queryWriting(ctx context.Context, st statement, run func() (driver.Rows, error)) (driver.Rows, error) {
-	if err := c.connector.writer.lock(ctx, c, c.connector.opts.busyTimeout); err != nil {
+func (c *conn) queryWriting(ctx context.Context, st statement, query string, run func() (driver.Rows, error)) (driver.Rows, error) {
+	if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, query); err != nil {
 		return nil, err
 	}
 	rows, err := run()
@@ -206,7 +228,7 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 		return nil, err
 	}
 	res, err := run()
-	err = c.afterAdvisory(ctx, plan, st.explain(c.observe(err)))
+	err = c.afterTracked(ctx, plan, st.explain(c.observe(err)))
 	if err != nil {
 		return nil, err
 	}
@@ -225,12 +247,25 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 	}
 	rows, err := run()
 	if err != nil {
-		return nil, c.afterAdvisory(ctx, plan, st.explain(c.observe(err)))
+		return nil, c.afterTracked(ctx, plan, st.explain(c.observe(err)))
 	}
 	if st.advisory == nil {
+		// A row-lock query: the driver has run it (pgx reads the first row
+		// in QueryContext), so the wait is over.
+		if err := c.afterTracked(ctx, plan, nil); err != nil {
+			rows.Close()
+			return nil, err
+		}
 		return rows, nil
 	}
 	return newRows(ctx, c, rows, plan, false), nil
+}
+
+// afterTracked brings the lock tracking up to date and ends the lock wait.
+func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, err error) error {
+	err = c.afterAdvisory(ctx, plan, err)
+	c.endLockWait(ctx, plan, err)
+	return err
 }
 
 // Prepare prepares query (rewritten by the statement hooks) on the inner
@@ -271,7 +306,7 @@ func (c *conn) Begin() (driver.Tx, error) {
 	if err != nil {
 		return nil, c.observe(err)
 	}
-	return c.tx.begin(inner, driver.TxOptions{}), nil
+	return c.tx.begin(context.Background(), inner, driver.TxOptions{}), nil
 }
 
 // BeginTx starts a transaction. On SQLite a transaction that may write
@@ -285,12 +320,12 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	if err != nil {
 		return nil, c.observe(err)
 	}
-	return c.tx.begin(inner, opts), nil
+	return c.tx.begin(ctx, inner, opts), nil
 }
 
 // beginImmediate begins an SQLite write transaction under the writer lock.
 func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	if err := c.connector.writer.lock(ctx, c, c.connector.opts.busyTimeout); err != nil {
+	if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, ""); err != nil {
 		return nil, err
 	}
 	var err error
@@ -303,8 +338,9 @@ func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (drive
 		c.connector.writer.unlock()
 		return nil, c.observe(err)
 	}
-	t := c.tx.begin(immediateTx{c}, opts)
+	t := c.tx.begin(ctx, immediateTx{c}, opts)
 	t.writer = true
+	t.took(&t.writerSince)
 	return t, nil
 }
 
@@ -380,7 +416,12 @@ func (c *conn) Close() error {
 // observe records what err says about the connection's health and returns
 // err unchanged (driver.ErrSkip must keep its identity).
 func (c *conn) observe(err error) error {
-	if err != nil && err != driver.ErrSkip && !isServerError(err) {
+	if err == nil || err == driver.ErrSkip {
+		return err
+	}
+	if isServerError(err) {
+		c.connector.tel.countError(context.Background(), err)
+	} else {
 		c.suspect.Store(true)
 	}
 	return err

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Dialect names the SQL dialect of the wrapped database.
@@ -64,6 +65,10 @@ type options struct {
 	lockCheckTimeout  time.Duration
 	parkedWarning     time.Duration
 	busyTimeout       time.Duration
+	tracerProvider    trace.TracerProvider
+	rootSpans         bool
+	blockerThreshold  time.Duration
+	statementSpans    bool
 
 	// testReleaseBeforeCommit, set only by tests, breaks the lockset rule on
 	// purpose: locks are released before COMMIT, and the hook runs between.
@@ -76,6 +81,7 @@ const (
 	defaultLockCheckTimeout  = 5 * time.Second
 	defaultParkedWarning     = time.Minute
 	defaultBusyTimeout       = 5 * time.Second
+	defaultBlockerThreshold  = 500 * time.Millisecond
 )
 
 // WithDialect fixes the SQL dialect instead of inferring it from the inner
@@ -172,6 +178,7 @@ func resolveOptions(opts []Option, inner ...any) (*options, error) {
 		lockCheckTimeout:  defaultLockCheckTimeout,
 		parkedWarning:     defaultParkedWarning,
 		busyTimeout:       defaultBusyTimeout,
+		blockerThreshold:  defaultBlockerThreshold,
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -384,6 +391,7 @@ type connector struct {
 	driver   *Driver
 	opts     *options
 	rewriter *rewriter
+	tel      *telemetry
 	pins     *pinning              // Postgres only
 	named    lockTable[int64]      // SQLite's in-process advisory locks
 	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
@@ -399,9 +407,12 @@ var (
 
 func newConnector(inner driver.Connector, d *Driver, o *options) *connector {
 	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o)}
+	var observe func() (held, parked int64)
 	if o.dialect == Postgres {
-		c.pins = newPinning(c)
+		c.pins = &pinning{c: c, holders: make(map[*conn]struct{})}
+		observe = c.pins.observe
 	}
+	c.tel = newTelemetry(o, observe)
 	return c
 }
 
@@ -430,6 +441,7 @@ func (c *connector) Close() error {
 	if c.pins != nil {
 		c.pins.close()
 	}
+	c.tel.close()
 	if cl, ok := c.inner.(io.Closer); ok {
 		return cl.Close()
 	}

@@ -28,6 +28,7 @@ type fakeConn struct {
 	// execErr is returned by ExecContext, pingErr by Ping.
 	execErr, pingErr error
 	calls            []string // which inner methods ran, in order
+	quiet            bool     // do not record calls (allocation tests)
 }
 
 func newFakeConn() *fakeConn {
@@ -38,7 +39,11 @@ func newFakeConn() *fakeConn {
 	}
 }
 
-func (c *fakeConn) record(m string) { c.calls = append(c.calls, m) }
+func (c *fakeConn) record(m string) {
+	if !c.quiet {
+		c.calls = append(c.calls, m)
+	}
+}
 
 func (c *fakeConn) Prepare(string) (driver.Stmt, error) { c.record("Prepare"); return c.stmt(), nil }
 func (c *fakeConn) Close() error                        { c.record("Close"); return nil }

@@ -36,6 +36,8 @@ func KeepForUpdate(ctx context.Context) context.Context {
 type statement struct {
 	text     string
 	locks    sqlscan.LockInfo  // row-locking clauses found in the text as given
+	rowLock  bool              // Postgres row locks: the statement is timed as a lock wait
+	rewrote  bool              // FOR UPDATE became FOR NO KEY UPDATE
 	advisory *sqlscan.Advisory // advisory-lock calls (Postgres), nil if none
 }
 
@@ -110,7 +112,8 @@ func (r *rewriter) rewrite(ctx context.Context, query string) statement {
 // classify rewrites query with op and finds its advisory-lock calls.
 func (r *rewriter) classify(query string, op sqlscan.Op) statement {
 	text, info := sqlscan.Rewrite(query, r.dialect, op)
-	st := statement{text: text, locks: info}
+	st := statement{text: text, locks: info, rewrote: text != query && op == sqlscan.NoKeyUpdate}
+	st.rowLock = r.dialect == sqlscan.Postgres && info.Locks()
 	if r.dialect == sqlscan.Postgres && sqlscan.MayAdvisory(query) {
 		if a := sqlscan.ParseAdvisory(query); len(a.Calls) > 0 || a.DiscardAll {
 			st.advisory = &a

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -75,7 +77,8 @@ func (k lockKey) unlockQuery() (string, []driver.NamedValue) {
 type heldLock struct {
 	count int
 	since time.Time
-	site  string // where it was taken: file:line
+	site  string            // where it was taken: file:line
+	span  trace.SpanContext // the span of the statement that took it
 }
 
 // pinState is what a connection knows of its session advisory locks.
@@ -161,20 +164,13 @@ func siteOf(ctx context.Context) string {
 // connections holding session locks, and the monitor that checks they are
 // still alive.
 type pinning struct {
-	c   *connector
-	ins *instruments
+	c *connector
 
 	mu      sync.Mutex
 	holders map[*conn]struct{}
 	closed  bool
 	stop    chan struct{} // closes the running monitor; nil when none runs
 	done    chan struct{}
-}
-
-func newPinning(c *connector) *pinning {
-	p := &pinning{c: c, holders: make(map[*conn]struct{})}
-	p.ins = newInstruments(c.opts, p.observe)
-	return p
 }
 
 // observe returns the gauges' values.
@@ -387,7 +383,6 @@ func (p *pinning) close() {
 			h.inner.Close()
 		}
 	}
-	p.ins.close()
 }
 
 // queryAdvisoryLocks reads, for the backends matched by where (over
@@ -580,10 +575,10 @@ func argInt(args []driver.NamedValue, n int) (int64, bool) {
 // advisoryPlan is what the hooks do around one statement that calls
 // advisory-lock functions, or that runs on a connection holding locks.
 type advisoryPlan struct {
-	st    statement
-	args  []driver.NamedValue
-	site  string
-	start time.Time
+	st   statement
+	args []driver.NamedValue
+	site string
+	wait *lockWait // the statement's lock wait, when it takes locks
 }
 
 // beforeAdvisory runs before a statement on the slow path. It may answer
@@ -606,6 +601,9 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	}
 	adv := st.advisory
 	if adv == nil {
+		if st.rowLock {
+			plan.wait = c.startRowLockWait(ctx, st)
+		}
 		return plan, false, nil
 	}
 	for _, call := range adv.Calls {
@@ -619,8 +617,8 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 	}
 	plan.site = siteOf(ctx)
-	plan.start = time.Now()
 	c.warnSelfWait(adv, args, plan.site)
+	plan.wait = c.startAdvisoryWait(ctx, adv, args)
 	c.pin.mu.Lock()
 	c.pin.busy++
 	c.pin.gen++
@@ -753,7 +751,7 @@ func (c *conn) addLock(ctx context.Context, k lockKey, site string) {
 	}
 	l := c.pin.held[k]
 	if l == nil {
-		l = &heldLock{since: time.Now(), site: site}
+		l = &heldLock{since: time.Now(), site: site, span: trace.SpanContextFromContext(ctx)}
 		c.pin.held[k] = l
 	}
 	l.count++
@@ -774,6 +772,7 @@ func (c *conn) forgetLock(k lockKey) (empty bool) {
 	if l := c.pin.held[k]; l != nil {
 		if l.count--; l.count <= 0 {
 			delete(c.pin.held, k)
+			c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
 		}
 	}
 	c.pin.gen++
@@ -905,7 +904,7 @@ func (c *conn) loseLocks(cause error) error {
 
 	c.pin.active.Store(true) // statements now fail with lost
 	c.connector.pins.unregister(c)
-	c.connector.pins.ins.lockLost(context.Background(), "advisory", n)
+	c.connector.tel.lockLost(context.Background(), "advisory", n)
 	c.connector.opts.logger.Error("lockhooks: advisory lock lost", "connection", c.id, "backend_pid", c.pid,
 		"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "parked", parked, "cause", cause.Error())
 	close(lostCh) // after the log and the count, so whoever waits on Lost sees them
@@ -995,7 +994,7 @@ func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) erro
 		h.reconcile(ctx, site)
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, which lockhooks believed held it, returned false", ErrNotLockOwner, sharedSuffix(k), k, h)
 	}
-	p.ins.unlockRerouted(ctx)
+	p.c.tel.unlockRerouted(ctx)
 	if h.forgetLock(k) {
 		h.inner.Close() // parked and holding nothing more
 	}

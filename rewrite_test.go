@@ -58,14 +58,6 @@ func childInsertWaits(t *testing.T, raw *sql.DB, timeout string) bool {
 	return true
 }
 
-func sqlState(err error) string {
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		return pg.SQLState()
-	}
-	return ""
-}
-
 // lockParent runs one of the ways a statement reaches the driver, locking
 // parent 1 inside tx.
 type lockParent func(ctx context.Context, tx *sql.Tx) error

@@ -105,7 +105,7 @@ func (r *rows) Close() error {
 	if stmtErr == nil {
 		stmtErr = err
 	}
-	if lerr := r.c.afterAdvisory(r.ctx, r.plan, stmtErr); lerr != nil && lerr != stmtErr {
+	if lerr := r.c.afterTracked(r.ctx, r.plan, stmtErr); lerr != nil && lerr != stmtErr {
 		return lerr
 	}
 	return err

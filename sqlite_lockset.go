@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // lockTable is a set of in-process exclusive locks, one per key, created
@@ -29,14 +31,16 @@ type lockEntry struct {
 	owner   any
 	count   int
 	since   time.Time
-	site    string // where the holder took it
+	site    callers           // where the holder took it
+	span    trace.SpanContext // the holder's span, for waiters' links
 	waiters []*lockWaiter
 }
 
 // lockWaiter is one goroutine waiting for a key.
 type lockWaiter struct {
 	owner   any
-	site    string
+	site    callers
+	span    trace.SpanContext
 	granted chan struct{} // closed when the lock is handed to this waiter
 }
 
@@ -44,20 +48,25 @@ type lockWaiter struct {
 type holderInfo struct {
 	owner any
 	since time.Time
-	site  string
+	site  callers
+	span  trace.SpanContext
 }
 
 // lock takes key for owner, waiting while another owner holds it, until
 // ctx ends (then it returns ctx.Err() and holds nothing new).
-func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, site string) error {
+func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, site *callers) error {
+	span := trace.SpanContextFromContext(ctx)
 	t.mu.Lock()
 	e := t.entry(key)
 	if e.count == 0 || e.owner == owner {
-		e.take(owner, site)
+		e.take(owner, site, span)
 		t.mu.Unlock()
 		return nil
 	}
-	w := &lockWaiter{owner: owner, site: site, granted: make(chan struct{})}
+	w := &lockWaiter{owner: owner, span: span, granted: make(chan struct{})}
+	if site != nil {
+		w.site = *site
+	}
 	e.waiters = append(e.waiters, w)
 	t.mu.Unlock()
 
@@ -77,13 +86,14 @@ func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, site string) 
 	return ctx.Err()
 }
 
-// tryLock takes key for owner if nobody else holds it.
-func (t *lockTable[K]) tryLock(key K, owner any, site string) bool {
+// tryLock takes key for owner if nobody else holds it; span is the
+// caller's, for the links of later waiters.
+func (t *lockTable[K]) tryLock(key K, owner any, site *callers, span trace.SpanContext) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.entry(key)
 	if e.count == 0 || e.owner == owner {
-		e.take(owner, site)
+		e.take(owner, site, span)
 		return true
 	}
 	return false
@@ -110,7 +120,7 @@ func (t *lockTable[K]) holder(key K) (holderInfo, bool) {
 	if !ok || e.count == 0 {
 		return holderInfo{}, false
 	}
-	return holderInfo{owner: e.owner, since: e.since, site: e.site}, true
+	return holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}, true
 }
 
 // size returns the number of keys held or waited for.
@@ -147,13 +157,18 @@ func (t *lockTable[K]) release(key K, e *lockEntry) {
 	w := e.waiters[0]
 	e.waiters[0] = nil
 	e.waiters = e.waiters[1:]
-	e.take(w.owner, w.site)
+	e.take(w.owner, &w.site, w.span)
 	close(w.granted)
 }
 
-func (e *lockEntry) take(owner any, site string) {
+func (e *lockEntry) take(owner any, site *callers, span trace.SpanContext) {
 	if e.count == 0 {
-		e.owner, e.since, e.site = owner, time.Now(), site
+		e.owner, e.since, e.span = owner, time.Now(), span
+		if site != nil {
+			e.site = *site
+		} else {
+			e.site = callers{}
+		}
 	}
 	e.count++
 }
@@ -397,7 +412,18 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 	}
 	var ok bool
 	if c.connector.opts.dialect == Postgres {
+		_, w := c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
+			AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
+		c.watchBlockers(ctx, w)
 		ok, err = c.locksetPostgres(ctx, namespace, keys, try)
+		outcome := ""
+		if err == nil && !ok {
+			outcome = outcomeNotAcquired
+		}
+		w.end(ctx, outcome, err)
+		if ok {
+			t.took(&t.locksetSince)
+		}
 	} else {
 		ok, err = t.locksetInProcess(ctx, namespace, keys, try)
 	}
@@ -424,27 +450,50 @@ func (t *tx) snapshotGuard(namespace string) error {
 	return nil
 }
 
-// locksetInProcess takes keys in order in the database's lockset table.
+// locksetInProcess takes keys in order in the database's lockset table,
+// timed as one lock wait linked to the holders it waits for.
 func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []string, try bool) (bool, error) {
 	table := &t.c.connector.locksets
 	owner := txOwner{t.c, t.gen}
-	site := t.c.site()
+	span := trace.SpanContextFromContext(ctx)
+	_, w := t.c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
+		AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
+	var site callers
+	site.capture()
 	taken := 0
 	for _, k := range keys {
 		key := locksetKey{namespace, k}
+		if w.recording() {
+			if h, ok := table.holder(key); ok && h.owner != owner {
+				w.holder(h.span, h.since, h.site.String(), 0)
+			}
+		}
 		if try {
-			if !table.tryLock(key, owner, site) {
+			if !table.tryLock(key, owner, &site, span) {
 				t.releaseLast(taken)
+				w.end(ctx, outcomeNotAcquired, nil)
 				return false, nil
 			}
-		} else if err := table.lock(ctx, key, owner, site); err != nil {
+		} else if err := table.lock(ctx, key, owner, &site); err != nil {
 			t.releaseLast(taken)
+			w.end(ctx, "", err)
 			return false, err
 		}
 		t.locks = append(t.locks, key)
 		taken++
 	}
+	w.end(ctx, outcomeAcquired, nil)
+	t.took(&t.locksetSince)
 	return true, nil
+}
+
+// describeIDs lists canonical ids as text.
+func describeIDs(keys []string) string {
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = describeID(k)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // releaseLast releases the last n locks the transaction took.
@@ -509,10 +558,6 @@ func calls(fn string, keys []int64) string {
 	return strings.Join(parts, ", ")
 }
 
-// site returns where the current statement was called from, for lock
-// holders' records.
-func (c *conn) site() string { return callSite() }
-
 // writerLock is the in-process lock that serialises SQLite writers of one
 // database: FIFO, honouring ctx, bounded by the busy timeout. Taking it
 // uncontended allocates nothing.
@@ -521,30 +566,47 @@ type writerLock struct {
 	held    bool
 	owner   any
 	since   time.Time
-	site    callers
+	stmt    string            // the autocommit statement holding it, or
+	site    callers           // where the transaction holding it began
+	span    trace.SpanContext // the holder's span
 	waiters []*writerWaiter
 }
 
 type writerWaiter struct {
 	owner   any
 	granted chan struct{}
+	stmt    string
 	site    callers
+	span    trace.SpanContext
 }
 
 // lock takes the writer lock for owner, waiting at most timeout (0: no
-// limit beyond ctx).
-func (w *writerLock) lock(ctx context.Context, owner any, timeout time.Duration) error {
+// limit beyond ctx). stmt is the autocommit statement that takes it, or ""
+// for a transaction, whose call site is recorded instead (a stack walk
+// that a single statement need not pay for).
+func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeout time.Duration, stmt string) (err error) {
+	span := trace.SpanContextFromContext(ctx)
 	w.mu.Lock()
 	if !w.held {
-		w.held, w.owner, w.since = true, owner, time.Now()
-		w.site.capture()
+		w.held, w.owner, w.since, w.stmt, w.span = true, owner, time.Now(), stmt, span
+		if stmt == "" {
+			w.site.capture()
+		}
 		w.mu.Unlock()
 		return nil
 	}
-	wt := &writerWaiter{owner: owner, granted: make(chan struct{})}
-	wt.site.capture()
+	wt := &writerWaiter{owner: owner, granted: make(chan struct{}), stmt: stmt, span: span}
+	if stmt == "" {
+		wt.site.capture()
+	}
 	w.waiters = append(w.waiters, wt)
+	holderSpan, holderSince, holder := w.span, w.since, w.holderLocked()
 	w.mu.Unlock()
+
+	// Contended: time the wait, linked to the holder.
+	_, wait := tel.startWait(ctx, "sqlite_writer", "exclusive", "transaction")
+	wait.holder(holderSpan, holderSince, holder, 0)
+	defer func() { wait.end(ctx, "", err) }()
 
 	var expired <-chan time.Time
 	if timeout > 0 {
@@ -552,7 +614,6 @@ func (w *writerLock) lock(ctx context.Context, owner any, timeout time.Duration)
 		defer t.Stop()
 		expired = t.C
 	}
-	var err error
 	select {
 	case <-wt.granted:
 		return nil
@@ -576,8 +637,16 @@ func (w *writerLock) lock(ctx context.Context, owner any, timeout time.Duration)
 	if err != nil {
 		return err
 	}
-	return fmt.Errorf("%w: waited %v; the holder has held it for %v, since %s; shorten write transactions or raise the busy timeout",
-		ErrWriterLockTimeout, timeout, time.Since(w.since).Round(time.Millisecond), w.site.String())
+	return fmt.Errorf("%w: waited %v; the holder has held it for %v, %s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
+		ErrWriterLockTimeout, timeout, time.Since(w.since).Round(time.Millisecond), w.holderLocked())
+}
+
+// holderLocked describes what holds the lock; w.mu is held.
+func (w *writerLock) holderLocked() string {
+	if w.stmt != "" {
+		return fmt.Sprintf("running the statement %.200q", w.stmt)
+	}
+	return "in a transaction begun at " + w.site.String()
 }
 
 // unlock releases the writer lock, handing it to the first waiter.
@@ -590,13 +659,13 @@ func (w *writerLock) unlock() {
 // handOff gives the lock to the first waiter, or frees it; w.mu is held.
 func (w *writerLock) handOff() {
 	if len(w.waiters) == 0 {
-		w.held, w.owner = false, nil
+		w.held, w.owner, w.stmt = false, nil, ""
 		return
 	}
 	next := w.waiters[0]
 	w.waiters[0] = nil
 	w.waiters = w.waiters[1:]
-	w.owner, w.since, w.site = next.owner, time.Now(), next.site
+	w.owner, w.since, w.stmt, w.site, w.span = next.owner, time.Now(), next.stmt, next.site, next.span
 	close(next.granted)
 }
 

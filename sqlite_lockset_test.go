@@ -13,8 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
+
+// noTelemetry is telemetry with the global (no-op) providers.
+var noTelemetry = newTelemetry(&options{}, nil)
 
 // openSQLiteFile opens one SQLite file through lockhooks; raw opens the
 // same file through modernc as it is.
@@ -69,21 +74,21 @@ func TestCanonicalIDOrder(t *testing.T) {
 func TestLockTableLeavesNothingBehind(t *testing.T) {
 	var table lockTable[int]
 	ctx := context.Background()
-	r := rand.New(rand.NewPCG(1, 2))
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 2))
 			owner := fmt.Sprint("owner", w)
 			for range 10000 / 8 {
 				k := r.IntN(20)
 				if r.IntN(2) == 0 {
-					if table.tryLock(k, owner, "") {
+					if table.tryLock(k, owner, nil, trace.SpanContext{}) {
 						table.unlock(k, owner)
 					}
 					continue
 				}
 				cctx, cancel := context.WithTimeout(ctx, time.Duration(r.IntN(50))*time.Microsecond)
-				if table.lock(cctx, k, owner, "") == nil {
+				if table.lock(cctx, k, owner, nil) == nil {
 					table.unlock(k, owner)
 				}
 				cancel()
@@ -470,11 +475,19 @@ func TestWriterLock(t *testing.T) {
 	defer holder.Rollback()
 
 	_, err := db.BeginTx(context.Background(), nil)
-	if !errors.Is(err, ErrWriterLockTimeout) || !strings.Contains(err.Error(), "_test.go:") {
+	if !errors.Is(err, ErrWriterLockTimeout) || !strings.Contains(err.Error(), "_test.go:") || !strings.Contains(err.Error(), "transaction begun at") {
 		t.Fatalf("a second writer: %v, want ErrWriterLockTimeout naming where the holder began", err)
 	}
 	if _, err := db.Exec("INSERT INTO t VALUES (1)"); !errors.Is(err, ErrWriterLockTimeout) {
 		t.Fatalf("an autocommit write: %v, want ErrWriterLockTimeout", err)
+	}
+	// A writer waiting for an autocommit statement is told the statement.
+	var w writerLock
+	if err := w.lock(context.Background(), noTelemetry, 1, 0, "INSERT INTO big VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.lock(context.Background(), noTelemetry, 2, 10*time.Millisecond, ""); err == nil || !strings.Contains(err.Error(), "INSERT INTO big") {
+		t.Fatalf("waiting for a statement: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()

@@ -72,7 +72,7 @@ func (s *stmt) tracked() bool { return s.st.advisory != nil || s.c.pin.active.Lo
 // absent.
 func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
 	if s.c.needsWriterLock(s.st, s.query) {
-		if err := s.c.connector.writer.lock(context.Background(), s.c, s.c.connector.opts.busyTimeout); err != nil {
+		if err := s.c.connector.writer.lock(context.Background(), s.c.connector.tel, s.c, s.c.connector.opts.busyTimeout, s.query); err != nil {
 			return nil, err
 		}
 		defer s.c.connector.writer.unlock()
@@ -90,7 +90,7 @@ func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
 func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 	run := func() (driver.Rows, error) { return s.inner.Query(args) } //nolint:staticcheck // no QueryContext
 	if s.c.needsWriterLock(s.st, s.query) {
-		return s.c.queryWriting(context.Background(), s.st, run)
+		return s.c.queryWriting(context.Background(), s.st, s.query, run)
 	}
 	if s.tracked() {
 		return s.c.queryTracked(context.Background(), s.st, valuesToNamed(args), run)
@@ -102,7 +102,7 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 // ExecContext runs the statement.
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	if s.c.needsWriterLock(s.st, s.query) {
-		if err := s.c.connector.writer.lock(ctx, s.c, s.c.connector.opts.busyTimeout); err != nil {
+		if err := s.c.connector.writer.lock(ctx, s.c.connector.tel, s.c, s.c.connector.opts.busyTimeout, s.query); err != nil {
 			return nil, err
 		}
 		defer s.c.connector.writer.unlock()
@@ -117,7 +117,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 // QueryContext runs the statement.
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	if s.c.needsWriterLock(s.st, s.query) {
-		return s.c.queryWriting(ctx, s.st, func() (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
+		return s.c.queryWriting(ctx, s.st, s.query, func() (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
 	}
 	if s.tracked() {
 		return s.c.queryTracked(ctx, s.st, args, func() (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })

@@ -2,21 +2,65 @@ package lockhooks
 
 import (
 	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
 // instrumentationName names lockhooks' meter and tracer.
 const instrumentationName = "github.com/lockhooks/lockhooks"
 
-// Attribute keys of the lockhooks.* namespace.
+// Attribute keys: lockhooks' own namespace, and OpenTelemetry's database
+// conventions.
 const (
-	attrLockKind  = attribute.Key("lockhooks.lock.kind")
-	attrLockScope = attribute.Key("lockhooks.lock.scope")
-	attrDBSystem  = attribute.Key("db.system.name")
+	AttrLockKind       = attribute.Key("lockhooks.lock.kind")        // advisory | row | lockset | sqlite_writer
+	AttrLockMode       = attribute.Key("lockhooks.lock.mode")        // exclusive | shared | for_update | for_no_key_update | for_share | for_key_share
+	AttrLockScope      = attribute.Key("lockhooks.lock.scope")       // session | transaction
+	AttrLockNamespace  = attribute.Key("lockhooks.lock.namespace")   // Lock's namespace
+	AttrLockKeys       = attribute.Key("lockhooks.lock.keys")        // the keys or ids, as text
+	AttrLockOutcome    = attribute.Key("lockhooks.lock.outcome")     // acquired | not_acquired | timeout | deadlock | canceled | lost | error
+	AttrLockNoWait     = attribute.Key("lockhooks.lock.nowait")      // a row lock with NOWAIT
+	AttrLockSkipLocked = attribute.Key("lockhooks.lock.skip_locked") // a row lock with SKIP LOCKED
+	AttrBackendPID     = attribute.Key("lockhooks.conn.backend_pid")
+	AttrHolderSite     = attribute.Key("lockhooks.holder.call_site") // where the holder took the lock
+	AttrHolderSince    = attribute.Key("lockhooks.holder.since")     // when the holder took it (RFC 3339)
+	AttrHolderPID      = attribute.Key("lockhooks.holder.backend_pid")
+	attrDBSystem       = attribute.Key("db.system.name")
+	attrDBStatus       = attribute.Key("db.response.status_code")
+	attrErrorType      = attribute.Key("error.type")
+	attrDBQueryText    = attribute.Key("db.query.text")
 )
+
+// Outcomes of a lock acquisition.
+const (
+	outcomeAcquired    = "acquired"
+	outcomeNotAcquired = "not_acquired"
+	outcomeTimeout     = "timeout"
+	outcomeDeadlock    = "deadlock"
+	outcomeCanceled    = "canceled"
+	outcomeLost        = "lost"
+	outcomeError       = "error"
+)
+
+// waitBuckets are the histogram boundaries, in seconds: lock waits range
+// from sub-millisecond to minutes.
+var waitBuckets = []float64{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+
+// WithTracerProvider sets where lockhooks' spans go; the default is
+// otel.GetTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) { o.tracerProvider = tp }
+}
 
 // WithMeterProvider sets where lockhooks' metrics go; the default is
 // otel.GetMeterProvider().
@@ -24,76 +68,512 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(o *options) { o.meterProvider = mp }
 }
 
-// instruments are the metrics of one wrapped database.
-type instruments struct {
-	rerouted metric.Int64Counter // lockhooks.advisory.unlocks_rerouted
-	lost     metric.Int64Counter // lockhooks.lock.lost
-	reg      metric.Registration // the observable gauges' callback
-	attrs    metric.MeasurementOption
+// WithRootSpans makes lockhooks start lock-wait spans also when the
+// context carries no recording span. By default it only adds spans to
+// traces that are already being recorded.
+func WithRootSpans(on bool) Option {
+	return func(o *options) { o.rootSpans = on }
 }
 
-// newInstruments creates the metrics; observe is called at each collection
-// for the gauges. Instrument errors fall back to no-op instruments: telemetry
-// never breaks the database.
-func newInstruments(o *options, observe func() (held, parked int64)) *instruments {
-	mp := o.meterProvider
+// WithBlockerThreshold sets after how long a Postgres lock wait makes
+// lockhooks ask, on a side connection, who blocks it (pg_blocking_pids and
+// pg_stat_activity), recorded as a span event (default 500ms; 0 turns it
+// off). Only waits in recorded spans are looked into.
+func WithBlockerThreshold(d time.Duration) Option {
+	return func(o *options) { o.blockerThreshold = d }
+}
+
+// WithStatementSpans adds a client span per statement, following
+// OpenTelemetry's database conventions (span name "SELECT table",
+// db.query.text without argument values), for users who want one
+// instrumentation layer instead of two. Off by default.
+func WithStatementSpans(on bool) Option {
+	return func(o *options) { o.statementSpans = on }
+}
+
+// telemetry is the tracer and instruments of one wrapped database.
+type telemetry struct {
+	tracer           trace.Tracer
+	rootSpans        bool
+	statementSpans   bool
+	blockerThreshold time.Duration
+	system           attribute.KeyValue
+
+	wait, hold     metric.Float64Histogram
+	rerouted, lost metric.Int64Counter
+	deadlocks      metric.Int64Counter
+	timeouts       metric.Int64Counter
+	serialization  metric.Int64Counter
+	reg            metric.Registration
+	base           metric.MeasurementOption // db.system.name
+}
+
+// newTelemetry creates the tracer and instruments; observe is called at
+// each collection for the gauges. An instrument that cannot be created is
+// reported to otel.Handle and left out: telemetry never breaks the
+// database.
+func newTelemetry(o *options, observe func() (held, parked int64)) *telemetry {
+	tp, mp := o.tracerProvider, o.meterProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	m := mp.Meter(instrumentationName)
 	system := "postgresql"
 	if o.dialect == SQLite {
 		system = "sqlite"
 	}
-	ins := &instruments{attrs: metric.WithAttributeSet(attribute.NewSet(attrDBSystem.String(system)))}
-	var err error
-	if ins.rerouted, err = m.Int64Counter("lockhooks.advisory.unlocks_rerouted",
-		metric.WithDescription("Advisory unlocks run on the parked connection that held the lock instead of the connection they were sent on."),
-		metric.WithUnit("{unlock}")); err != nil {
-		otel.Handle(err)
+	t := &telemetry{
+		tracer:           tp.Tracer(instrumentationName),
+		rootSpans:        o.rootSpans,
+		statementSpans:   o.statementSpans,
+		blockerThreshold: o.blockerThreshold,
+		system:           attrDBSystem.String(system),
 	}
-	if ins.lost, err = m.Int64Counter("lockhooks.lock.lost",
-		metric.WithDescription("Locks lost because the connection holding them died."),
-		metric.WithUnit("{lock}")); err != nil {
-		otel.Handle(err)
-	}
-	held, err1 := m.Int64ObservableGauge("lockhooks.advisory.held_locks",
-		metric.WithDescription("Session advisory locks held by connections of this database (active or parked)."),
-		metric.WithUnit("{lock}"))
-	parked, err2 := m.Int64ObservableGauge("lockhooks.advisory.parked_connections",
-		metric.WithDescription("Connections withdrawn from the pool because they hold session advisory locks."),
-		metric.WithUnit("{connection}"))
-	if err1 == nil && err2 == nil {
-		ins.reg, err = m.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
-			h, p := observe()
-			obs.ObserveInt64(held, h, ins.attrs)
-			obs.ObserveInt64(parked, p, ins.attrs)
-			return nil
-		}, held, parked)
+	t.base = metric.WithAttributeSet(attribute.NewSet(t.system))
+	m := mp.Meter(instrumentationName)
+	check := func(err error) {
 		if err != nil {
 			otel.Handle(err)
 		}
 	}
-	return ins
-}
-
-// lockLost counts lost locks of a kind.
-func (ins *instruments) lockLost(ctx context.Context, kind string, n int) {
-	if ins.lost != nil && n > 0 {
-		ins.lost.Add(ctx, int64(n), ins.attrs, metric.WithAttributes(attrLockKind.String(kind), attrLockScope.String("session")))
+	var err error
+	t.wait, err = m.Float64Histogram("lockhooks.lock.wait.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long lock acquisitions waited."), metric.WithExplicitBucketBoundaries(waitBuckets...))
+	check(err)
+	t.hold, err = m.Float64Histogram("lockhooks.lock.hold.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long locks were held, from acquisition to release."), metric.WithExplicitBucketBoundaries(waitBuckets...))
+	check(err)
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		check(err)
+		return c
 	}
-}
-
-// unlockRerouted counts one rerouted unlock.
-func (ins *instruments) unlockRerouted(ctx context.Context) {
-	if ins.rerouted != nil {
-		ins.rerouted.Add(ctx, 1, ins.attrs)
+	t.rerouted = counter("lockhooks.advisory.unlocks_rerouted", "{unlock}", "Advisory unlocks run on the parked connection that held the lock instead of the connection they were sent on.")
+	t.lost = counter("lockhooks.lock.lost", "{lock}", "Locks lost because the connection holding them died.")
+	t.deadlocks = counter("lockhooks.lock.deadlocks", "{error}", "Statements that failed with deadlock_detected (40P01).")
+	t.timeouts = counter("lockhooks.lock.timeouts", "{error}", "Statements that failed with lock_not_available (55P03): lock_timeout or NOWAIT.")
+	t.serialization = counter("lockhooks.tx.serialization_failures", "{error}", "Statements that failed with serialization_failure (40001).")
+	held, err1 := m.Int64ObservableGauge("lockhooks.advisory.held_locks", metric.WithUnit("{lock}"),
+		metric.WithDescription("Session advisory locks held by connections of this database (active or parked)."))
+	parked, err2 := m.Int64ObservableGauge("lockhooks.advisory.parked_connections", metric.WithUnit("{connection}"),
+		metric.WithDescription("Connections withdrawn from the pool because they hold session advisory locks."))
+	check(errors.Join(err1, err2))
+	if err1 == nil && err2 == nil && observe != nil {
+		t.reg, err = m.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
+			h, p := observe()
+			obs.ObserveInt64(held, h, t.base)
+			obs.ObserveInt64(parked, p, t.base)
+			return nil
+		}, held, parked)
+		check(err)
 	}
+	return t
 }
 
 // close unregisters the gauges' callback.
-func (ins *instruments) close() {
-	if ins.reg != nil {
-		ins.reg.Unregister()
+func (t *telemetry) close() {
+	if t.reg != nil {
+		t.reg.Unregister()
 	}
+}
+
+// add adds n to counter c with attributes, if the counter is enabled.
+func (t *telemetry) add(ctx context.Context, c metric.Int64Counter, n int64, attrs ...attribute.KeyValue) {
+	if c == nil || n == 0 || !c.Enabled(ctx) {
+		return
+	}
+	c.Add(ctx, n, t.base, metric.WithAttributes(attrs...))
+}
+
+// lockLost counts lost locks of a kind.
+func (t *telemetry) lockLost(ctx context.Context, kind string, n int) {
+	t.add(ctx, t.lost, int64(n), AttrLockKind.String(kind), AttrLockScope.String("session"))
+}
+
+// unlockRerouted counts one rerouted unlock.
+func (t *telemetry) unlockRerouted(ctx context.Context) { t.add(ctx, t.rerouted, 1) }
+
+// countError counts the lock-related failures of a statement.
+func (t *telemetry) countError(ctx context.Context, err error) {
+	switch sqlState(err) {
+	case "40P01":
+		t.add(ctx, t.deadlocks, 1)
+	case "55P03":
+		t.add(ctx, t.timeouts, 1)
+	case "40001":
+		t.add(ctx, t.serialization, 1)
+	}
+}
+
+// recordHold records how long a lock of kind was held.
+func (t *telemetry) recordHold(ctx context.Context, kind, scope string, since time.Time) {
+	if t.hold == nil || since.IsZero() || !t.hold.Enabled(ctx) {
+		return
+	}
+	t.hold.Record(ctx, time.Since(since).Seconds(), t.base,
+		metric.WithAttributes(AttrLockKind.String(kind), AttrLockScope.String(scope)))
+}
+
+// lockWait times one lock acquisition: a span (when one is wanted) and the
+// wait histogram. Its zero value records nothing.
+type lockWait struct {
+	t     *telemetry
+	span  trace.Span
+	start time.Time
+	kind  string
+	mode  string
+	scope string
+	stop  chan struct{} // stops the blockers lookup
+}
+
+// startWait begins timing an acquisition of a lock of kind.
+func (t *telemetry) startWait(ctx context.Context, kind, mode, scope string, attrs ...attribute.KeyValue) (context.Context, *lockWait) {
+	w := &lockWait{t: t, start: time.Now(), kind: kind, mode: mode, scope: scope}
+	if parent := trace.SpanFromContext(ctx); t.rootSpans || parent.IsRecording() {
+		all := append([]attribute.KeyValue{t.system, AttrLockKind.String(kind), AttrLockMode.String(mode), AttrLockScope.String(scope)}, attrs...)
+		ctx, w.span = t.tracer.Start(ctx, "lock.wait "+kind, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(all...))
+		if !w.span.IsRecording() {
+			w.span = nil
+		}
+	}
+	return ctx, w
+}
+
+// recording reports whether the wait has a recording span.
+func (w *lockWait) recording() bool { return w != nil && w.span != nil }
+
+// holder records what holds the lock this acquisition waits for: a link
+// to the holder's span, and when and where it took the lock.
+func (w *lockWait) holder(span trace.SpanContext, since time.Time, site string, pid int32) {
+	if !w.recording() {
+		return
+	}
+	attrs := []attribute.KeyValue{AttrHolderSite.String(site)}
+	if !since.IsZero() {
+		attrs = append(attrs, AttrHolderSince.String(since.UTC().Format(time.RFC3339Nano)))
+	}
+	if pid != 0 {
+		attrs = append(attrs, AttrHolderPID.Int64(int64(pid)))
+	}
+	if span.IsValid() {
+		w.span.AddLink(trace.Link{SpanContext: span, Attributes: attrs})
+	}
+	w.span.SetAttributes(attrs...)
+}
+
+// end finishes the acquisition with an outcome; a zero outcome is derived
+// from err.
+func (w *lockWait) end(ctx context.Context, outcome string, err error) {
+	if w == nil {
+		return
+	}
+	if w.stop != nil {
+		close(w.stop)
+	}
+	if outcome == "" {
+		outcome = outcomeOf(err)
+	}
+	if h := w.t.wait; h != nil && h.Enabled(ctx) {
+		h.Record(ctx, time.Since(w.start).Seconds(), w.t.base, metric.WithAttributes(
+			AttrLockKind.String(w.kind), AttrLockMode.String(w.mode), AttrLockScope.String(w.scope), AttrLockOutcome.String(outcome)))
+	}
+	if w.span == nil {
+		return
+	}
+	w.span.SetAttributes(AttrLockOutcome.String(outcome))
+	switch outcome {
+	case outcomeAcquired, outcomeNotAcquired:
+	default:
+		if code := statusCode(err); code != "" {
+			w.span.SetAttributes(attrDBStatus.String(code))
+		}
+		w.span.SetAttributes(attrErrorType.String(errorType(outcome, err)))
+		if outcome != outcomeCanceled && err != nil {
+			w.span.RecordError(err)
+			w.span.SetStatus(codes.Error, err.Error())
+		}
+	}
+	w.span.End()
+}
+
+// outcomeOf classifies the error of a lock acquisition.
+func outcomeOf(err error) string {
+	switch {
+	case err == nil:
+		return outcomeAcquired
+	case errors.Is(err, ErrLockLost):
+		return outcomeLost
+	case errors.Is(err, context.Canceled):
+		return outcomeCanceled
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrWriterLockTimeout):
+		return outcomeTimeout
+	}
+	switch sqlState(err) {
+	case "40P01":
+		return outcomeDeadlock
+	case "55P03":
+		return outcomeTimeout
+	case "57014":
+		return outcomeCanceled
+	}
+	return outcomeError
+}
+
+// statusCode returns the database's code for err: a SQLSTATE, or an SQLite
+// result code.
+func statusCode(err error) string {
+	if s := sqlState(err); s != "" {
+		return s
+	}
+	var lite interface{ Code() int }
+	if errors.As(err, &lite) {
+		return fmt.Sprint(lite.Code())
+	}
+	return ""
+}
+
+// errorType is error.type: the outcome for lock failures, else the Go type.
+func errorType(outcome string, err error) string {
+	if outcome != outcomeError || err == nil {
+		return outcome
+	}
+	return fmt.Sprintf("%T", err)
+}
+
+// sqlState returns err's SQLSTATE, if it carries one.
+func sqlState(err error) string {
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		return pg.SQLState()
+	}
+	return ""
+}
+
+// lookForBlockers asks, once the wait has lasted the threshold, which
+// backends block backend pid, on a side connection of its own, and records
+// them as a span event. It never runs on the waiting connection.
+func (w *lockWait) lookForBlockers(c *connector, pid int32) {
+	if !w.recording() || w.t.blockerThreshold <= 0 || pid == 0 || c.opts.dialect != Postgres {
+		return
+	}
+	w.stop = make(chan struct{})
+	stop, span, threshold := w.stop, w.span, w.t.blockerThreshold
+	go func() {
+		timer := time.NewTimer(threshold)
+		defer timer.Stop()
+		select {
+		case <-stop:
+			return
+		case <-timer.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.lockCheckTimeout)
+		defer cancel()
+		attrs, err := c.blockers(ctx, pid)
+		if err != nil {
+			span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attribute.String("lockhooks.error", err.Error())))
+			return
+		}
+		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attrs...))
+	}()
+}
+
+// blockers reads who blocks backend pid.
+func (c *connector) blockers(ctx context.Context, pid int32) ([]attribute.KeyValue, error) {
+	side, err := c.inner.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer side.Close()
+	rows, err := queryDirect(ctx, side, fmt.Sprintf(`SELECT a.pid::bigint, coalesce(a.state, ''), coalesce(to_char(a.xact_start, 'YYYY-MM-DD"T"HH24:MI:SS.USOF'), ''),
+	left(coalesce(a.query, ''), 200), coalesce(a.application_name, '')
+FROM pg_stat_activity a WHERE a.pid = ANY (pg_blocking_pids(%d))`, pid), nil)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var pids []int64
+	var states, starts, queries, apps []string
+	dest := make([]driver.Value, 5)
+	for rows.Next(dest) == nil {
+		pids = append(pids, asInt64(dest[0]))
+		states = append(states, asString(dest[1]))
+		starts = append(starts, asString(dest[2]))
+		queries = append(queries, asString(dest[3]))
+		apps = append(apps, asString(dest[4]))
+	}
+	return []attribute.KeyValue{
+		AttrBackendPID.Int64(int64(pid)),
+		attribute.Int64Slice("lockhooks.blocker.backend_pids", pids),
+		attribute.StringSlice("lockhooks.blocker.states", states),
+		attribute.StringSlice("lockhooks.blocker.xact_starts", starts),
+		attribute.StringSlice("lockhooks.blocker.queries", queries),
+		attribute.StringSlice("lockhooks.blocker.application_names", apps),
+	}, nil
+}
+
+// asString converts the text values drivers return.
+func asString(v driver.Value) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case []byte:
+		return string(x)
+	case nil:
+		return ""
+	}
+	return fmt.Sprint(v)
+}
+
+// statementSpan starts a client span for one statement (WithStatementSpans).
+func (t *telemetry) statementSpan(ctx context.Context, text string) (context.Context, trace.Span) {
+	if !t.statementSpans {
+		return ctx, nil
+	}
+	if parent := trace.SpanFromContext(ctx); !t.rootSpans && !parent.IsRecording() {
+		return ctx, nil
+	}
+	ctx, span := t.tracer.Start(ctx, querySummary(text), trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(t.system, attrDBQueryText.String(text)))
+	return ctx, span
+}
+
+// endStatementSpan ends a statement span with err.
+func endStatementSpan(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil && !isBenignStatementError(err) {
+		if code := statusCode(err); code != "" {
+			span.SetAttributes(attrDBStatus.String(code))
+		}
+		span.SetAttributes(attrErrorType.String(fmt.Sprintf("%T", err)))
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// isBenignStatementError reports errors that are not the statement's
+// failure: driver.ErrSkip (database/sql falls back to Prepare).
+func isBenignStatementError(err error) bool { return err == driver.ErrSkip }
+
+// querySummary is a low-cardinality span name: the operation and the first
+// table, e.g. "SELECT users".
+func querySummary(text string) string {
+	op := strings.ToUpper(sqlscan.FirstWord(text))
+	if op == "" {
+		return "query"
+	}
+	if table := sqlscan.FirstTable(text, sqlscan.Postgres); table != "" {
+		return op + " " + table
+	}
+	return op
+}
+
+// startAdvisoryWait times a statement's advisory-lock acquisitions, naming
+// the holder when another connection of this database holds a key.
+func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, args []driver.NamedValue) *lockWait {
+	var acquire *sqlscan.AdvisoryCall
+	var keys []string
+	var resolved []lockKey
+	for i, call := range adv.Calls {
+		if call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 {
+			continue
+		}
+		if acquire == nil {
+			acquire = &adv.Calls[i]
+		}
+		if k, ok := keyOf(call, args); ok {
+			keys = append(keys, k.String())
+			resolved = append(resolved, k)
+		} else {
+			keys = append(keys, "expression")
+		}
+	}
+	if acquire == nil {
+		return nil
+	}
+	mode, scope := "exclusive", "session"
+	if acquire.Func&sqlscan.FnShared != 0 {
+		mode = "shared"
+	}
+	if acquire.Func&sqlscan.FnXact != 0 {
+		scope = "transaction"
+	}
+	_, w := c.connector.tel.startWait(ctx, "advisory", mode, scope, AttrLockKeys.String(strings.Join(keys, ", ")))
+	if !w.recording() {
+		return w
+	}
+	for _, k := range resolved {
+		if h := c.connector.pins.holderOf(k, c); h != nil {
+			h.pin.mu.Lock()
+			if l := h.pin.held[k]; l != nil {
+				w.holder(l.span, l.since, l.site, h.pid)
+			}
+			h.pin.mu.Unlock()
+		}
+	}
+	c.watchBlockers(ctx, w)
+	return w
+}
+
+// startRowLockWait times a Postgres statement with a row-locking clause.
+func (c *conn) startRowLockWait(ctx context.Context, st statement) *lockWait {
+	mode := "for_key_share"
+	switch {
+	case st.locks&sqlscan.ForUpdate != 0 && !st.rewrote:
+		mode = "for_update"
+	case st.locks&(sqlscan.ForUpdate|sqlscan.ForNoKeyUpdate) != 0:
+		mode = "for_no_key_update"
+	case st.locks&sqlscan.ForShare != 0:
+		mode = "for_share"
+	}
+	_, w := c.connector.tel.startWait(ctx, "row", mode, "transaction",
+		AttrLockNoWait.Bool(st.locks&sqlscan.NoWait != 0), AttrLockSkipLocked.Bool(st.locks&sqlscan.SkipLocked != 0))
+	c.watchBlockers(ctx, w)
+	return w
+}
+
+// watchBlockers starts the blockers lookup of a recorded Postgres wait.
+func (c *conn) watchBlockers(ctx context.Context, w *lockWait) {
+	if !w.recording() || c.connector.tel.blockerThreshold <= 0 {
+		return
+	}
+	pid, err := c.backendPID(ctx)
+	if err != nil {
+		return
+	}
+	w.span.SetAttributes(AttrBackendPID.Int64(int64(pid)))
+	w.lookForBlockers(c.connector, pid)
+}
+
+// endLockWait ends the statement's lock wait and notes, in its
+// transaction, when row and transaction-level locks were first taken.
+func (c *conn) endLockWait(ctx context.Context, plan advisoryPlan, err error) {
+	w := plan.wait
+	if w == nil {
+		return
+	}
+	outcome := outcomeOf(err)
+	st := plan.st
+	switch {
+	case err != nil && st.rowLock && st.locks&sqlscan.NoWait != 0 && sqlState(err) == "55P03":
+		outcome = outcomeNotAcquired // NOWAIT found the row locked
+	case err == nil && st.advisory != nil && st.advisory.Simple && st.advisory.Calls[0].Func&sqlscan.FnTry != 0:
+		call := st.advisory.Calls[0]
+		if k, ok := keyOf(call, plan.args); ok && call.Func&sqlscan.FnXact == 0 && !c.holds(k) {
+			outcome = outcomeNotAcquired
+		}
+	}
+	if outcome == outcomeAcquired && c.tx.inner != nil {
+		switch {
+		case st.rowLock:
+			c.tx.took(&c.tx.rowSince)
+		case w.scope == "transaction":
+			c.tx.took(&c.tx.xactSince)
+		}
+	}
+	w.end(ctx, outcome, err)
 }

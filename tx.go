@@ -3,6 +3,10 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // immediateTx is an SQLite write transaction begun with BEGIN IMMEDIATE by
@@ -38,16 +42,29 @@ type tx struct {
 	read   bool         // a statement ran in the transaction (its snapshot is fixed)
 	writer bool         // the transaction holds the SQLite writer lock
 	locks  []locksetKey // lockset holds to release after COMMIT/ROLLBACK
+
+	// For hold times: the span of BeginTx's context, and when the
+	// transaction first took each kind of lock (zero: never).
+	span                                           trace.Span
+	rowSince, xactSince, locksetSince, writerSince time.Time
 }
 
 var _ driver.Tx = (*tx)(nil)
 
 // begin starts tracking the transaction inner and returns it wrapped.
-func (t *tx) begin(inner driver.Tx, opts driver.TxOptions) *tx {
+func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions) *tx {
 	t.inner, t.opts = inner, opts
 	t.gen++
 	t.read = false
+	t.span = trace.SpanFromContext(ctx)
 	return t
+}
+
+// took notes the first time the transaction took a kind of lock.
+func (t *tx) took(since *time.Time) {
+	if since.IsZero() {
+		*since = time.Now()
+	}
 }
 
 // readOnly reports whether the transaction was begun read-only.
@@ -86,10 +103,34 @@ func (t *tx) end() {
 		t.writer = false
 		t.c.connector.writer.unlock()
 	}
+	t.recordHolds()
 	t.c.pin.mu.Lock()
 	recheck := t.c.pin.recheck
 	t.c.pin.mu.Unlock()
 	if recheck {
 		t.c.reconcile(context.Background(), "unknown")
 	}
+}
+
+// recordHolds records, per kind of lock the transaction took, how long it
+// held them: a histogram point, and an event on the span of BeginTx's
+// context.
+func (t *tx) recordHolds() {
+	ctx := context.Background()
+	for _, h := range [...]struct {
+		kind  string
+		since *time.Time
+	}{{"row", &t.rowSince}, {"advisory", &t.xactSince}, {"lockset", &t.locksetSince}, {"sqlite_writer", &t.writerSince}} {
+		if h.since.IsZero() {
+			continue
+		}
+		t.c.connector.tel.recordHold(ctx, h.kind, "transaction", *h.since)
+		if t.span != nil && t.span.IsRecording() {
+			t.span.AddEvent("lockhooks.locks.released", trace.WithAttributes(
+				AttrLockKind.String(h.kind), AttrLockScope.String("transaction"),
+				attribute.Float64("lockhooks.lock.held_seconds", time.Since(*h.since).Seconds())))
+		}
+		*h.since = time.Time{}
+	}
+	t.span = nil
 }

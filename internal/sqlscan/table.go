@@ -80,3 +80,13 @@ func nextSignificant(s *Scanner) Token {
 		}
 	}
 }
+
+// FirstWord returns the first word of src, skipping space and comments;
+// "" if src does not start with a word.
+func FirstWord(src string) string {
+	s := New(src, Postgres)
+	if t := nextSignificant(&s); t.Kind == Word {
+		return s.Text(t)
+	}
+	return ""
+}
