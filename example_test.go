@@ -1,0 +1,158 @@
+package lockhooks_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"modernc.org/sqlite"
+
+	"github.com/lockhooks/lockhooks"
+)
+
+// tempDB returns the path of a new SQLite file, and a function that
+// removes it.
+func tempDB() (string, func()) {
+	dir, err := os.MkdirTemp("", "lockhooks-example-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	return filepath.Join(dir, "app.db"), func() { os.RemoveAll(dir) }
+}
+
+// One SQL text for Postgres and SQLite: on SQLite the locking clause is
+// removed; on Postgres FOR UPDATE is sent as FOR NO KEY UPDATE.
+func ExampleOpen() {
+	path, remove := tempDB()
+	defer remove()
+	db, err := lockhooks.Open("sqlite", path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	db.Exec("CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT)")
+	db.Exec("INSERT INTO jobs VALUES (1, 'queued')")
+
+	var state string
+	err = db.QueryRow("SELECT state FROM jobs WHERE id = ? FOR UPDATE SKIP LOCKED", 1).Scan(&state)
+	fmt.Println(state, err)
+	// Output: queued <nil>
+}
+
+// Register wraps a driver under a new name; sql.Open then works unchanged.
+func ExampleRegister() {
+	name, err := lockhooks.Register("pgx") // "lockhooks+pgx"
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err := sql.Open(name, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+}
+
+// OpenDB wraps a driver configured through its connector.
+func ExampleOpenDB() {
+	path, remove := tempDB()
+	defer remove()
+	c, err := sqlite.NewConnector(path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	db := lockhooks.OpenDB(c)
+	defer db.Close()
+	fmt.Println(db.Ping())
+	// Output: <nil>
+}
+
+// A transfer that locks both accounts, in one canonical order, until the
+// transaction ends: no lost update, no "database is locked", no deadlock
+// between two transfers in opposite directions.
+func ExampleLock() {
+	path, remove := tempDB()
+	defer remove()
+	db, err := lockhooks.Open("sqlite", path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	db.Exec("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
+	db.Exec("INSERT INTO accounts VALUES (1, 100), (2, 100)")
+
+	ctx := context.Background()
+	transfer := func(from, to, amount int) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if err := lockhooks.Lock(ctx, tx, "accounts", from, to); err != nil {
+			return err
+		}
+		if _, err := tx.Exec("UPDATE accounts SET balance = balance - ? WHERE id = ?", amount, from); err != nil {
+			return err
+		}
+		if _, err := tx.Exec("UPDATE accounts SET balance = balance + ? WHERE id = ?", amount, to); err != nil {
+			return err
+		}
+		return tx.Commit() // the locks are released after COMMIT returned
+	}
+	fmt.Println(transfer(1, 2, 30), transfer(2, 1, 10))
+	var total int
+	db.QueryRow("SELECT sum(balance) FROM accounts").Scan(&total)
+	fmt.Println(total)
+	// Output:
+	// <nil> <nil>
+	// 200
+}
+
+// A lock that spans several transactions, held on its own connection; the
+// work stops if the lock is lost.
+func ExampleAcquireAdvisoryLock() {
+	path, remove := tempDB()
+	defer remove()
+	db, err := lockhooks.Open("sqlite", path) // on Postgres: a session advisory lock
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+
+	l, err := lockhooks.AcquireAdvisoryLock(ctx, db, lockhooks.LockID("migrations"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Release(ctx)
+	select {
+	case <-l.Lost():
+		log.Fatal(l.Err()) // another replica may hold it now: stop
+	default:
+	}
+	_, err = l.Conn().ExecContext(ctx, "CREATE TABLE schema_version (v INTEGER)")
+	fmt.Println(err)
+	// Output: <nil>
+}
+
+// KeepForUpdate keeps FOR UPDATE for a row that will be deleted, where
+// FOR NO KEY UPDATE would not exclude foreign-key checks.
+func ExampleKeepForUpdate() {
+	db, err := lockhooks.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback()
+	tx.ExecContext(lockhooks.KeepForUpdate(ctx), "SELECT id FROM accounts WHERE id = $1 FOR UPDATE", 7)
+	tx.ExecContext(ctx, "DELETE FROM accounts WHERE id = $1", 7)
+	tx.Commit()
+}
