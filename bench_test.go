@@ -4,68 +4,73 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math/rand/v2"
+	"path/filepath"
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/XSAM/otelsql"
 
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
-// benchDB is one database opened raw and through the wrapper.
+// benchDB is one database opened raw, through lockhooks, or through
+// XSAM/otelsql (the usual database instrumentation, for comparison).
 type benchDB struct {
 	name    string // db=...
 	dialect Dialect
-	open    func(b *testing.B, wrapped bool) *sql.DB
+	open    func(b *testing.B, how string) *sql.DB
+}
+
+// The ways a benchmark opens its database (driver=...).
+const (
+	viaRaw       = "raw"
+	viaLockhooks = "lockhooks"
+	viaOtelsql   = "otelsql"
+)
+
+// openVia opens driverName/dsn the chosen way.
+func openVia(b *testing.B, how, driverName, dsn string) *sql.DB {
+	var (
+		db  *sql.DB
+		err error
+	)
+	switch how {
+	case viaLockhooks:
+		db, err = Open(driverName, dsn)
+	case viaOtelsql:
+		db, err = otelsql.Open(driverName, dsn)
+	default:
+		db, err = sql.Open(driverName, dsn)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	return db
 }
 
 var benchDBs = []benchDB{
-	{"sqlite-mem", SQLite, func(b *testing.B, wrapped bool) *sql.DB {
-		var (
-			db  *sql.DB
-			err error
-		)
-		if wrapped {
-			db, err = Open("sqlite", ":memory:")
-		} else {
-			db, err = sql.Open("sqlite", ":memory:")
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		db.SetMaxOpenConns(1) // one in-memory database
-		return db
+	{"sqlite-mem", SQLite, func(b *testing.B, how string) *sql.DB {
+		return openVia(b, how, "sqlite", ":memory:") // one connection: one in-memory database
 	}},
-	{"postgres", Postgres, func(b *testing.B, wrapped bool) *sql.DB {
-		dsn := pgtest.DSN(b)
-		var (
-			db  *sql.DB
-			err error
-		)
-		if wrapped {
-			db, err = Open("pgx", dsn)
-		} else {
-			db, err = sql.Open("pgx", dsn)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		db.SetMaxOpenConns(1)
-		return db
+	{"postgres", Postgres, func(b *testing.B, how string) *sql.DB {
+		return openVia(b, how, "pgx", pgtest.DSN(b))
 	}},
 }
 
-// runRawAndWrapped runs fn as db=<name>/driver=raw and driver=lockhooks
-// sub-benchmarks on a table t(id, v) with one row, so benchstat can put
-// them side by side (-col /driver).
+// runRawAndWrapped runs fn as db=<name>/driver=raw, driver=lockhooks and
+// driver=otelsql sub-benchmarks on a table t(id, v) with one row, so
+// benchstat can put them side by side (-col /driver).
 func runRawAndWrapped(b *testing.B, fn func(b *testing.B, db *sql.DB, d Dialect)) {
 	for _, bd := range benchDBs {
-		for _, wrapped := range []bool{false, true} {
-			name := "db=" + bd.name + "/driver=raw"
-			if wrapped {
-				name = "db=" + bd.name + "/driver=lockhooks"
-			}
-			b.Run(name, func(b *testing.B) {
-				db := bd.open(b, wrapped)
+		for _, how := range []string{viaRaw, viaLockhooks, viaOtelsql} {
+			b.Run("db="+bd.name+"/driver="+how, func(b *testing.B) {
+				db := bd.open(b, how)
 				defer db.Close()
 				if bd.dialect == Postgres {
 					mustExec(b, db, "CREATE TABLE t (id SERIAL PRIMARY KEY, v INTEGER NOT NULL)")
@@ -241,6 +246,143 @@ func BenchmarkLocksetContended(b *testing.B) {
 					table.unlock(k, owner)
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkFKContention is the parent/child workload: transactions insert
+// a child row, then lock the parent FOR UPDATE and update it, from 4
+// goroutines. It reports the parent lock's p50/p99 wait and the share of
+// transactions that failed with a deadlock (deadlock_timeout 50ms).
+func BenchmarkFKContention(b *testing.B) {
+	dsn := pgtest.DSN(b)
+	setup, err := sql.Open("pgx", dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer setup.Close()
+	mustExec(b, setup, fkSchema)
+	mustExec(b, setup, "ALTER DATABASE "+currentDatabase(b, setup)+" SET deadlock_timeout = '50ms'")
+	for _, how := range []string{viaRaw, viaLockhooks} {
+		b.Run("driver="+how, func(b *testing.B) {
+			db := openVia(b, how, "pgx", dsn)
+			defer db.Close()
+			db.SetMaxOpenConns(4)
+			ctx := context.Background()
+			var mu sync.Mutex
+			var waits []time.Duration
+			var deadlocks int
+			b.SetParallelism(2)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					wait, err := func() (time.Duration, error) {
+						tx, err := db.BeginTx(ctx, nil)
+						if err != nil {
+							return 0, err
+						}
+						defer tx.Rollback()
+						if _, err := tx.ExecContext(ctx, "INSERT INTO child (parent_id) VALUES (1)"); err != nil {
+							return 0, err
+						}
+						start := time.Now()
+						if _, err := tx.ExecContext(ctx, "SELECT id FROM parent WHERE id = 1 FOR UPDATE"); err != nil {
+							return 0, err
+						}
+						wait := time.Since(start)
+						if _, err := tx.ExecContext(ctx, "UPDATE parent SET counter = counter + 1 WHERE id = 1"); err != nil {
+							return wait, err
+						}
+						return wait, tx.Commit()
+					}()
+					mu.Lock()
+					if sqlState(err) == "40P01" {
+						deadlocks++
+					} else if err != nil {
+						b.Error(err)
+					} else {
+						waits = append(waits, wait)
+					}
+					mu.Unlock()
+				}
+			})
+			b.StopTimer()
+			slices.Sort(waits)
+			if len(waits) > 0 {
+				b.ReportMetric(float64(waits[len(waits)/2].Microseconds())/1000, "p50-wait-ms")
+				b.ReportMetric(float64(waits[len(waits)*99/100].Microseconds())/1000, "p99-wait-ms")
+			}
+			b.ReportMetric(float64(deadlocks)/float64(b.N), "deadlocks/op")
+		})
+	}
+}
+
+// BenchmarkBankTransferSQLite is the seed's transfer on an SQLite file from
+// 8 goroutines: raw (read-modify-write in a deferred transaction) against
+// lockhooks (Lock on both accounts). It reports failed transfers per op and
+// how far the total drifted (lost updates).
+func BenchmarkBankTransferSQLite(b *testing.B) {
+	for _, how := range []string{viaRaw, viaLockhooks} {
+		b.Run("driver="+how, func(b *testing.B) {
+			path := filepath.Join(b.TempDir(), "bank.db")
+			dsn := path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=synchronous(NORMAL)"
+			db := openVia(b, how, "sqlite", dsn)
+			defer db.Close()
+			db.SetMaxOpenConns(8)
+			mustExec(b, db, "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)")
+			for i := range 10 {
+				mustExec(b, db, fmt.Sprintf("INSERT INTO accounts VALUES (%d, 1000)", i))
+			}
+			ctx := context.Background()
+			var failed atomic.Int64
+			var seed atomic.Uint64
+			b.SetParallelism(4)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				r := rand.New(rand.NewPCG(seed.Add(1), 3))
+				for pb.Next() {
+					from, to := r.IntN(10), r.IntN(9)
+					if to >= from {
+						to++
+					}
+					err := func() error {
+						tx, err := db.BeginTx(ctx, nil)
+						if err != nil {
+							return err
+						}
+						defer tx.Rollback()
+						if how == viaLockhooks {
+							if err := Lock(ctx, tx, "accounts", from, to); err != nil {
+								return err
+							}
+						}
+						var a, c int
+						if err := tx.QueryRowContext(ctx, "SELECT balance FROM accounts WHERE id = ?", from).Scan(&a); err != nil {
+							return err
+						}
+						if err := tx.QueryRowContext(ctx, "SELECT balance FROM accounts WHERE id = ?", to).Scan(&c); err != nil {
+							return err
+						}
+						if _, err := tx.ExecContext(ctx, "UPDATE accounts SET balance = ? WHERE id = ?", a-1, from); err != nil {
+							return err
+						}
+						if _, err := tx.ExecContext(ctx, "UPDATE accounts SET balance = ? WHERE id = ?", c+1, to); err != nil {
+							return err
+						}
+						return tx.Commit()
+					}()
+					if err != nil {
+						failed.Add(1)
+					}
+				}
+			})
+			b.StopTimer()
+			var total int
+			if err := db.QueryRow("SELECT sum(balance) FROM accounts").Scan(&total); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(failed.Load())/float64(b.N), "failed/op")
+			b.ReportMetric(float64(10000-total), "lost-units")
 		})
 	}
 }

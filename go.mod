@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	entgo.io/ent v0.14.5
+	github.com/XSAM/otelsql v0.44.0
 	github.com/golang-migrate/migrate/v4 v4.20.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/jmoiron/sqlx v1.4.0

@@ -273,7 +273,7 @@ func setDatabaseDefault(t *testing.T, param, value string, dbs ...*sql.DB) {
 	}
 }
 
-func currentDatabase(t *testing.T, db *sql.DB) string {
+func currentDatabase(t testing.TB, db *sql.DB) string {
 	t.Helper()
 	var name string
 	if err := db.QueryRow("SELECT current_database()").Scan(&name); err != nil {
