@@ -30,7 +30,7 @@ type section struct {
 	intro   string
 	pkg     string
 	bench   string
-	count   int    // 0: the -count flag
+	count   int // 0: the -count flag
 	extra   []string
 	columns string // benchstat -col, or "" for one column
 }
