@@ -480,7 +480,7 @@ func (c *conn) queryRow(ctx context.Context, query string, args []driver.NamedVa
 	if c.queryer != nil {
 		rows, err = c.queryer.QueryContext(ctx, query, args)
 	} else {
-		rows, err = c.queryPrepared(ctx, query, args)
+		rows, err = queryDirect(ctx, c.inner, query, args)
 	}
 	if err != nil {
 		return nil, c.observe(err)
@@ -494,29 +494,6 @@ func (c *conn) queryRow(ctx context.Context, query string, args []driver.NamedVa
 		return nil, fmt.Errorf("lockhooks: %q returned no columns", query)
 	}
 	return dest, nil
-}
-
-// queryPrepared runs query through a prepared statement, for drivers
-// without a Queryer.
-func (c *conn) queryPrepared(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	var (
-		s   driver.Stmt
-		err error
-	)
-	if c.preparer != nil {
-		s, err = c.preparer.PrepareContext(ctx, query)
-	} else {
-		s, err = c.inner.Prepare(query)
-	}
-	if err != nil {
-		return nil, err
-	}
-	rows, err := stmtQuery(ctx, s, args)
-	if err != nil {
-		s.Close()
-		return nil, err
-	}
-	return closingRows{Rows: rows, stmt: s}, nil
 }
 
 // closingRows closes its statement after its rows.
