@@ -211,6 +211,13 @@ func TestInProcessWaitsLinkToTheHolder(t *testing.T) {
 		spanA.End()
 		spanB.End()
 		check("lockset", spanA.SpanContext(), spanB.SpanContext())
+		// The holder's transaction reports how long it held its locks.
+		holder := tr.ended("holder")
+		if len(holder) != 1 || !slices.ContainsFunc(holder[0].Events(), func(e sdktrace.Event) bool {
+			return e.Name == "lockhooks.locks.released" && slices.Contains(e.Attributes, AttrLockKind.String("lockset"))
+		}) {
+			t.Errorf("the holder's span has no lockhooks.locks.released event for its lockset")
+		}
 	})
 	t.Run("writer", func(t *testing.T) {
 		ctxA, spanA := tr.parent("writer A")
