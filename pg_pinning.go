@@ -162,7 +162,8 @@ func siteOf(ctx context.Context) string {
 
 // pinning is the advisory-lock state of one wrapped Postgres database: the
 // connections holding session locks, and the monitor that checks they are
-// still alive.
+// still alive. Lock order: pinning.mu before any connection's pin.mu; code
+// holding a pin.mu never calls into pinning.
 type pinning struct {
 	c *connector
 
@@ -208,6 +209,18 @@ func (p *pinning) unregister(c *conn) {
 	p.mu.Lock()
 	delete(p.holders, c)
 	p.mu.Unlock()
+}
+
+// unregisterIfEmpty forgets c unless it holds locks again by now.
+func (p *pinning) unregisterIfEmpty(c *conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c.pin.mu.Lock()
+	empty := len(c.pin.held) == 0
+	c.pin.mu.Unlock()
+	if empty {
+		delete(p.holders, c)
+	}
 }
 
 // holderOf returns a connection other than except that holds k.
@@ -768,7 +781,6 @@ func (c *conn) addLock(ctx context.Context, k lockKey, site string) {
 // more.
 func (c *conn) forgetLock(k lockKey) (empty bool) {
 	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
 	if l := c.pin.held[k]; l != nil {
 		if l.count--; l.count <= 0 {
 			delete(c.pin.held, k)
@@ -776,25 +788,34 @@ func (c *conn) forgetLock(k lockKey) (empty bool) {
 		}
 	}
 	c.pin.gen++
-	return c.settleLocked()
+	empty = c.emptyLocked()
+	c.pin.mu.Unlock()
+	if empty {
+		c.connector.pins.unregisterIfEmpty(c)
+	}
+	return empty
 }
 
 // clearLocks records that c holds no session lock.
 func (c *conn) clearLocks() {
 	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
 	c.pin.held = nil
 	c.pin.gen++
-	c.settleLocked()
+	empty := c.emptyLocked()
+	c.pin.mu.Unlock()
+	if empty {
+		c.connector.pins.unregisterIfEmpty(c)
+	}
 }
 
-// settleLocked unregisters c when it holds nothing; c.pin.mu is held.
-func (c *conn) settleLocked() bool {
+// emptyLocked reports whether c holds nothing (and lost nothing), and then
+// takes it off the slow path; c.pin.mu is held. The caller unregisters c
+// after releasing c.pin.mu: the lock order is pinning.mu, then pin.mu.
+func (c *conn) emptyLocked() bool {
 	if len(c.pin.held) > 0 || c.pin.lost != nil {
 		return false
 	}
 	c.pin.active.Store(false)
-	c.connector.pins.unregister(c)
 	return true
 }
 
@@ -831,12 +852,14 @@ func (c *conn) reconcile(ctx context.Context, site string) {
 		}
 	}
 	c.pin.gen++
-	empty := c.settleLocked()
+	empty := c.emptyLocked()
 	c.pin.mu.Unlock()
-	if !empty {
-		c.pin.active.Store(true)
-		c.connector.pins.register(c)
+	if empty {
+		c.connector.pins.unregisterIfEmpty(c)
+		return
 	}
+	c.pin.active.Store(true)
+	c.connector.pins.register(c)
 }
 
 // connectionBroken reports whether err means the connection is gone, so its
