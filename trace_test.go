@@ -41,6 +41,17 @@ func newTraced(extra ...Option) *traced {
 	return tr
 }
 
+// openPG opens dsn through lockhooks with tr's providers; closed when t ends.
+func (tr *traced) openPG(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	db, err := Open("pgx", dsn, tr.opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
 // parent starts a recording span, as the user's request handler would.
 func (tr *traced) parent(name string) (context.Context, trace.Span) {
 	return tr.tracer.Start(context.Background(), name)
@@ -81,11 +92,7 @@ func wantAttrs(t *testing.T, s sdktrace.ReadOnlySpan, want map[attribute.Key]str
 func TestAdvisoryWaitSpanNamesTheBlocker(t *testing.T) {
 	tr := newTraced()
 	dsn := pgtest.DSN(t)
-	db, err := Open("pgx", dsn, tr.opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := tr.openPG(t, dsn)
 	raw, err := sql.Open("pgx", dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -252,11 +259,7 @@ func TestInProcessWaitsLinkToTheHolder(t *testing.T) {
 func TestDeadlockIsTraced(t *testing.T) {
 	tr := newTraced()
 	dsn := pgtest.DSN(t)
-	db, err := Open("pgx", dsn, tr.opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := tr.openPG(t, dsn)
 	mustExec(t, db, "CREATE TABLE r (id int PRIMARY KEY); INSERT INTO r VALUES (1), (2)")
 	mustExec(t, db, "ALTER DATABASE "+currentDatabase(t, db)+" SET deadlock_timeout = '50ms'")
 	db.SetMaxIdleConns(0)
@@ -273,7 +276,7 @@ func TestDeadlockIsTraced(t *testing.T) {
 	if sqlState(errB) != "40P01" {
 		b.tx.Rollback()
 	}
-	err = errors.Join(<-errA, errB)
+	err := errors.Join(<-errA, errB)
 	if sqlState(err) != "40P01" {
 		t.Fatalf("no deadlock: %v", err)
 	}
@@ -300,11 +303,7 @@ func TestDeadlockIsTraced(t *testing.T) {
 func TestNoWaitIsAnOutcome(t *testing.T) {
 	tr := newTraced()
 	dsn := pgtest.DSN(t)
-	db, err := Open("pgx", dsn, tr.opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := tr.openPG(t, dsn)
 	mustExec(t, db, "CREATE TABLE r (id int PRIMARY KEY); INSERT INTO r VALUES (1)")
 	holder := beginTx(t, db, nil)
 	defer holder.Rollback()
@@ -327,11 +326,7 @@ func TestNoWaitIsAnOutcome(t *testing.T) {
 // The wait and hold histograms have points with the documented attributes.
 func TestLockMetrics(t *testing.T) {
 	tr := newTraced()
-	db, err := Open("pgx", pgtest.DSN(t), tr.opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := tr.openPG(t, pgtest.DSN(t))
 	mustExec(t, db, "CREATE TABLE r (id int PRIMARY KEY); INSERT INTO r VALUES (1)")
 	tx := beginTx(t, db, nil)
 	mustExec(t, tx, "SELECT id FROM r WHERE id = 1 FOR UPDATE")
@@ -400,11 +395,7 @@ func TestSpansNeedAParentByDefault(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tr := newTraced(c.opts...)
-			db, err := Open("pgx", dsn, tr.opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer db.Close()
+			db := tr.openPG(t, dsn)
 			mustExec(t, db, "SELECT 1 FOR UPDATE")
 			if n := len(tr.spans.Ended()); n != c.spans {
 				t.Errorf("%d spans, want %d", n, c.spans)
@@ -413,11 +404,7 @@ func TestSpansNeedAParentByDefault(t *testing.T) {
 	}
 	t.Run("statement spans", func(t *testing.T) {
 		tr := newTraced(WithStatementSpans(true))
-		db, err := Open("pgx", dsn, tr.opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
+		db := tr.openPG(t, dsn)
 		mustExec(t, db, "CREATE TABLE IF NOT EXISTS users (id int)")
 		ctx, parent := tr.parent("handler")
 		var n int
