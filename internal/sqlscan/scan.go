@@ -197,7 +197,7 @@ func (s *Scanner) quoted(q byte, backslash bool) {
 	s.pos++ // the opening quote
 	if !backslash {
 		for {
-			i := strings.IndexByte(src[s.pos:], q)
+			i := indexByte(src[s.pos:], q)
 			if i < 0 {
 				s.pos = len(src)
 				return
@@ -293,6 +293,24 @@ func (s *Scanner) dollar() Kind {
 		s.pos++
 	}
 	return String
+}
+
+// indexByte is strings.IndexByte, with a plain loop first: quoted
+// identifiers and literals are mostly short, and the loop beats the call.
+func indexByte(s string, c byte) int {
+	n := min(len(s), 16)
+	for i := 0; i < n; i++ {
+		if s[i] == c {
+			return i
+		}
+	}
+	if n == len(s) {
+		return -1
+	}
+	if i := strings.IndexByte(s[n:], c); i >= 0 {
+		return n + i
+	}
+	return -1
 }
 
 // peek returns the byte n past s.pos, or 0 past the end.
