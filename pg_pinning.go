@@ -550,32 +550,10 @@ func argInt(args []driver.NamedValue, n int) (int64, bool) {
 				return 0, false
 			}
 		}
-		switch x := v.(type) {
-		case int64:
-			return x, true
-		case int:
-			return int64(x), true
-		case int32:
-			return int64(x), true
-		case int16:
-			return int64(x), true
-		case int8:
-			return int64(x), true
-		case uint32:
-			return int64(x), true
-		case uint16:
-			return int64(x), true
-		case uint8:
-			return int64(x), true
-		case uint:
-			if uint64(x) <= 1<<63-1 {
-				return int64(x), true
-			}
-		case uint64:
-			if x <= 1<<63-1 {
-				return int64(x), true
-			}
-		case string:
+		if n, isInt, fits := integerValue(v); isInt {
+			return n, fits
+		}
+		if x, ok := v.(string); ok {
 			if n, err := strconv.ParseInt(x, 10, 64); err == nil {
 				return n, true
 			}
@@ -583,6 +561,35 @@ func argInt(args []driver.NamedValue, n int) (int64, bool) {
 		return 0, false
 	}
 	return 0, false
+}
+
+// integerValue converts a value of any of Go's integer types to int64:
+// isInt reports whether v has an integer type, fits whether its value
+// fits an int64.
+func integerValue(v any) (n int64, isInt, fits bool) {
+	switch x := v.(type) {
+	case int64:
+		return x, true, true
+	case int:
+		return int64(x), true, true
+	case int32:
+		return int64(x), true, true
+	case int16:
+		return int64(x), true, true
+	case int8:
+		return int64(x), true, true
+	case uint32:
+		return int64(x), true, true
+	case uint16:
+		return int64(x), true, true
+	case uint8:
+		return int64(x), true, true
+	case uint:
+		return int64(x), true, uint64(x) <= 1<<63-1
+	case uint64:
+		return int64(x), true, x <= 1<<63-1
+	}
+	return 0, false, false
 }
 
 // advisoryPlan is what the hooks do around one statement that calls

@@ -265,33 +265,14 @@ func canonicalIDs(ids []any) ([]string, error) {
 	keys := make([]string, 0, len(ids))
 	for _, id := range ids {
 		var b []byte
+		if n, isInt, fits := integerValue(id); isInt {
+			if !fits {
+				return nil, fmt.Errorf("lockhooks: id %d does not fit an int64", id)
+			}
+			keys = append(keys, string(intKey(n)))
+			continue
+		}
 		switch v := id.(type) {
-		case int:
-			b = intKey(int64(v))
-		case int64:
-			b = intKey(v)
-		case int32:
-			b = intKey(int64(v))
-		case int16:
-			b = intKey(int64(v))
-		case int8:
-			b = intKey(int64(v))
-		case uint32:
-			b = intKey(int64(v))
-		case uint16:
-			b = intKey(int64(v))
-		case uint8:
-			b = intKey(int64(v))
-		case uint:
-			if uint64(v) > 1<<63-1 {
-				return nil, fmt.Errorf("lockhooks: id %d does not fit an int64", v)
-			}
-			b = intKey(int64(v))
-		case uint64:
-			if v > 1<<63-1 {
-				return nil, fmt.Errorf("lockhooks: id %d does not fit an int64", v)
-			}
-			b = intKey(int64(v))
 		case string:
 			b = append([]byte{tagString}, v...)
 		case [16]byte:

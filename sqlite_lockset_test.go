@@ -66,6 +66,9 @@ func TestCanonicalIDOrder(t *testing.T) {
 	if _, err := canonicalIDs([]any{3.5}); err == nil || !strings.Contains(err.Error(), "float64") {
 		t.Errorf("a float id: %v", err)
 	}
+	if _, err := canonicalIDs([]any{uint64(1) << 63}); err == nil || !strings.Contains(err.Error(), "does not fit an int64") {
+		t.Errorf("an id too large for int64: %v", err)
+	}
 	if _, err := canonicalIDs(nil); err == nil {
 		t.Error("no ids accepted")
 	}
