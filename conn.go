@@ -49,8 +49,9 @@ type conn struct {
 	// come from the database server, so the connection may be broken.
 	suspect atomic.Bool
 
-	// pid is the Postgres backend pid, 0 until backendPID fetches it.
-	pid int32
+	// pid is the Postgres backend pid, read when the connection opens (0
+	// until then, and on SQLite).
+	pid atomic.Int32
 
 	// tx is the connection's transaction; database/sql runs at most one
 	// per connection at a time, so BeginTx hands out a pointer to it.
@@ -131,8 +132,8 @@ func (c *conn) state() *conn { return c }
 
 // String names the connection in errors and logs.
 func (c *conn) String() string {
-	if c.pid != 0 {
-		return fmt.Sprintf("connection #%d (backend pid %d)", c.id, c.pid)
+	if pid := c.pid.Load(); pid != 0 {
+		return fmt.Sprintf("connection #%d (backend pid %d)", c.id, pid)
 	}
 	return fmt.Sprintf("connection #%d", c.id)
 }
@@ -228,7 +229,7 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 		return nil, err
 	}
 	res, err := run()
-	err = c.afterTracked(ctx, plan, st.explain(c.observe(err)))
+	err = c.afterTracked(ctx, plan, nil, st.explain(c.observe(err)))
 	if err != nil {
 		return nil, err
 	}
@@ -240,19 +241,19 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.NamedValue, run func() (driver.Rows, error)) (driver.Rows, error) {
 	plan, handled, err := c.beforeAdvisory(ctx, st, args)
 	if handled && err == nil {
-		return &unlockResult{name: st.advisory.Calls[0].Func.Name()}, nil
+		return &unlockResult{name: st.advisory.Calls[0].Column}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
 	rows, err := run()
 	if err != nil {
-		return nil, c.afterTracked(ctx, plan, st.explain(c.observe(err)))
+		return nil, c.afterTracked(ctx, plan, nil, st.explain(c.observe(err)))
 	}
 	if st.advisory == nil {
 		// A row-lock query: the driver has run it (pgx reads the first row
 		// in QueryContext), so the wait is over.
-		if err := c.afterTracked(ctx, plan, nil); err != nil {
+		if err := c.afterTracked(ctx, plan, nil, nil); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -262,8 +263,8 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 }
 
 // afterTracked brings the lock tracking up to date and ends the lock wait.
-func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, err error) error {
-	err = c.afterAdvisory(ctx, plan, err)
+func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
+	err = c.afterAdvisory(ctx, plan, results, err)
 	c.endLockWait(ctx, plan, err)
 	return err
 }
@@ -316,7 +317,15 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	if c.connector.opts.dialect == SQLite && !opts.ReadOnly {
 		return c.beginImmediate(ctx, opts)
 	}
-	inner, err := c.beginner.BeginTx(ctx, opts)
+	innerCtx := ctx
+	if c.connector.pins != nil {
+		// pgx runs COMMIT and ROLLBACK with this context, and closes the
+		// connection when they fail: a cancelled context would take every
+		// session lock of the connection with it. database/sql still rolls
+		// back when ctx ends, and statements still honour their own context.
+		innerCtx = context.WithoutCancel(ctx)
+	}
+	inner, err := c.beginner.BeginTx(innerCtx, opts)
 	if err != nil {
 		return nil, c.observe(err)
 	}
@@ -379,6 +388,12 @@ func (c *conn) IsValid() bool {
 	if c.holdsLocks() {
 		return false // withdrawn: Close parks it
 	}
+	if c.connector.opts.verifyOnReturn && c.connector.pins != nil && !c.suspect.Load() {
+		c.verifyOnReturn()
+		if c.holdsLocks() {
+			return false
+		}
+	}
 	if c.validator != nil {
 		return c.validator.IsValid()
 	}
@@ -401,7 +416,7 @@ func (c *conn) IsValid() bool {
 // locks: then it is parked, open, outside the pool, until its locks are
 // unlocked (through any connection of the database) or db.Close.
 func (c *conn) Close() error {
-	if c.park() {
+	if c.connector.pins != nil && c.park() {
 		return nil
 	}
 	if c.tx.inner != nil {
@@ -410,7 +425,7 @@ func (c *conn) Close() error {
 	if c.connector.pins != nil {
 		c.connector.pins.unregister(c)
 	}
-	return c.inner.Close()
+	return c.closeInner()
 }
 
 // observe records what err says about the connection's health and returns
@@ -442,8 +457,8 @@ func isServerError(err error) bool {
 // backendPID returns the Postgres backend pid of the connection, asking the
 // server once, the first time a feature needs it.
 func (c *conn) backendPID(ctx context.Context) (int32, error) {
-	if c.pid != 0 {
-		return c.pid, nil
+	if pid := c.pid.Load(); pid != 0 {
+		return pid, nil
 	}
 	v, err := c.queryValue(ctx, "SELECT pg_backend_pid()")
 	if err != nil {
@@ -451,13 +466,13 @@ func (c *conn) backendPID(ctx context.Context) (int32, error) {
 	}
 	switch pid := v.(type) {
 	case int64:
-		c.pid = int32(pid)
+		c.pid.Store(int32(pid))
 	case int32:
-		c.pid = pid
+		c.pid.Store(pid)
 	default:
 		return 0, fmt.Errorf("lockhooks: pg_backend_pid() returned %T, want an integer", v)
 	}
-	return c.pid, nil
+	return c.pid.Load(), nil
 }
 
 // queryValue runs a statement of lockhooks' own on the inner connection,

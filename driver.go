@@ -69,6 +69,7 @@ type options struct {
 	rootSpans         bool
 	blockerThreshold  time.Duration
 	statementSpans    bool
+	verifyOnReturn    bool
 
 	// testReleaseBeforeCommit, set only by tests, breaks the lockset rule on
 	// purpose: locks are released before COMMIT, and the hook runs between.
@@ -140,6 +141,18 @@ func WithBusyTimeout(d time.Duration) Option {
 // turns the warning off).
 func WithParkedLockWarning(d time.Duration) Option {
 	return func(o *options) { o.parkedWarning = d }
+}
+
+// WithVerifyOnReturn makes lockhooks read a Postgres connection's advisory
+// locks in pg_locks each time database/sql returns it to the pool, and park
+// it if it holds any. It finds session locks taken where no statement text
+// shows them: a server-side function that calls pg_advisory_lock, a
+// procedure, a trigger. It costs one round trip per return to the pool
+// (every db.Exec, every transaction; see BENCHMARKS.md), so it is off by
+// default. Statements whose text mentions advisory locks are tracked
+// without it (see the README's "What lockhooks tracks").
+func WithVerifyOnReturn(on bool) Option {
+	return func(o *options) { o.verifyOnReturn = on }
 }
 
 // driverPackages maps the import path of a driver's package to its dialect.
@@ -398,6 +411,9 @@ type connector struct {
 	writer   writerLock            // SQLite's in-process writer lock
 	dsn      string                // "" when the inner connector was given
 	nextID   atomic.Uint64
+
+	liveMu sync.Mutex
+	live   map[*conn]struct{} // every open wrapped connection
 }
 
 var (
@@ -406,10 +422,10 @@ var (
 )
 
 func newConnector(inner driver.Connector, d *Driver, o *options) *connector {
-	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o)}
+	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{})}
 	var observe func() (held, parked int64)
 	if o.dialect == Postgres {
-		c.pins = &pinning{c: c, holders: make(map[*conn]struct{})}
+		c.pins = newPinning(c)
 		observe = c.pins.observe
 	}
 	c.tel = newTelemetry(o, observe)
@@ -428,7 +444,38 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 			return nil, err
 		}
 	}
-	return newConn(c, inner), nil
+	wrapped := newConn(c, inner)
+	w := wrapped.(connCore).state()
+	if c.pins != nil {
+		// The backend pid names the connection in pg_locks for the
+		// tracking, the monitor and the messages.
+		if _, err := w.backendPID(ctx); err != nil {
+			inner.Close()
+			return nil, err
+		}
+	}
+	c.liveMu.Lock()
+	c.live[w] = struct{}{}
+	c.liveMu.Unlock()
+	return wrapped, nil
+}
+
+// forget removes a closed connection from the open ones.
+func (c *connector) forget(w *conn) {
+	c.liveMu.Lock()
+	delete(c.live, w)
+	c.liveMu.Unlock()
+}
+
+// openConns returns every open wrapped connection.
+func (c *connector) openConns() []*conn {
+	c.liveMu.Lock()
+	defer c.liveMu.Unlock()
+	conns := make([]*conn, 0, len(c.live))
+	for w := range c.live {
+		conns = append(conns, w)
+	}
+	return conns
 }
 
 // Driver returns the wrapped driver, as sql.DB.Driver reports it.

@@ -376,8 +376,9 @@ func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	}
 }
 
-// The backend pid is fetched once, when first needed, not at connect.
-func TestBackendPIDIsFetchedLazily(t *testing.T) {
+// The backend pid is read once, when the connection opens: the tracking,
+// the monitor and every message name the backend by it.
+func TestBackendPIDIsReadAtConnect(t *testing.T) {
 	ctx := context.Background()
 	conn, err := openPG(t).Conn(ctx)
 	if err != nil {
@@ -390,8 +391,8 @@ func TestBackendPIDIsFetchedLazily(t *testing.T) {
 	}
 	conn.Raw(func(dc any) error {
 		c := dc.(connCore).state()
-		if c.pid != 0 {
-			t.Errorf("the pid was fetched at connect")
+		if got := c.pid.Load(); got != want {
+			t.Errorf("pid read at connect = %d, want %d", got, want)
 		}
 		for range 2 {
 			got, err := c.backendPID(ctx)

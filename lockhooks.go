@@ -115,7 +115,7 @@ func (r *rewriter) classify(query string, op sqlscan.Op) statement {
 	st := statement{text: text, locks: info, rewrote: text != query && op == sqlscan.NoKeyUpdate}
 	st.rowLock = r.dialect == sqlscan.Postgres && info.Locks()
 	if r.dialect == sqlscan.Postgres && sqlscan.MayAdvisory(query) {
-		if a := sqlscan.ParseAdvisory(query); len(a.Calls) > 0 || a.DiscardAll {
+		if a := sqlscan.ParseAdvisory(query); len(a.Calls) > 0 || a.DiscardAll || a.Uncertain {
 			st.advisory = &a
 		}
 	}

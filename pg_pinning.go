@@ -7,8 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,8 +21,8 @@ import (
 
 // ErrLockLost is wrapped by the errors that report a lock whose connection
 // died (terminated backend, broken network, a cancelled statement that made
-// the driver close the connection). The work the lock protected must stop:
-// other processes may hold the lock now.
+// the driver close the connection) or was closed by db.Close. The work the
+// lock protected must stop: other processes may hold the lock now.
 var ErrLockLost = errors.New("lockhooks: lock lost")
 
 // ErrNotLockOwner is wrapped by the error returned, instead of Postgres's
@@ -41,8 +39,8 @@ func LockID(name string) int64 {
 	return int64(binary.BigEndian.Uint64(sum[24:]) & (1<<63 - 1))
 }
 
-// lockKey identifies one session advisory lock: a bigint key or a pair of
-// int4 keys (separate key spaces), in exclusive or shared mode.
+// lockKey identifies one advisory lock: a bigint key or a pair of int4 keys
+// (separate key spaces), in exclusive or shared mode.
 type lockKey struct {
 	pair   bool
 	k1     int64 // the bigint key, or the first int4 key
@@ -61,6 +59,9 @@ func (k lockKey) String() string {
 	return s
 }
 
+// exclusive returns k in exclusive mode.
+func (k lockKey) exclusive() lockKey { k.shared = false; return k }
+
 // unlockQuery returns the statement that releases k once.
 func (k lockKey) unlockQuery() (string, []driver.NamedValue) {
 	fn := "pg_advisory_unlock"
@@ -73,116 +74,85 @@ func (k lockKey) unlockQuery() (string, []driver.NamedValue) {
 	return "SELECT " + fn + "($1::bigint)", []driver.NamedValue{{Ordinal: 1, Value: k.k1}}
 }
 
-// heldLock is one key a connection holds.
+// heldLock is one session lock a connection holds.
 type heldLock struct {
-	count int
+	count int // re-entrant acquisitions (Postgres stacks them)
 	since time.Time
 	site  string            // where it was taken: file:line
 	span  trace.SpanContext // the span of the statement that took it
 }
 
-// pinState is what a connection knows of its session advisory locks.
+// pinState is what a connection knows of its advisory locks: a cache of
+// pg_locks for its backend, kept exact where statement text tells the
+// effect and refreshed from pg_locks where it does not.
 type pinState struct {
-	active atomic.Bool // the connection holds locks or lost them: statements take the slow path
+	// active: the connection holds session locks, lost them, or is in a
+	// transaction block lockhooks follows: its statements take the slow
+	// path.
+	active atomic.Bool
 
 	mu       sync.Mutex
-	held     map[lockKey]*heldLock
-	parked   bool
+	held     map[lockKey]*heldLock // session locks
+	xact     map[lockKey]int       // transaction-level locks of the current transaction, as taken by this connection
+	textTx   bool                  // in a transaction block opened by statement text (BEGIN), not by database/sql
+	parked   bool                  // withdrawn from the pool; owned by the pinning registry
 	parkedAt time.Time
+	closed   bool // the physical connection was closed by lockhooks
 	warned   bool
 	lost     error         // non-nil once the locks are known lost
 	lostCh   chan struct{} // closed when lost is set
 	gen      uint64        // changes whenever held may have changed
 	busy     int           // advisory statements in flight
-	recheck  bool          // reconcile with pg_locks once the transaction ends
+	recheck  bool          // read pg_locks again once the transaction ends
 
-	// exec serialises statements the wrapper itself runs on a parked
-	// connection (rerouted unlocks).
+	// exec serialises what lockhooks itself runs on a connection that
+	// database/sql no longer uses (a parked one): rerouted unlocks, reads of
+	// pg_locks, Close.
 	exec sync.Mutex
 }
 
-// callSiteKey carries the user's call site into the hooks.
-type callSiteKey struct{}
-
-// callers is a captured call stack, symbolised only when printed, so that
-// recording where a lock was taken costs no allocation.
-type callers struct {
-	pcs [16]uintptr
-	n   int
+// updateActiveLocked recomputes whether statements need the slow path;
+// c.pin.mu is held.
+func (c *conn) updateActiveLocked() {
+	c.pin.active.Store(len(c.pin.held) > 0 || c.pin.lost != nil || c.pin.textTx || c.pin.recheck || len(c.pin.xact) > 0)
 }
 
-// capture records the current call stack.
-func (c *callers) capture() { c.n = runtime.Callers(3, c.pcs[:]) }
-
-// String returns file:line of the first frame outside database/sql and
-// lockhooks itself.
-func (c *callers) String() string {
-	if c.n == 0 {
-		return "unknown"
+// inTx reports whether the connection is inside a transaction block, opened
+// by database/sql or by statement text.
+func (c *conn) inTx() bool {
+	if c.tx.inner != nil {
+		return true
 	}
-	frames := runtime.CallersFrames(c.pcs[:c.n])
-	for {
-		f, more := frames.Next()
-		internal := strings.HasPrefix(f.Function, "database/sql.") ||
-			(strings.HasPrefix(f.Function, "github.com/lockhooks/lockhooks.") && !strings.HasSuffix(f.File, "_test.go"))
-		if !internal && f.Function != "" && !strings.HasPrefix(f.Function, "runtime.") {
-			return shortFile(f.File) + ":" + strconv.Itoa(f.Line)
-		}
-		if !more {
-			return "unknown"
-		}
-	}
-}
-
-// callSite returns file:line of the first caller outside database/sql and
-// lockhooks itself.
-func callSite() string {
-	var c callers
-	c.capture()
-	return c.String()
-}
-
-// shortFile keeps the last two elements of a path.
-func shortFile(path string) string {
-	if i := strings.LastIndexByte(path, '/'); i > 0 {
-		if j := strings.LastIndexByte(path[:i], '/'); j >= 0 {
-			return path[j+1:]
-		}
-	}
-	return path
-}
-
-// siteOf returns the call site recorded in ctx, or finds it.
-func siteOf(ctx context.Context) string {
-	if s, ok := ctx.Value(callSiteKey{}).(string); ok {
-		return s
-	}
-	return callSite()
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	return c.pin.textTx
 }
 
 // pinning is the advisory-lock state of one wrapped Postgres database: the
-// connections holding session locks, and the monitor that checks they are
-// still alive. Lock order: pinning.mu before any connection's pin.mu; code
-// holding a pin.mu never calls into pinning.
+// connections holding session locks (in use or parked), the AdvisoryLocks
+// handed out, and the monitor that checks holders are still alive.
+//
+// Lock order: pinning.mu, then a connection's pin.exec, then its pin.mu.
+// Code holding a pin.mu never calls into pinning; code holding pinning.mu
+// never takes a pin.exec.
 type pinning struct {
 	c *connector
 
 	mu      sync.Mutex
 	holders map[*conn]struct{}
+	locks   map[*AdvisoryLock]struct{} // handed out and not released
 	closed  bool
 	stop    chan struct{} // closes the running monitor; nil when none runs
 	done    chan struct{}
 }
 
+func newPinning(c *connector) *pinning {
+	return &pinning{c: c, holders: make(map[*conn]struct{}), locks: make(map[*AdvisoryLock]struct{})}
+}
+
 // observe returns the gauges' values.
 func (p *pinning) observe() (held, parked int64) {
-	p.mu.Lock()
-	holders := make([]*conn, 0, len(p.holders))
-	for h := range p.holders {
-		holders = append(holders, h)
-	}
-	p.mu.Unlock()
-	for _, h := range holders {
+	for _, h := range p.snapshot() {
 		h.pin.mu.Lock()
 		held += int64(len(h.pin.held))
 		if h.pin.parked {
@@ -191,6 +161,17 @@ func (p *pinning) observe() (held, parked int64) {
 		h.pin.mu.Unlock()
 	}
 	return held, parked
+}
+
+// snapshot returns the holders.
+func (p *pinning) snapshot() []*conn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	holders := make([]*conn, 0, len(p.holders))
+	for h := range p.holders {
+		holders = append(holders, h)
+	}
+	return holders
 }
 
 // register notes that c holds session locks and starts the monitor.
@@ -211,23 +192,9 @@ func (p *pinning) unregister(c *conn) {
 	p.mu.Unlock()
 }
 
-// unregisterIfEmpty forgets c unless it holds locks again by now.
-func (p *pinning) unregisterIfEmpty(c *conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	c.pin.mu.Lock()
-	empty := len(c.pin.held) == 0
-	c.pin.mu.Unlock()
-	if empty {
-		delete(p.holders, c)
-	}
-}
-
 // holderOf returns a connection other than except that holds k.
 func (p *pinning) holderOf(k lockKey, except *conn) *conn {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for h := range p.holders {
+	for _, h := range p.snapshot() {
 		if h == except {
 			continue
 		}
@@ -241,131 +208,59 @@ func (p *pinning) holderOf(k lockKey, except *conn) *conn {
 	return nil
 }
 
-// monitor checks, every interval, that the holders' backends still hold
-// their locks, until no connection holds any.
-func (p *pinning) monitor(stop, done chan struct{}) {
-	defer close(done)
-	var side driver.Conn
-	defer func() {
-		if side != nil {
-			side.Close()
-		}
-	}()
-	t := time.NewTicker(p.c.opts.lockCheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-		p.mu.Lock()
-		if len(p.holders) == 0 {
-			p.stop = nil
-			p.mu.Unlock()
-			return
-		}
-		p.mu.Unlock()
-		var err error
-		if side, err = p.check(side); err != nil {
-			p.c.opts.logger.Warn("lockhooks: checking advisory-lock holders failed; will retry", "error", err)
-		}
-	}
-}
-
-// holderSnapshot is what the monitor knows of one holder before it asks.
-type holderSnapshot struct {
-	c    *conn
-	pid  int32
-	gen  uint64
-	keys []lockKey
-}
-
-// check asks the server whether the holders' backends are alive and hold
-// their locks, on a side connection of its own (never a holder's).
-func (p *pinning) check(side driver.Conn) (driver.Conn, error) {
-	p.mu.Lock()
-	var snaps []holderSnapshot
-	for h := range p.holders {
-		h.pin.mu.Lock()
-		if h.pid != 0 && h.pin.busy == 0 && h.pin.lost == nil && len(h.pin.held) > 0 {
-			s := holderSnapshot{c: h, pid: h.pid, gen: h.pin.gen}
-			for k := range h.pin.held {
-				s.keys = append(s.keys, k)
-			}
-			snaps = append(snaps, s)
-		}
-		h.pin.mu.Unlock()
-	}
-	p.mu.Unlock()
-	p.warnParked()
-	if len(snaps) == 0 {
-		return side, nil
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), p.c.opts.lockCheckTimeout)
-	defer cancel()
-	if side == nil {
-		var err error
-		if side, err = p.c.inner.Connect(ctx); err != nil {
-			return nil, err
-		}
-	}
-	pids := make([]string, len(snaps))
-	for i, s := range snaps {
-		pids[i] = strconv.Itoa(int(s.pid))
-	}
-	alive, held, err := queryAdvisoryLocks(ctx, side, "a.pid IN ("+strings.Join(pids, ",")+")")
-	if err != nil {
-		side.Close()
-		return nil, err
-	}
-	for _, s := range snaps {
-		s.c.pin.mu.Lock()
-		changed := s.c.pin.gen != s.gen || s.c.pin.busy > 0
-		s.c.pin.mu.Unlock()
-		if changed {
-			continue // it ran a lock statement meanwhile; look again next time
-		}
-		if !alive[s.pid] {
-			s.c.loseLocks(fmt.Errorf("its backend (pid %d) is gone", s.pid))
-			continue
-		}
-		for _, k := range s.keys {
-			if !held[s.pid][k] {
-				// Released by something lockhooks could not see (a server-side
-				// function): the truth is in pg_locks.
-				s.c.forgetLock(k)
-			}
-		}
-	}
-	return side, nil
-}
-
-// warnParked logs locks parked longer than the threshold, once each.
-func (p *pinning) warnParked() {
-	threshold := p.c.opts.parkedWarning
-	if threshold <= 0 {
-		return
-	}
+// isClosed reports whether db.Close has run.
+func (p *pinning) isClosed() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for h := range p.holders {
-		h.pin.mu.Lock()
-		if h.pin.parked && !h.pin.warned && time.Since(h.pin.parkedAt) > threshold {
-			h.pin.warned = true
-			for k, l := range h.pin.held {
-				p.c.opts.logger.Warn("lockhooks: a session advisory lock is still held by a connection withdrawn from the pool; unlock it with pg_advisory_unlock through this database",
-					"key", k.String(), "backend_pid", h.pid, "held_for", time.Since(l.since).Round(time.Millisecond).String(),
-					"taken_at", l.site, "connection", h.id)
-			}
+	return p.closed
+}
+
+// settle is called whenever c's locks may have changed: a connection that
+// holds nothing more is forgotten, and if it was parked it is closed, by
+// whoever found out. It must be called without c.pin.exec held.
+func (p *pinning) settle(c *conn) {
+	c.pin.mu.Lock()
+	empty := len(c.pin.held) == 0
+	lost := c.pin.lost != nil
+	closeIt := c.pin.parked && (empty || lost) && !c.pin.closed
+	c.pin.mu.Unlock()
+	if empty || lost {
+		p.mu.Lock()
+		c.pin.mu.Lock()
+		if len(c.pin.held) == 0 || c.pin.lost != nil {
+			delete(p.holders, c)
 		}
-		h.pin.mu.Unlock()
+		c.pin.mu.Unlock()
+		p.mu.Unlock()
+	} else {
+		p.register(c)
+	}
+	if closeIt {
+		c.closeInner()
 	}
 }
 
-// close is called by db.Close: parked connections are closed, which
-// releases their locks, and each release is logged.
+// closeInner closes the physical connection once, after whatever lockhooks
+// runs on it.
+func (c *conn) closeInner() error {
+	c.pin.exec.Lock()
+	defer c.pin.exec.Unlock()
+	c.pin.mu.Lock()
+	if c.pin.closed {
+		c.pin.mu.Unlock()
+		return nil
+	}
+	c.pin.closed = true
+	c.pin.mu.Unlock()
+	c.connector.forget(c)
+	return c.inner.Close()
+}
+
+// close is called by db.Close: every connection lockhooks kept for its
+// locks is closed, which releases them on the server: parked ones at once,
+// those of AdvisoryLocks through their *sql.Conn; a *sql.Conn the
+// application still holds is closed by database/sql when it is returned,
+// and its locks are reported lost now. One log line says what was released.
 func (p *pinning) close() {
 	p.mu.Lock()
 	p.closed = true
@@ -375,102 +270,37 @@ func (p *pinning) close() {
 	for h := range p.holders {
 		holders = append(holders, h)
 	}
+	locks := make([]*AdvisoryLock, 0, len(p.locks))
+	for l := range p.locks {
+		locks = append(locks, l)
+	}
 	p.mu.Unlock()
 	if stop != nil {
 		close(stop)
 		<-done
 	}
+	var released []string
 	for _, h := range holders {
 		h.pin.mu.Lock()
-		parked := h.pin.parked
 		for k, l := range h.pin.held {
-			if parked {
-				p.c.opts.logger.Warn("lockhooks: db.Close releases a session advisory lock still held by a parked connection",
-					"key", k.String(), "backend_pid", h.pid, "held_for", time.Since(l.since).Round(time.Millisecond).String(), "taken_at", l.site)
+			state := "in use"
+			if h.pin.parked {
+				state = "parked"
 			}
+			released = append(released, fmt.Sprintf("%s on %v (%s, taken at %s, %v ago)", k, h, state, l.site, time.Since(l.since).Round(time.Millisecond)))
 		}
-		h.pin.held = nil
 		h.pin.mu.Unlock()
-		if parked {
-			p.unregister(h)
-			h.inner.Close()
-		}
+		h.markLost("db.Close closed its connection, which released it", nil, false)
+		p.settle(h)
 	}
-}
-
-// queryAdvisoryLocks reads, for the backends matched by where (over
-// pg_stat_activity a), which are alive and which advisory locks they hold.
-func queryAdvisoryLocks(ctx context.Context, c driver.Conn, where string) (alive map[int32]bool, held map[int32]map[lockKey]bool, err error) {
-	q := `SELECT a.pid, l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
-FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted
-WHERE ` + where
-	rows, err := queryDirect(ctx, c, q, nil)
-	if err != nil {
-		return nil, nil, err
+	for _, l := range locks {
+		l.conn.Close() // database/sql closes it: the database is closed
 	}
-	defer rows.Close()
-	alive, held = map[int32]bool{}, map[int32]map[lockKey]bool{}
-	dest := make([]driver.Value, 5)
-	for {
-		if err := rows.Next(dest); err != nil {
-			if err == io.EOF {
-				return alive, held, nil
-			}
-			return nil, nil, err
-		}
-		pid := int32(asInt64(dest[0]))
-		alive[pid] = true
-		if dest[1] == nil {
-			continue
-		}
-		classid, objid := asInt64(dest[1]), asInt64(dest[2])
-		k := lockKey{shared: dest[4] == "ShareLock"}
-		if asInt64(dest[3]) == 2 {
-			k.pair, k.k1, k.k2 = true, int64(int32(uint32(classid))), int64(int32(uint32(objid)))
-		} else {
-			k.k1 = classid<<32 | objid
-		}
-		if held[pid] == nil {
-			held[pid] = map[lockKey]bool{}
-		}
-		held[pid][k] = true
+	if len(released) > 0 {
+		sort.Strings(released)
+		p.c.opts.logger.Warn("lockhooks: db.Close releases session advisory locks still held: "+strings.Join(released, "; "),
+			"locks", len(released))
 	}
-}
-
-// queryDirect runs query on a raw driver connection.
-func queryDirect(ctx context.Context, c driver.Conn, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if q, ok := c.(driver.QueryerContext); ok {
-		return q.QueryContext(ctx, query, args)
-	}
-	s, err := c.Prepare(query)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := stmtQuery(ctx, s, args)
-	if err != nil {
-		s.Close()
-		return nil, err
-	}
-	return closingRows{Rows: rows, stmt: s}, nil
-}
-
-// asInt64 converts the integer values drivers return.
-func asInt64(v driver.Value) int64 {
-	switch x := v.(type) {
-	case int64:
-		return x
-	case int32:
-		return int64(x)
-	case int:
-		return int64(x)
-	case []byte:
-		n, _ := strconv.ParseInt(string(x), 10, 64)
-		return n
-	case string:
-		n, _ := strconv.ParseInt(x, 10, 64)
-		return n
-	}
-	return 0
 }
 
 // keyOf resolves a call's key from literals and bound arguments.
@@ -500,11 +330,10 @@ func keyOf(call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) 
 }
 
 // evalKey resolves a call's key, asking the server to evaluate arguments
-// that are expressions (hashtext('name')).
+// that are expressions (hashtext('name')). A volatile expression may
+// evaluate differently in the statement itself, so keys found this way are
+// checked against pg_locks after the statement.
 func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
-	if k, ok := keyOf(call, args); ok {
-		return k, true
-	}
 	k := lockKey{shared: call.Func&sqlscan.FnShared != 0, pair: call.NArgs == 2}
 	if call.NArgs != 1 && call.NArgs != 2 {
 		return k, false
@@ -595,10 +424,18 @@ func integerValue(v any) (n int64, isInt, fits bool) {
 // advisoryPlan is what the hooks do around one statement that calls
 // advisory-lock functions, or that runs on a connection holding locks.
 type advisoryPlan struct {
-	st   statement
-	args []driver.NamedValue
-	site string
-	wait *lockWait // the statement's lock wait, when it takes locks
+	st    statement
+	args  []driver.NamedValue
+	site  string
+	wait  *lockWait // the statement's lock wait, when it takes locks
+	keys  []lockKey // the key of each call of st.advisory, where known
+	known []bool
+	// exact: each call runs once (a target list) and every key is known,
+	// so the effect on locks follows from the text and the results.
+	exact bool
+	// verify: read pg_locks after the statement (keys evaluated apart from
+	// the statement, or effects the text does not show).
+	verify bool
 }
 
 // beforeAdvisory runs before a statement on the slow path. It may answer
@@ -626,18 +463,32 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 		return plan, false, nil
 	}
-	for _, call := range adv.Calls {
-		if call.Func&sqlscan.FnXact != 0 && c.tx.inner == nil {
-			return plan, false, fmt.Errorf("lockhooks: %s outside a transaction is released as soon as the statement ends, so it protects nothing; call it inside a transaction (db.BeginTx), or use a session lock (lockhooks.AcquireAdvisoryLock)", call.Func.Name())
+	plan.keys, plan.known = make([]lockKey, len(adv.Calls)), make([]bool, len(adv.Calls))
+	plan.exact = adv.TargetList && !adv.Uncertain
+	plan.verify = !plan.exact && !adv.DiscardAll
+	for i, call := range adv.Calls {
+		k, ok := keyOf(call, args)
+		if !ok && call.Func&sqlscan.FnUnlockAll == 0 && adv.TargetList {
+			if k, ok = c.evalKey(ctx, call, args); ok {
+				plan.verify = true
+			}
 		}
+		plan.keys[i], plan.known[i] = k, ok || call.Func&sqlscan.FnUnlockAll != 0
+		plan.exact = plan.exact && plan.known[i]
 	}
-	if adv.Simple && adv.Calls[0].Func&sqlscan.FnUnlock != 0 {
-		if k, ok := c.evalKey(ctx, adv.Calls[0], args); ok && !c.holds(k) {
-			return plan, true, c.connector.pins.rerouteUnlock(ctx, c, k)
-		}
+	if err := c.refuseUselessXact(ctx, adv); err != nil {
+		return plan, false, err
+	}
+	if adv.Simple && adv.Calls[0].Func&sqlscan.FnUnlock != 0 && plan.known[0] && !c.holds(plan.keys[0]) {
+		return plan, true, c.connector.pins.rerouteUnlock(ctx, c, plan.keys[0])
 	}
 	plan.site = siteOf(ctx)
-	c.warnSelfWait(adv, args, plan.site)
+	if plan.exact && !adv.Simple {
+		if err := c.checkUnlocks(adv, plan.keys, plan.site); err != nil {
+			return plan, false, err
+		}
+	}
+	c.warnSelfWait(adv, plan.keys, plan.known, plan.site)
 	plan.wait = c.startAdvisoryWait(ctx, adv, args)
 	c.pin.mu.Lock()
 	c.pin.busy++
@@ -646,14 +497,103 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	return plan, false, nil
 }
 
+// refuseUselessXact refuses a lone autocommit statement whose only effect
+// is transaction-level locks: they are released as soon as it ends. A
+// transaction the statement text opened (BEGIN on a *sql.Conn), or one
+// that several statements in one text make, is followed instead.
+func (c *conn) refuseUselessXact(ctx context.Context, adv *sqlscan.Advisory) error {
+	if !adv.TargetList || c.inTx() {
+		return nil
+	}
+	for _, call := range adv.Calls {
+		if call.Func&sqlscan.FnXact == 0 {
+			return nil
+		}
+	}
+	// BEGIN may have been sent before lockhooks followed this connection.
+	inBlock, err := c.inTransactionBlock(ctx)
+	if err != nil {
+		return err
+	}
+	if inBlock {
+		c.pin.mu.Lock()
+		c.pin.textTx = true
+		c.updateActiveLocked()
+		c.pin.mu.Unlock()
+		return nil
+	}
+	return fmt.Errorf("lockhooks: %s outside a transaction is released as soon as the statement ends, so it protects nothing; call it inside a transaction (db.BeginTx), or use a session lock (lockhooks.AcquireAdvisoryLock)", adv.Calls[0].Func.Name())
+}
+
+// inTransactionBlock asks the server whether the connection is inside a
+// transaction block: SAVEPOINT fails outside one (25P01) and, inside one,
+// is released at once. An aborted block (25P02) is a block too.
+func (c *conn) inTransactionBlock(ctx context.Context) (bool, error) {
+	err := c.execOwn(ctx, "SAVEPOINT lockhooks_probe")
+	switch sqlState(err) {
+	case "":
+		if err != nil {
+			return false, fmt.Errorf("lockhooks: checking whether %v is in a transaction block: %w", c, err)
+		}
+		return true, c.execOwn(ctx, "RELEASE SAVEPOINT lockhooks_probe")
+	case "25P01":
+		return false, nil
+	default:
+		return true, nil
+	}
+}
+
+// checkUnlocks looks at the unlocks of a statement of several calls whose
+// keys this connection does not hold at that point. An unlock inside a
+// larger statement cannot be sent to another connection: if another
+// connection of this database holds the key, the statement is refused with
+// ErrNotLockOwner naming it; if none does, the statement runs as written
+// (Postgres answers false for that call, as it would without lockhooks) and
+// a warning says so.
+func (c *conn) checkUnlocks(adv *sqlscan.Advisory, keys []lockKey, site string) error {
+	var unheld []lockKey
+	c.pin.mu.Lock()
+	taken := map[lockKey]int{}
+	for k, l := range c.pin.held {
+		taken[k] = l.count
+	}
+	for i, call := range adv.Calls {
+		k := keys[i]
+		switch {
+		case call.Func&sqlscan.FnUnlockAll != 0:
+			clear(taken)
+		case call.Func&sqlscan.FnXact != 0:
+		case call.Func&sqlscan.FnUnlock != 0:
+			if taken[k] <= 0 {
+				unheld = append(unheld, k)
+			}
+			taken[k]--
+		case call.Func&sqlscan.FnTry == 0:
+			taken[k]++
+		}
+	}
+	c.pin.mu.Unlock()
+	for _, k := range unheld {
+		if h := c.connector.pins.holderOf(k, c); h != nil {
+			return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, in a statement with other advisory calls: the lock is held by %v, and an unlock inside a larger statement cannot be sent there; unlock it in a statement of its own", ErrNotLockOwner, sharedSuffix(k), k, c, h)
+		}
+		c.connector.opts.logger.Warn("lockhooks: an unlock of a key this connection does not hold, inside a statement with other advisory calls; Postgres answers false for it",
+			"key", k.String(), "connection", c.String(), "at", site)
+	}
+	return nil
+}
+
 // afterAdvisory runs after the statement (for queries: after its rows were
-// closed) and brings the connection's lock tracking up to date.
-func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, err error) error {
+// closed) and brings the connection's lock tracking up to date. results
+// holds the first row of a target list, when the statement was a query
+// whose row lockhooks saw; nil otherwise.
+func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
 	adv := plan.st.advisory
 	if adv == nil {
 		if err != nil && c.connectionBroken(err) {
 			return c.lostError(c.loseLocks(err), err)
 		}
+		c.followTxControl(plan.st.text)
 		return err
 	}
 	defer func() {
@@ -670,54 +610,176 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, err error) 
 			}
 			return err
 		}
-		if !adv.Simple {
-			c.reconcileSoon(ctx) // a failed multi-call statement may have taken some
+		if !adv.Simple || !plan.exact {
+			// A failed statement of several calls may have taken some.
+			c.reconcile(ctx, plan.site, nil)
+			c.connector.pins.settle(c)
 		}
+		c.followTxControl(plan.st.text)
 		return err
 	}
 	if adv.DiscardAll {
 		c.clearLocks()
-		return nil
 	}
-	if adv.Simple {
-		call := adv.Calls[0]
-		if call.Func&sqlscan.FnUnlockAll != 0 {
-			c.clearLocks()
-			return nil
-		}
-		if call.Func&sqlscan.FnXact != 0 {
-			return nil
-		}
-		if k, ok := keyOf(call, plan.args); ok {
-			switch {
-			case call.Func&sqlscan.FnUnlock != 0:
-				c.forgetLock(k)
-			case call.Func&sqlscan.FnTry != 0 && !c.holds(k):
-				// Whether a try succeeded is in pg_locks.
-				c.reconcile(ctx, plan.site)
-			default:
-				c.addLock(ctx, k, plan.site)
-			}
-			return nil
-		}
+	var pending map[lockKey]int
+	if plan.exact {
+		pending = c.apply(ctx, plan, results)
 	}
-	c.reconcileSoon(ctx)
-	if c.tx.inner == nil {
-		c.reconcile(ctx, plan.site)
+	if adv.Statements > 1 {
+		c.followTxControl(plan.st.text)
 	}
+	if plan.verify || len(pending) > 0 {
+		c.reconcile(ctx, plan.site, pending)
+	}
+	c.connector.pins.settle(c)
 	return nil
+}
+
+// apply records the effect of a target list whose keys are all known, call
+// by call, left to right. It returns the try-locks whose outcome only
+// pg_locks can tell (negative counts: transaction-level ones).
+func (c *conn) apply(ctx context.Context, plan advisoryPlan, results []driver.Value) (pending map[lockKey]int) {
+	adv := plan.st.advisory
+	inTx := c.inTx()
+	span := trace.SpanContextFromContext(ctx)
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	for i, call := range adv.Calls {
+		k := plan.keys[i]
+		fn := call.Func
+		if fn&sqlscan.FnTry != 0 {
+			var got, sure bool
+			if i < len(results) {
+				got, sure = results[i].(bool)
+			}
+			if !sure && c.tryCertainLocked(k) {
+				got, sure = true, true
+			}
+			if !sure {
+				if pending == nil {
+					pending = map[lockKey]int{}
+				}
+				if fn&sqlscan.FnXact != 0 {
+					pending[k]--
+				} else {
+					pending[k]++
+				}
+				continue
+			}
+			if !got {
+				continue
+			}
+		}
+		switch {
+		case fn&sqlscan.FnUnlockAll != 0:
+			for h, l := range c.pin.held {
+				c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
+				delete(c.pin.held, h)
+			}
+		case fn&sqlscan.FnXact != 0:
+			if inTx {
+				if c.pin.xact == nil {
+					c.pin.xact = make(map[lockKey]int)
+				}
+				c.pin.xact[k]++
+			}
+		case fn&sqlscan.FnUnlock != 0:
+			c.forgetLocked(k)
+		default:
+			c.addLocked(k, plan.site, span, 1)
+		}
+	}
+	c.pin.gen++
+	c.updateActiveLocked()
+	return pending
+}
+
+// tryCertainLocked reports whether a try-lock of k on this connection
+// certainly succeeds: the backend already holds k in that mode, or holds it
+// exclusively (a backend's own locks never conflict with its requests, and
+// nobody else can hold a key it holds exclusively); c.pin.mu is held.
+func (c *conn) tryCertainLocked(k lockKey) bool {
+	return c.pin.held[k] != nil || c.pin.held[k.exclusive()] != nil || c.pin.xact[k] > 0 || c.pin.xact[k.exclusive()] > 0
+}
+
+// addLocked records n more acquisitions of k; c.pin.mu is held.
+func (c *conn) addLocked(k lockKey, site string, span trace.SpanContext, n int) {
+	if c.pin.held == nil {
+		c.pin.held = make(map[lockKey]*heldLock)
+	}
+	l := c.pin.held[k]
+	if l == nil {
+		l = &heldLock{since: time.Now(), site: site, span: span}
+		c.pin.held[k] = l
+	}
+	l.count += n
+}
+
+// forgetLocked records one release of k; c.pin.mu is held.
+func (c *conn) forgetLocked(k lockKey) {
+	if l := c.pin.held[k]; l != nil {
+		if l.count--; l.count <= 0 {
+			delete(c.pin.held, k)
+			c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
+		}
+	}
+}
+
+// followTxControl follows the transaction blocks that statement text opens
+// and closes, outside database/sql transactions: the transaction-level locks
+// of a block end with it.
+func (c *conn) followTxControl(text string) {
+	if c.tx.inner != nil {
+		return
+	}
+	c.pin.mu.Lock()
+	if !c.pin.active.Load() && !c.pin.textTx {
+		c.pin.mu.Unlock()
+		return
+	}
+	effect := sqlscan.TxControl(text)
+	switch effect {
+	case sqlscan.TxNone:
+		c.pin.mu.Unlock()
+		return
+	case sqlscan.TxBegin:
+		c.pin.textTx = true
+		c.updateActiveLocked()
+		c.pin.mu.Unlock()
+		return
+	}
+	c.pin.textTx = effect == sqlscan.TxChain
+	c.pin.mu.Unlock()
+	c.transactionEnded()
+}
+
+// transactionEnded forgets the transaction-level locks of the transaction
+// that just ended and, if a statement in it changed session locks in ways
+// only pg_locks can tell, reads pg_locks now that the transaction's own
+// locks are gone.
+func (c *conn) transactionEnded() {
+	c.pin.mu.Lock()
+	c.pin.xact = nil
+	recheck := c.pin.recheck
+	c.pin.recheck = false
+	c.updateActiveLocked()
+	c.pin.mu.Unlock()
+	if recheck {
+		c.reconcile(context.Background(), "unknown", nil)
+		c.connector.pins.settle(c)
+	}
 }
 
 // warnSelfWait logs a lock request that will wait for a connection of this
 // same database parked with the lock: if the same code path took it, the
 // request waits for itself.
-func (c *conn) warnSelfWait(adv *sqlscan.Advisory, args []driver.NamedValue, site string) {
-	for _, call := range adv.Calls {
-		if call.Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 {
+func (c *conn) warnSelfWait(adv *sqlscan.Advisory, keys []lockKey, known []bool, site string) {
+	for i, call := range adv.Calls {
+		if call.Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 || !known[i] {
 			continue
 		}
-		k, ok := keyOf(call, args)
-		if !ok || c.holds(k) {
+		k := keys[i]
+		if c.holds(k) {
 			continue
 		}
 		h := c.connector.pins.holderOf(k, c)
@@ -731,244 +793,150 @@ func (c *conn) warnSelfWait(adv *sqlscan.Advisory, args []driver.NamedValue, sit
 			taken = l.site
 		}
 		h.pin.mu.Unlock()
-		if parked && (!k.shared || h.holdsExclusive(k)) {
+		if parked && (!k.shared || h.holds(k.exclusive())) {
 			c.connector.opts.logger.Warn("lockhooks: an advisory lock request waits for a connection of this same database that holds the lock outside the pool; if the same code took it, it waits for itself: unlock it first (pg_advisory_unlock through this database), or take locks with lockhooks.AcquireAdvisoryLock",
-				"key", k.String(), "requested_at", site, "holder", h.id, "holder_pid", h.pid, "taken_at", taken)
+				"key", k.String(), "requested_at", site, "holder", h.id, "holder_pid", h.pid.Load(), "taken_at", taken)
 		}
 	}
 }
 
-// holdsExclusive reports whether c holds k in exclusive mode.
-func (c *conn) holdsExclusive(k lockKey) bool {
-	k.shared = false
-	return c.holds(k)
-}
-
-// reconcileSoon reconciles now outside a transaction, or once it ends
-// (inside one, pg_locks also shows transaction-level locks).
-func (c *conn) reconcileSoon(ctx context.Context) {
-	if c.tx.inner != nil {
-		c.pin.mu.Lock()
-		c.pin.recheck = true
-		c.pin.mu.Unlock()
-		return
-	}
-	c.reconcile(ctx, siteOf(ctx))
-}
-
-// holds reports whether c holds k.
+// holds reports whether c holds the session lock k.
 func (c *conn) holds(k lockKey) bool {
 	c.pin.mu.Lock()
 	defer c.pin.mu.Unlock()
 	return c.pin.held[k] != nil
 }
 
-// addLock records one more acquisition of k.
+// addLock records one more acquisition of k, taken outside the statement
+// hooks (lockhooks' own statements).
 func (c *conn) addLock(ctx context.Context, k lockKey, site string) {
 	c.pin.mu.Lock()
-	if c.pin.held == nil {
-		c.pin.held = make(map[lockKey]*heldLock)
-	}
-	l := c.pin.held[k]
-	if l == nil {
-		l = &heldLock{since: time.Now(), site: site, span: trace.SpanContextFromContext(ctx)}
-		c.pin.held[k] = l
-	}
-	l.count++
+	c.addLocked(k, site, trace.SpanContextFromContext(ctx), 1)
 	c.pin.gen++
+	c.updateActiveLocked()
 	c.pin.mu.Unlock()
-	c.pin.active.Store(true)
-	if c.pid == 0 {
-		c.backendPID(ctx) // the monitor finds the backend by pid
-	}
-	c.connector.pins.register(c)
+	c.connector.pins.settle(c)
 }
 
-// forgetLock records one release of k; it reports whether c holds nothing
-// more.
-func (c *conn) forgetLock(k lockKey) (empty bool) {
+// forgetLock records one release of k found by the monitor or a reroute.
+func (c *conn) forgetLock(k lockKey) {
 	c.pin.mu.Lock()
-	if l := c.pin.held[k]; l != nil {
-		if l.count--; l.count <= 0 {
-			delete(c.pin.held, k)
-			c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
-		}
-	}
+	c.forgetLocked(k)
 	c.pin.gen++
-	empty = c.emptyLocked()
+	c.updateActiveLocked()
 	c.pin.mu.Unlock()
-	if empty {
-		c.connector.pins.unregisterIfEmpty(c)
-	}
-	return empty
 }
 
 // clearLocks records that c holds no session lock.
 func (c *conn) clearLocks() {
 	c.pin.mu.Lock()
+	for _, l := range c.pin.held {
+		c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
+	}
 	c.pin.held = nil
 	c.pin.gen++
-	empty := c.emptyLocked()
+	c.updateActiveLocked()
 	c.pin.mu.Unlock()
-	if empty {
-		c.connector.pins.unregisterIfEmpty(c)
-	}
 }
 
-// emptyLocked reports whether c holds nothing (and lost nothing), and then
-// takes it off the slow path; c.pin.mu is held. The caller unregisters c
-// after releasing c.pin.mu: the lock order is pinning.mu, then pin.mu.
-func (c *conn) emptyLocked() bool {
-	if len(c.pin.held) > 0 || c.pin.lost != nil {
-		return false
+// addXact records transaction-level keys the transaction took through
+// lockhooks' own statements (Lock on Postgres).
+func (c *conn) addXact(keys []int64) {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	if c.pin.xact == nil {
+		c.pin.xact = make(map[lockKey]int)
 	}
-	c.pin.active.Store(false)
-	return true
+	for _, k := range keys {
+		c.pin.xact[lockKey{k1: k}]++
+	}
+	c.updateActiveLocked()
 }
 
-// reconcile makes the tracking equal to pg_locks for this backend: keys the
-// server shows are held (count 1 if new), keys it does not are forgotten.
-func (c *conn) reconcile(ctx context.Context, site string) {
+// reconcile makes the tracking equal to pg_locks for this backend. Keys the
+// server no longer shows are forgotten; keys it shows that the connection
+// did not know are learnt (pending[k] times for a try-lock of this
+// statement whose outcome the text could not tell, negative for
+// transaction-level ones; once otherwise). Counts the server cannot show
+// are never lowered. Inside a transaction, keys the transaction took as
+// transaction-level locks are not session locks, and the connection is
+// read again once the transaction ends.
+func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]int) {
 	ctx, cancel := context.WithTimeout(ctx, c.connector.opts.lockCheckTimeout)
 	defer cancel()
-	pid, err := c.backendPID(ctx)
+	inTx := c.inTx()
+	server, err := c.readAdvisoryLocks(ctx)
 	if err != nil {
-		c.connector.opts.logger.Warn("lockhooks: cannot read pg_locks to track advisory locks", "connection", c.id, "error", err)
-		return
-	}
-	_, held, err := queryAdvisoryLocks(ctx, c.inner, "a.pid = "+strconv.Itoa(int(pid)))
-	if err != nil {
-		c.observe(err)
-		c.connector.opts.logger.Warn("lockhooks: cannot read pg_locks to track advisory locks", "connection", c, "error", err)
+		c.pin.mu.Lock()
+		if inTx {
+			c.pin.recheck = true // an aborted transaction: read once it ends
+		}
+		c.updateActiveLocked()
+		c.pin.mu.Unlock()
+		if !inTx {
+			c.connector.opts.logger.Warn("lockhooks: cannot read pg_locks to track advisory locks", "connection", c.String(), "error", err)
+		}
 		return
 	}
 	now := time.Now()
 	c.pin.mu.Lock()
-	c.pin.recheck = false
-	for k := range c.pin.held {
-		if !held[pid][k] {
-			delete(c.pin.held, k)
-		}
-	}
-	for k := range held[pid] {
-		if c.pin.held == nil {
-			c.pin.held = make(map[lockKey]*heldLock)
-		}
-		if c.pin.held[k] == nil {
-			c.pin.held[k] = &heldLock{count: 1, since: now, site: site}
-		}
-	}
-	c.pin.gen++
-	empty := c.emptyLocked()
-	c.pin.mu.Unlock()
-	if empty {
-		c.connector.pins.unregisterIfEmpty(c)
-		return
-	}
-	c.pin.active.Store(true)
-	c.connector.pins.register(c)
-}
-
-// connectionBroken reports whether err means the connection is gone, so its
-// session locks are too: a driver error that is not the server's, or the
-// server's own "terminating connection" and connection-exception errors.
-func (c *conn) connectionBroken(err error) bool {
-	if errors.Is(err, driver.ErrBadConn) {
-		return true
-	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		code := pg.SQLState()
-		return strings.HasPrefix(code, "08") || code == "57P01" || code == "57P02" || code == "57P03"
-	}
-	if !c.suspect.Load() {
-		return false
-	}
-	// Not the server's error: ask whether the connection is still there.
-	return !c.alive()
-}
-
-// alive pings the connection.
-func (c *conn) alive() bool {
-	if c.pinger == nil {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-	defer cancel()
-	return c.pinger.Ping(ctx) == nil
-}
-
-// loseLocks records that c's session locks are gone because its
-// connection died, reports it, and returns the error to give to whoever
-// relied on them (nil if c held none).
-func (c *conn) loseLocks(cause error) error {
-	c.pin.mu.Lock()
-	if c.pin.lost != nil {
-		defer c.pin.mu.Unlock()
-		return c.pin.lost
-	}
-	if len(c.pin.held) == 0 {
-		c.pin.mu.Unlock()
-		return nil
-	}
-	keys := make([]string, 0, len(c.pin.held))
-	var oldest *heldLock
 	for k, l := range c.pin.held {
-		keys = append(keys, k.String())
-		if oldest == nil || l.since.Before(oldest.since) {
-			oldest = l
+		if !server[k] {
+			delete(c.pin.held, k)
+			c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
 		}
 	}
-	sort.Strings(keys)
-	n := len(c.pin.held)
-	c.pin.lost = fmt.Errorf("%w: %v held advisory lock %s (taken at %s, %v ago) and its connection died (%v); the work it protected must stop",
-		ErrLockLost, c, strings.Join(keys, ", "), oldest.site, time.Since(oldest.since).Round(time.Millisecond), cause)
-	c.pin.held = nil
+	for k := range c.pin.xact {
+		if !server[k] {
+			delete(c.pin.xact, k) // released by ROLLBACK TO SAVEPOINT
+		}
+	}
+	for k := range server {
+		n := pending[k]
+		switch {
+		case n < 0:
+			if c.pin.xact == nil {
+				c.pin.xact = make(map[lockKey]int)
+			}
+			c.pin.xact[k] -= n
+		case c.pin.held[k] != nil:
+		case inTx && c.pin.xact[k] > 0:
+			// the transaction's own lock (a session lock on the same key
+			// taken by a statement lockhooks cannot read is found at the end)
+		default:
+			if c.pin.held == nil {
+				c.pin.held = make(map[lockKey]*heldLock)
+			}
+			c.pin.held[k] = &heldLock{count: max(n, 1), since: now, site: site}
+		}
+	}
+	if inTx {
+		c.pin.recheck = true
+	}
 	c.pin.gen++
-	parked := c.pin.parked
-	if c.pin.lostCh == nil {
-		c.pin.lostCh = make(chan struct{})
-	}
-	lostCh, lost := c.pin.lostCh, c.pin.lost
+	c.updateActiveLocked()
 	c.pin.mu.Unlock()
-
-	c.pin.active.Store(true) // statements now fail with lost
-	c.connector.pins.unregister(c)
-	c.connector.tel.lockLost(context.Background(), "advisory", n)
-	c.connector.opts.logger.Error("lockhooks: advisory lock lost", "connection", c.id, "backend_pid", c.pid,
-		"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "parked", parked, "cause", cause.Error())
-	close(lostCh) // after the log and the count, so whoever waits on Lost sees them
-	if parked {
-		c.inner.Close()
-	}
-	return lost
 }
 
-// lostError combines the lost-lock error with the driver's error; a
-// driver.ErrBadConn is not wrapped, so database/sql does not retry the
-// protected work on a fresh connection.
-func (c *conn) lostError(lost, err error) error {
-	if lost == nil {
-		return err
+// readAdvisoryLocks reads the advisory locks pg_locks shows for this
+// connection's backend, on the connection itself.
+func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) {
+	pid, err := c.backendPID(ctx)
+	if err != nil {
+		return nil, err
 	}
-	if errors.Is(err, driver.ErrBadConn) {
-		return lost
+	_, held, err := queryAdvisoryLocks(ctx, c.inner, "a.pid = "+strconv.Itoa(int(pid)))
+	if err != nil {
+		return nil, c.observe(err)
 	}
-	return fmt.Errorf("%w (the statement failed with: %w)", lost, err)
-}
-
-// lostChan returns the channel closed when c's locks are lost.
-func (c *conn) lostChan() <-chan struct{} {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	if c.pin.lostCh == nil {
-		c.pin.lostCh = make(chan struct{})
-	}
-	return c.pin.lostCh
+	return held[pid], nil
 }
 
 // park withdraws c, which holds session locks, instead of closing it.
 func (c *conn) park() bool {
+	if c.connector.pins.isClosed() {
+		return false
+	}
 	c.pin.mu.Lock()
 	defer c.pin.mu.Unlock()
 	if len(c.pin.held) == 0 || c.pin.lost != nil {
@@ -988,69 +956,41 @@ func (c *conn) holdsLocks() bool {
 	return len(c.pin.held) > 0 || c.pin.lost != nil
 }
 
-// rerouteUnlock releases k on the parked connection that holds it, for an
-// unlock sent on from, which does not hold it.
-func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) error {
-	h := p.holderOf(k, from)
-	if h == nil {
-		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v: no connection of this database holds that lock (Postgres would answer false); unlock only what you locked, with the same key and mode",
-			ErrNotLockOwner, sharedSuffix(k), k, from)
+// verifyOnReturn reads pg_locks for a connection returned to the pool that
+// lockhooks believes holds nothing (WithVerifyOnReturn): locks taken where
+// no statement text showed them (a server-side function) are learnt, and
+// the connection is then parked instead of pooled.
+func (c *conn) verifyOnReturn() {
+	ctx, cancel := context.WithTimeout(context.Background(), c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	server, err := c.readAdvisoryLocks(ctx)
+	if err != nil || len(server) == 0 {
+		return
 	}
-	h.pin.mu.Lock()
-	parked := h.pin.parked
-	l := h.pin.held[k]
-	var site string
-	var since time.Time
-	if l != nil {
-		site, since = l.site, l.since
-	}
-	h.pin.mu.Unlock()
-	if !parked {
-		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v: the lock is held by %v, which is in use (taken at %s, %v ago); unlock it on that connection (hold a *sql.Conn, or use lockhooks.AcquireAdvisoryLock)",
-			ErrNotLockOwner, sharedSuffix(k), k, from, h, site, time.Since(since).Round(time.Millisecond))
-	}
-
-	h.pin.exec.Lock()
-	defer h.pin.exec.Unlock()
-	q, args := k.unlockQuery()
-	v, err := h.queryValue(ctx, q, args...)
-	if err != nil {
-		if h.connectionBroken(err) {
-			return h.lostError(h.loseLocks(err), err)
-		}
-		return fmt.Errorf("lockhooks: rerouting pg_advisory_unlock(%s) to %v: %w", k, h, err)
-	}
-	if ok, _ := v.(bool); !ok {
-		h.reconcile(ctx, site)
-		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, which lockhooks believed held it, returned false", ErrNotLockOwner, sharedSuffix(k), k, h)
-	}
-	p.c.tel.unlockRerouted(ctx)
-	if h.forgetLock(k) {
-		h.inner.Close() // parked and holding nothing more
-	}
-	return nil
+	c.reconcile(ctx, "unknown (found in pg_locks when the connection was returned to the pool)", nil)
+	c.connector.pins.settle(c)
 }
 
-func sharedSuffix(k lockKey) string {
-	if k.shared {
-		return "_shared"
-	}
-	return ""
+// heldView is what the tracking says a connection holds: session locks
+// with their counts and the current transaction's locks (for tests).
+type heldView struct {
+	pid     int32
+	session map[lockKey]int
+	xact    map[lockKey]int
+	lost    bool
+	parked  bool
 }
 
-// unlockResult is the answer of a rerouted unlock: one row, true.
-type unlockResult struct {
-	done bool
-	name string
-}
-
-func (r *unlockResult) Columns() []string { return []string{r.name} }
-func (r *unlockResult) Close() error      { return nil }
-func (r *unlockResult) Next(dest []driver.Value) error {
-	if r.done {
-		return io.EOF
+// view returns c's tracked locks.
+func (c *conn) view() heldView {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	v := heldView{pid: c.pid.Load(), session: map[lockKey]int{}, xact: map[lockKey]int{}, lost: c.pin.lost != nil, parked: c.pin.parked}
+	for k, l := range c.pin.held {
+		v.session[k] = l.count
 	}
-	r.done = true
-	dest[0] = true
-	return nil
+	for k, n := range c.pin.xact {
+		v.xact[k] = n
+	}
+	return v
 }

@@ -5,9 +5,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,31 +33,75 @@ func TestLockIDMatchesDstack(t *testing.T) {
 }
 
 // pinEnv is a fresh database opened through lockhooks (with fast lock
-// checks, a captured log and a metric reader) and through raw pgx.
+// checks, a captured log, a metric reader and an application_name of its
+// own) and through raw pgx.
 type pinEnv struct {
 	wrapped, raw *sql.DB
+	app          string // the application_name of wrapped's backends
 	log          *syncBuffer
 	metrics      *sdkmetric.ManualReader
 }
 
+var appSeq atomic.Int64
+
 func newPinEnv(t *testing.T, opts ...Option) *pinEnv {
 	t.Helper()
 	dsn := pgtest.DSN(t)
-	e := &pinEnv{log: &syncBuffer{}, metrics: sdkmetric.NewManualReader()}
+	e := &pinEnv{log: &syncBuffer{}, metrics: sdkmetric.NewManualReader(), app: fmt.Sprintf("lockhooks_test_%d", appSeq.Add(1))}
 	opts = append([]Option{
 		WithLockCheckInterval(20 * time.Millisecond),
 		WithLogger(slog.New(slog.NewTextHandler(e.log, nil))),
 		WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.metrics))),
 	}, opts...)
 	var err error
-	if e.wrapped, err = Open("pgx", dsn, opts...); err != nil {
+	if e.wrapped, err = Open("pgx", withApp(dsn, e.app), opts...); err != nil {
 		t.Fatal(err)
 	}
 	if e.raw, err = sql.Open("pgx", dsn); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.wrapped.Close(); e.raw.Close() })
+	t.Cleanup(func() {
+		e.wrapped.Close()
+		assertNothingLeft(t, e.raw, e.app)
+		e.raw.Close()
+	})
 	return e
+}
+
+// withApp returns dsn with its application_name set to app.
+func withApp(dsn, app string) string {
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + "application_name=" + app
+}
+
+// assertNothingLeft is the invariant every Postgres test can end with:
+// after db.Close returned, no backend of the database's application_name
+// remains, so no advisory lock it took is held. Backends exit a moment
+// after their socket closes, so it polls with a deadline.
+func assertNothingLeft(t testing.TB, raw *sql.DB, app string) {
+	t.Helper()
+	var n, locks int
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := raw.QueryRow(`SELECT count(DISTINCT a.pid), count(l.pid) FROM pg_stat_activity a
+			LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory'
+			WHERE a.application_name = $1`, app).Scan(&n, &locks)
+		if err != nil {
+			t.Errorf("checking for leftover backends of %s: %v", app, err)
+			return
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("after db.Close, %d backends of %s remain, holding %d advisory locks", n, app, locks)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // syncBuffer is a log sink safe for concurrent writes.

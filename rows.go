@@ -39,6 +39,9 @@ type rows struct {
 	plan   advisoryPlan
 	writer bool  // the statement holds the SQLite writer lock until Close
 	err    error // the first error of Next, for the tracking
+	// first is the first row of an advisory target list: the results of
+	// its try-locks and unlocks.
+	first []driver.Value
 }
 
 // Interface bits of withRowsInterfaces, in generated order.
@@ -83,6 +86,9 @@ func (r *rows) Columns() []string { return r.inner.Columns() }
 // the connection.
 func (r *rows) Next(dest []driver.Value) error {
 	err := r.inner.Next(dest)
+	if err == nil && r.first == nil && r.plan.st.advisory != nil && r.plan.st.advisory.TargetList {
+		r.first = append(make([]driver.Value, 0, len(dest)), dest...)
+	}
 	if err != nil && err != io.EOF {
 		r.c.observe(err)
 		if r.err == nil {
@@ -105,7 +111,7 @@ func (r *rows) Close() error {
 	if stmtErr == nil {
 		stmtErr = err
 	}
-	if lerr := r.c.afterTracked(r.ctx, r.plan, stmtErr); lerr != nil && lerr != stmtErr {
+	if lerr := r.c.afterTracked(r.ctx, r.plan, r.first, stmtErr); lerr != nil && lerr != stmtErr {
 		return lerr
 	}
 	return err

@@ -499,35 +499,63 @@ func advisoryKeys(namespace string, keys []string) []int64 {
 
 // locksetPostgres takes the keys as transaction-level advisory locks, in
 // sorted order, in one statement (the target list runs left to right).
-// TryLock takes session try-locks first and turns them into
-// transaction-level ones only if it got them all, so it holds all or none.
+// TryLock of several keys tries them inside a savepoint and rolls the
+// savepoint back unless it got them all (transaction-level locks taken in a
+// subtransaction are released with it), so it holds all or none and never
+// a session lock.
 func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []string, try bool) (bool, error) {
 	ks := advisoryKeys(namespace, keys)
 	if !try {
-		_, err := c.queryRow(ctx, "SELECT "+calls("pg_advisory_xact_lock", ks), nil)
-		return err == nil, err
+		if _, err := c.queryRow(ctx, "SELECT "+calls("pg_advisory_xact_lock", ks), nil); err != nil {
+			return false, err
+		}
+		c.addXact(ks)
+		return true, nil
 	}
-	row, err := c.queryRow(ctx, "SELECT "+calls("pg_try_advisory_lock", ks), nil)
+	if len(ks) == 1 {
+		row, err := c.queryRow(ctx, "SELECT "+calls("pg_try_advisory_xact_lock", ks), nil)
+		if err != nil {
+			return false, err
+		}
+		got, _ := row[0].(bool)
+		if got {
+			c.addXact(ks)
+		}
+		return got, nil
+	}
+	if err := c.execOwn(ctx, "SAVEPOINT lockhooks_trylock"); err != nil {
+		return false, err
+	}
+	row, err := c.queryRow(ctx, "SELECT "+calls("pg_try_advisory_xact_lock", ks), nil)
+	all := err == nil
+	for _, v := range row {
+		if ok, _ := v.(bool); !ok {
+			all = false
+		}
+	}
+	end := "ROLLBACK TO SAVEPOINT lockhooks_trylock"
+	if all {
+		end = "RELEASE SAVEPOINT lockhooks_trylock"
+	}
+	if endErr := c.execOwn(ctx, end); endErr != nil && err == nil {
+		err = endErr
+	}
 	if err != nil {
 		return false, err
 	}
-	var got []int64
-	for i, v := range row {
-		if ok, _ := v.(bool); ok {
-			got = append(got, ks[i])
-		}
-	}
-	q := "SELECT " + calls("pg_advisory_unlock", got)
-	all := len(got) == len(ks)
 	if all {
-		q = "SELECT " + calls("pg_advisory_xact_lock", ks) + ", " + calls("pg_advisory_unlock", ks)
-	}
-	if len(got) > 0 {
-		if _, err := c.queryRow(ctx, q, nil); err != nil {
-			return false, err
-		}
+		c.addXact(ks)
 	}
 	return all, nil
+}
+
+// execOwn runs a statement of lockhooks' own on the inner connection.
+func (c *conn) execOwn(ctx context.Context, query string) error {
+	if c.execer != nil {
+		_, err := c.execer.ExecContext(ctx, query, nil)
+		return c.observe(err)
+	}
+	return c.observe(c.execPrepared(ctx, query))
 }
 
 // calls returns "fn(k1), fn(k2), …".

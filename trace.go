@@ -510,7 +510,7 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, arg
 		if h := c.connector.pins.holderOf(k, c); h != nil {
 			h.pin.mu.Lock()
 			if l := h.pin.held[k]; l != nil {
-				w.holder(l.span, l.since, l.site, h.pid)
+				w.holder(l.span, l.since, l.site, h.pid.Load())
 			}
 			h.pin.mu.Unlock()
 		}

@@ -104,11 +104,8 @@ func (t *tx) end() {
 		t.c.connector.writer.unlock()
 	}
 	t.recordHolds()
-	t.c.pin.mu.Lock()
-	recheck := t.c.pin.recheck
-	t.c.pin.mu.Unlock()
-	if recheck {
-		t.c.reconcile(context.Background(), "unknown")
+	if t.c.connector.pins != nil {
+		t.c.transactionEnded()
 	}
 }
 

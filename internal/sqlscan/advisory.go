@@ -68,28 +68,50 @@ type AdvisoryCall struct {
 	Func  AdvisoryFunc
 	Args  [2]Arg
 	NArgs int // 1: a bigint key; 2: two int4 keys; 0: pg_advisory_unlock_all
+	// Column is the name of the call's output column when the text is a
+	// target list (its alias, or the function's name), else "".
+	Column string
 }
 
 // Advisory is what a text does with advisory locks.
 type Advisory struct {
 	Calls []AdvisoryCall
-	// Simple: the text is the one statement "SELECT call" (optionally with
-	// an alias, a cast or a trailing semicolon), so the call runs exactly
-	// once and its result is the statement's only value.
+	// TargetList: the text is the one statement "SELECT item, item, … [;]"
+	// whose every item is one advisory call (optionally qualified with
+	// pg_catalog, optionally with an alias), so each call runs exactly once,
+	// left to right, and each call's result is one column of one row.
+	TargetList bool
+	// Simple: a TargetList of one call.
 	Simple bool
 	// DiscardAll: the text is DISCARD ALL, which releases session locks.
 	DiscardAll bool
+	// Uncertain: the text mentions advisory locks where the parser cannot
+	// place the effect: a name containing "advisory" that is not a call it
+	// parsed (a user function, a DO or function body, a string literal, a
+	// call whose arguments it cannot read). Its effect on locks must be read
+	// from the server.
+	Uncertain bool
+	// Statements is the number of statements in the text (several run as
+	// one implicit transaction in the simple protocol).
+	Statements int
 }
 
 // MayAdvisory reports whether src may call an advisory-lock function or
-// DISCARD ALL: it contains "advisory" or starts with "discard", in any
-// case. Text without them costs a byte search.
+// be DISCARD ALL: it contains "advisory" in any case, or its first word
+// (after space and comments) is DISCARD. Text without them costs a byte
+// search.
 func MayAdvisory(src string) bool {
 	if hasAdvisory(src, 'v') || hasAdvisory(src, 'V') {
 		return true
 	}
 	t := strings.TrimLeft(src, " \t\r\n")
-	return len(t) >= 7 && strings.EqualFold(t[:7], "DISCARD")
+	if len(t) >= 7 && strings.EqualFold(t[:7], "DISCARD") {
+		return true
+	}
+	if len(t) > 0 && (t[0] == '/' || t[0] == '-') {
+		return strings.EqualFold(FirstWord(t), "DISCARD") // "/* reset */ DISCARD ALL"
+	}
+	return false
 }
 
 // hasAdvisory reports whether s has "advisory" in any case, whose 'v' is v.
@@ -107,54 +129,99 @@ func hasAdvisory(s string, v byte) bool {
 	}
 }
 
-// ParseAdvisory finds the advisory-lock calls in src (Postgres).
+// mentionsAdvisory reports whether s contains "advisory" in any case.
+func mentionsAdvisory(s string) bool { return hasAdvisory(s, 'v') || hasAdvisory(s, 'V') }
+
+// ParseAdvisory finds the advisory-lock calls in src (Postgres) and says
+// how exactly their effect can be known from the text.
 func ParseAdvisory(src string) Advisory {
 	var a Advisory
 	s := New(src, Postgres)
-	first := nextSignificant(&s)
-	if first.Kind == Word && strings.EqualFold(s.Text(first), "DISCARD") {
-		if t := nextSignificant(&s); t.Kind == Word && strings.EqualFold(s.Text(t), "ALL") {
-			a.DiscardAll = true
+	inStatement := false
+	for {
+		t := nextSignificant(&s)
+		if t.Kind == EOF {
+			break
 		}
-		return a
+		if t.Kind == Punct && s.src[t.Start] == ';' {
+			inStatement = false
+			continue
+		}
+		if !inStatement {
+			inStatement = true
+			a.Statements++
+			if t.Kind == Word && strings.EqualFold(s.Text(t), "DISCARD") {
+				save := s
+				if n := nextSignificant(&s); n.Kind == Word && strings.EqualFold(s.Text(n), "ALL") {
+					a.DiscardAll = true
+				}
+				s = save
+				continue
+			}
+		}
+		switch t.Kind {
+		case Word, QuotedIdent:
+			if fn, ok := advisoryFunc(&s, t); ok {
+				if call, ok := parseCall(&s, fn); ok {
+					a.Calls = append(a.Calls, call)
+				} else {
+					a.Uncertain = true // a call whose arguments cannot be read
+				}
+				continue
+			}
+			if mentionsAdvisory(s.Text(t)) {
+				a.Uncertain = true // a user function, a column, a quoted spelling
+			}
+		case String:
+			if mentionsAdvisory(s.Text(t)) {
+				a.Uncertain = true // a DO block or function body, or just text
+			}
+		}
 	}
-	simpleShape := first.Kind == Word && strings.EqualFold(s.Text(first), "SELECT")
-	items := 0
-	for t := first; t.Kind != EOF; t = nextSignificant(&s) {
-		if t.Kind != Word {
-			continue
-		}
-		fn, ok := advisoryFunc(&s, t)
-		if !ok {
-			continue
-		}
-		call, ok := parseCall(&s, fn)
-		if !ok {
-			continue
-		}
-		a.Calls = append(a.Calls, call)
-		items++
+	if len(a.Calls) > 0 && a.Statements == 1 {
+		a.TargetList = targetList(src, a.Calls)
 	}
-	a.Simple = simpleShape && items == 1 && isSimpleSelect(src)
+	a.Simple = a.TargetList && len(a.Calls) == 1
 	return a
 }
 
+// identName returns the name an identifier token denotes: unquoted words
+// fold to lower case, quoted ones keep their case with "" undoubled.
+func identName(s *Scanner, t Token) string {
+	text := s.Text(t)
+	if t.Kind == QuotedIdent {
+		if len(text) >= 2 {
+			text = text[1 : len(text)-1]
+		}
+		return strings.ReplaceAll(text, `""`, `"`)
+	}
+	return strings.ToLower(text)
+}
+
+// isIdent reports whether t is an identifier token.
+func isIdent(t Token) bool { return t.Kind == Word || t.Kind == QuotedIdent }
+
 // advisoryFunc reads a possibly pg_catalog-qualified advisory function name
-// starting at t, leaving s after the name.
+// starting at t, leaving s after the name. Quoted names match only as
+// Postgres resolves them: "pg_advisory_lock" does, "PG_ADVISORY_LOCK" does
+// not.
 func advisoryFunc(s *Scanner, t Token) (AdvisoryFunc, bool) {
-	name := s.Text(t)
-	if strings.EqualFold(name, "pg_catalog") {
+	if t.Kind == Word && len(s.Text(t)) > 40 {
+		return 0, false
+	}
+	name := identName(s, t)
+	if name == "pg_catalog" {
 		save := *s
 		dot := nextSignificant(s)
 		t = nextSignificant(s)
-		if dot.Kind != Punct || s.src[dot.Start] != '.' || t.Kind != Word {
+		if dot.Kind != Punct || s.src[dot.Start] != '.' || !isIdent(t) {
 			*s = save
 			return 0, false
 		}
-		name = s.Text(t)
+		name = identName(s, t)
 	}
 	for _, f := range advisoryFuncs {
-		if len(name) == len(f.name) && strings.EqualFold(name, f.name) {
+		if name == f.name {
 			return f.fn, true
 		}
 	}
@@ -226,43 +293,135 @@ func parseArg(text string) Arg {
 	return Arg{Kind: ArgExpr, Text: written}
 }
 
-// isSimpleSelect reports whether src is "SELECT f(…) [[AS] alias] [;]".
-func isSimpleSelect(src string) bool {
+// targetList reports whether src is "SELECT item, item, … [;]" where each
+// item is one of calls (in order), optionally qualified with pg_catalog and
+// followed by an alias, and sets each call's Column.
+func targetList(src string, calls []AdvisoryCall) bool {
 	s := New(src, Postgres)
-	nextSignificant(&s) // SELECT
-	if t := nextSignificant(&s); t.Kind != Word {
+	if t := nextSignificant(&s); t.Kind != Word || !strings.EqualFold(s.Text(t), "SELECT") {
 		return false
+	}
+	for i := range calls {
+		if i > 0 {
+			if t := nextSignificant(&s); t.Kind != Punct || s.src[t.Start] != ',' {
+				return false
+			}
+		}
+		t := nextSignificant(&s)
+		if !isIdent(t) {
+			return false
+		}
+		if _, ok := advisoryFunc(&s, t); !ok {
+			return false
+		}
+		if t := nextSignificant(&s); t.Kind != Punct || s.src[t.Start] != '(' {
+			return false
+		}
+		for depth := 1; depth > 0; {
+			t := nextSignificant(&s)
+			switch {
+			case t.Kind == EOF:
+				return false
+			case t.Kind == Punct && s.src[t.Start] == '(':
+				depth++
+			case t.Kind == Punct && s.src[t.Start] == ')':
+				depth--
+			}
+		}
+		calls[i].Column = calls[i].Func.Name()
+		save := s
+		t = nextSignificant(&s)
+		if t.Kind == Word && strings.EqualFold(s.Text(t), "AS") {
+			t = nextSignificant(&s)
+			if !isIdent(t) {
+				return false
+			}
+		}
+		if isIdent(t) && !strings.EqualFold(s.Text(t), "FROM") {
+			calls[i].Column = identName(&s, t)
+		} else {
+			s = save
+		}
 	}
 	t := nextSignificant(&s)
-	if t.Kind == Punct && s.src[t.Start] == '.' { // pg_catalog.
-		if t = nextSignificant(&s); t.Kind != Word {
-			return false
-		}
-		t = nextSignificant(&s)
-	}
-	if t.Kind != Punct || s.src[t.Start] != '(' {
-		return false
-	}
-	for depth := 1; depth > 0; {
-		t = nextSignificant(&s)
-		switch {
-		case t.Kind == EOF:
-			return false
-		case t.Kind == Punct && s.src[t.Start] == '(':
-			depth++
-		case t.Kind == Punct && s.src[t.Start] == ')':
-			depth--
-		}
-	}
-	t = nextSignificant(&s)
-	if t.Kind == Word && strings.EqualFold(s.Text(t), "AS") {
-		t = nextSignificant(&s)
-	}
-	if t.Kind == Word || t.Kind == QuotedIdent {
-		t = nextSignificant(&s)
-	}
 	if t.Kind == Punct && s.src[t.Start] == ';' {
 		t = nextSignificant(&s)
 	}
-	return t.Kind == EOF
+	if t.Kind != EOF {
+		for i := range calls {
+			calls[i].Column = ""
+		}
+		return false
+	}
+	return true
+}
+
+// TxEffect is what a text does to the session's transaction block.
+type TxEffect uint8
+
+// Transaction effects, of the last transaction-control statement in a text.
+const (
+	TxNone  TxEffect = iota // no transaction-control statement
+	TxBegin                 // BEGIN or START TRANSACTION: a block is open
+	TxEnd                   // COMMIT, END, ROLLBACK, ABORT, PREPARE TRANSACTION: no block
+	TxChain                 // COMMIT/ROLLBACK AND CHAIN: a new block is open
+)
+
+// TxControl returns the effect of the last transaction-control statement
+// in src (ROLLBACK TO SAVEPOINT and COMMIT PREPARED do not count).
+func TxControl(src string) TxEffect {
+	effect := TxNone
+	s := New(src, Postgres)
+	for {
+		t := nextSignificant(&s)
+		if t.Kind == EOF {
+			return effect
+		}
+		if t.Kind == Punct && s.src[t.Start] == ';' {
+			continue
+		}
+		// t starts a statement: read its words up to ';' or the end.
+		first := strings.ToUpper(s.Text(t))
+		if t.Kind != Word || len(first) > 8 {
+			first = ""
+		}
+		var to, prepared, no, chain, transaction bool
+		for {
+			n := nextSignificant(&s)
+			if n.Kind == EOF || (n.Kind == Punct && s.src[n.Start] == ';') {
+				break
+			}
+			if n.Kind != Word {
+				continue
+			}
+			switch w := s.Text(n); {
+			case strings.EqualFold(w, "TO"):
+				to = true
+			case strings.EqualFold(w, "PREPARED"):
+				prepared = true
+			case strings.EqualFold(w, "NO"):
+				no = true
+			case strings.EqualFold(w, "CHAIN"):
+				chain = true
+			case strings.EqualFold(w, "TRANSACTION"):
+				transaction = true
+			}
+		}
+		switch first {
+		case "BEGIN", "START":
+			effect = TxBegin
+		case "PREPARE":
+			if transaction {
+				effect = TxEnd
+			}
+		case "COMMIT", "END", "ROLLBACK", "ABORT":
+			switch {
+			case to || prepared: // ROLLBACK TO SAVEPOINT, COMMIT PREPARED
+			case chain && !no:
+				effect = TxChain
+			default:
+				effect = TxEnd
+			}
+		}
+	}
 }

@@ -1,0 +1,94 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql/driver"
+	"fmt"
+	"io"
+	"time"
+)
+
+// rerouteUnlock releases k on the parked connection that holds it, for an
+// unlock sent on from, which does not hold it. The unlock runs with a
+// bounded context of its own: the caller's deadline must not cut a
+// statement on the holder, which would make the driver close it and lose
+// every other lock it holds.
+func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	h := p.holderOf(k, from)
+	if h == nil {
+		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v: no connection of this database holds that lock (Postgres would answer false); unlock only what you locked, with the same key and mode",
+			ErrNotLockOwner, sharedSuffix(k), k, from)
+	}
+	h.pin.mu.Lock()
+	parked := h.pin.parked
+	l := h.pin.held[k]
+	var site string
+	var since time.Time
+	if l != nil {
+		site, since = l.site, l.since
+	}
+	h.pin.mu.Unlock()
+	if !parked {
+		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v: the lock is held by %v, which is in use (taken at %s, %v ago); unlock it on that connection (hold a *sql.Conn, or use lockhooks.AcquireAdvisoryLock)",
+			ErrNotLockOwner, sharedSuffix(k), k, from, h, site, time.Since(since).Round(time.Millisecond))
+	}
+	defer p.settle(h) // closes the holder if it holds nothing more
+	return h.unlockParked(context.WithoutCancel(ctx), k, site)
+}
+
+// unlockParked runs the unlock of k on the parked connection h.
+func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
+	ctx, cancel := context.WithTimeout(ctx, h.connector.opts.lockCheckTimeout)
+	defer cancel()
+	h.pin.exec.Lock()
+	defer h.pin.exec.Unlock()
+	h.pin.mu.Lock()
+	closed, held := h.pin.closed, h.pin.held[k] != nil
+	h.pin.mu.Unlock()
+	if closed || !held {
+		return fmt.Errorf("%w: pg_advisory_unlock%s(%s): the parked connection that held it released it meanwhile", ErrNotLockOwner, sharedSuffix(k), k)
+	}
+	q, args := k.unlockQuery()
+	v, err := h.queryValue(ctx, q, args...)
+	if err != nil {
+		if h.connectionBroken(err) {
+			return h.lostError(h.loseLocks(err), err)
+		}
+		return fmt.Errorf("lockhooks: rerouting pg_advisory_unlock%s(%s) to %v: %w", sharedSuffix(k), k, h, err)
+	}
+	if ok, _ := v.(bool); !ok {
+		h.reconcile(ctx, site, nil)
+		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, which lockhooks believed held it, returned false", ErrNotLockOwner, sharedSuffix(k), k, h)
+	}
+	h.connector.tel.unlockRerouted(ctx)
+	h.forgetLock(k)
+	return nil
+}
+
+func sharedSuffix(k lockKey) string {
+	if k.shared {
+		return "_shared"
+	}
+	return ""
+}
+
+// unlockResult is the answer of a rerouted unlock: one row, true, in a
+// column named as the statement named it.
+type unlockResult struct {
+	done bool
+	name string
+}
+
+func (r *unlockResult) Columns() []string { return []string{r.name} }
+func (r *unlockResult) Close() error      { return nil }
+func (r *unlockResult) Next(dest []driver.Value) error {
+	if r.done {
+		return io.EOF
+	}
+	r.done = true
+	dest[0] = true
+	return nil
+}

@@ -1,0 +1,463 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Tests for inputs a little off the main path, one per way the tracking
+// once diverged from pg_locks. Each ends with pinEnv's invariant: after
+// db.Close no backend of the database remains.
+
+// trackedConn returns lockhooks' state of a *sql.Conn.
+func trackedConn(t testing.TB, c *sql.Conn) *conn {
+	t.Helper()
+	var w *conn
+	if err := c.Raw(func(dc any) error { w = dc.(connCore).state(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// serverLocks returns the advisory locks pg_locks shows for backend pid
+// (granted), as lockhooks names them.
+func serverLocks(t testing.TB, raw *sql.DB, pid int32) map[lockKey]bool {
+	t.Helper()
+	rows, err := raw.Query(`SELECT classid::bigint, objid::bigint, objsubid::int, mode FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND pid = $1`, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := map[lockKey]bool{}
+	for rows.Next() {
+		var classid, objid int64
+		var subid int
+		var mode string
+		if err := rows.Scan(&classid, &objid, &subid, &mode); err != nil {
+			t.Fatal(err)
+		}
+		k := lockKey{shared: mode == "ShareLock"}
+		if subid == 2 {
+			k.pair, k.k1, k.k2 = true, int64(int32(uint32(classid))), int64(int32(uint32(objid)))
+		} else {
+			k.k1 = classid<<32 | objid
+		}
+		got[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// keysOf lists a view's keys (session and transaction) for comparison.
+func keysOf(v heldView) map[lockKey]bool {
+	m := map[lockKey]bool{}
+	for k := range v.session {
+		m[k] = true
+	}
+	for k := range v.xact {
+		m[k] = true
+	}
+	return m
+}
+
+func describeKeys(m map[lockKey]bool) string {
+	var s []string
+	for k := range m {
+		s = append(s, k.String())
+	}
+	sort.Strings(s)
+	return "{" + strings.Join(s, ", ") + "}"
+}
+
+// assertTracked fails unless lockhooks' view of w equals pg_locks.
+func assertTracked(t testing.TB, raw *sql.DB, w *conn) {
+	t.Helper()
+	v := w.view()
+	want, got := serverLocks(t, raw, v.pid), keysOf(v)
+	if describeKeys(want) != describeKeys(got) {
+		t.Errorf("%v: lockhooks tracks %s, pg_locks shows %s", w, describeKeys(got), describeKeys(want))
+	}
+}
+
+func pidAlive(t testing.TB, raw *sql.DB, pid int32) bool { return backendAlive(t, raw, pid) }
+
+// 1. A parked connection that comes to hold nothing is closed, whoever
+// finds out: here the monitor, after a server-side function released the
+// lock where no text showed it.
+func TestParkedConnectionThatHoldsNothingIsClosed(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	mustExec(t, e.wrapped, `CREATE FUNCTION release_job(k bigint) RETURNS boolean LANGUAGE sql AS 'SELECT pg_advisory_unlock(k)'`)
+	c, err := e.wrapped.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, c, "SELECT pg_advisory_lock(101)")
+	pid := pidOf(t, c)
+	var ok bool
+	if err := c.QueryRowContext(ctx, "SELECT release_job(101)").Scan(&ok); err != nil || !ok {
+		t.Fatalf("release_job: %v, %v", ok, err)
+	}
+	c.Close() // parks: lockhooks still believes it holds 101
+	waitFor(t, 10*time.Second, "the emptied parked connection to be closed", func() bool { return !pidAlive(t, e.raw, pid) })
+	if got := gaugeValue(t, e.metrics, "lockhooks.advisory.parked_connections"); got != 0 {
+		t.Errorf("parked_connections = %d", got)
+	}
+
+	// The same found by a reroute that Postgres answers false: the holder
+	// is read again, found empty, and closed.
+	c, err = e.wrapped.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, c, "SELECT pg_advisory_lock(102)")
+	pid = pidOf(t, c)
+	if err := c.QueryRowContext(ctx, "SELECT release_job(102)").Scan(&ok); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	c.Close()
+	if _, err := unlock(t, e.wrapped, 102); err != nil && !errors.Is(err, ErrNotLockOwner) {
+		t.Fatalf("unlock of the silently released key: %v", err)
+	}
+	waitFor(t, 10*time.Second, "the emptied parked connection to be closed", func() bool { return !pidAlive(t, e.raw, pid) })
+}
+
+// 1b. DISCARD ALL behind a comment releases session locks; the connection
+// goes back to the pool instead of parking on keys it no longer holds.
+func TestDiscardAllBehindACommentIsTracked(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	c := otherConn(t, e.wrapped)
+	mustExec(t, c, "SELECT pg_advisory_lock(103)")
+	mustExec(t, c, "/* reset */ DISCARD ALL")
+	w := trackedConn(t, c)
+	assertTracked(t, e.raw, w)
+	if w.holdsLocks() {
+		t.Error("still believes it holds a lock after DISCARD ALL")
+	}
+	c.Close()
+	if s := e.wrapped.Stats(); s.Idle != 1 {
+		t.Errorf("the connection did not go back to the pool: %+v", s)
+	}
+	_ = ctx
+}
+
+// 2. Spellings the parser once skipped: a quoted function name and a DO
+// block. The lock is tracked, the connection parks, the unlock through the
+// pool is rerouted and answers true.
+func TestQuotedNameAndDOBlockAreTracked(t *testing.T) {
+	e := newPinEnv(t)
+	for i, lockStmt := range []string{
+		`SELECT "pg_advisory_lock"(201)`,
+		`SELECT "pg_catalog"."pg_advisory_lock"(201)`,
+		`DO $$BEGIN PERFORM pg_advisory_lock(201); END$$`,
+		`DO $body$ BEGIN PERFORM pg_catalog.pg_advisory_lock(201); END $body$`,
+	} {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			mustExec(t, e.wrapped, lockStmt)
+			if s := e.wrapped.Stats(); s.Idle != 0 {
+				t.Fatalf("the holder went back to the pool after %s: %+v", lockStmt, s)
+			}
+			if ok, err := unlock(t, e.wrapped, 201); !ok || err != nil {
+				t.Fatalf("unlock through the pool: %v, %v", ok, err)
+			}
+			if n := heldCount(t, e.raw, 201); n != 0 {
+				t.Fatalf("%d holders after the unlock", n)
+			}
+		})
+	}
+}
+
+// 3. Lock and unlock by expression in one transaction: the unlock runs on
+// the connection that holds the key, and nothing survives the rollback.
+func TestExpressionKeysInOneTransaction(t *testing.T) {
+	e := newPinEnv(t)
+	tx, err := e.wrapped.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, tx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", "jobs")
+	var ok bool
+	if err := tx.QueryRow("SELECT pg_advisory_unlock(hashtextextended($1, 0))", "jobs").Scan(&ok); err != nil || !ok {
+		t.Fatalf("unlock in the same transaction: %v, %v", ok, err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := e.raw.QueryRow("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d advisory locks after the rollback (%v)", n, err)
+	}
+	if s := e.wrapped.Stats(); s.Idle != 1 {
+		t.Errorf("the connection parked: %+v", s)
+	}
+}
+
+// 4. Re-entrant counts through a statement of several calls.
+func TestReentrantCountsThroughMultiCallStatements(t *testing.T) {
+	e := newPinEnv(t)
+	c := otherConn(t, e.wrapped)
+	mustExec(t, c, "SELECT pg_advisory_lock(1)")
+	mustExec(t, c, "SELECT pg_advisory_lock(1), pg_advisory_lock(2)")
+	w := trackedConn(t, c)
+	if v := w.view(); v.session[lockKey{k1: 1}] != 2 || v.session[lockKey{k1: 2}] != 1 {
+		t.Fatalf("counts %v, want 1:2 and 2:1", v.session)
+	}
+	for _, k := range []int64{1, 1, 2} {
+		if ok, err := unlock(t, c, k); !ok || err != nil {
+			t.Fatalf("unlock(%d): %v, %v", k, ok, err)
+		}
+	}
+	if n := heldCount(t, e.raw, 1) + heldCount(t, e.raw, 2); n != 0 {
+		t.Fatalf("%d keys still held", n)
+	}
+	assertTracked(t, e.raw, w)
+	// The results of a multi-call statement read as a row: a try, then an
+	// unlock of what it took.
+	var a, b bool
+	if err := c.QueryRowContext(context.Background(), "SELECT pg_try_advisory_lock(3), pg_advisory_unlock(3) AS u").Scan(&a, &b); err != nil || !a || !b {
+		t.Fatalf("try then unlock in one statement: %v, %v, %v", a, b, err)
+	}
+	assertTracked(t, e.raw, w)
+	// An unlock inside a larger statement of a key another connection holds
+	// cannot be rerouted: refused, naming the holder.
+	other := otherConn(t, e.wrapped)
+	mustExec(t, other, "SELECT pg_advisory_lock(4)")
+	if _, err := c.ExecContext(context.Background(), "SELECT pg_advisory_lock(5), pg_advisory_unlock(4)"); !errors.Is(err, ErrNotLockOwner) {
+		t.Fatalf("multi-call unlock of a key held elsewhere: %v, want ErrNotLockOwner", err)
+	}
+	mustExec(t, other, "SELECT pg_advisory_unlock(4)")
+	if err := c.QueryRowContext(context.Background(), "SELECT pg_try_advisory_lock(3), pg_try_advisory_lock(3)").Scan(&a, &b); err != nil || !a || !b {
+		t.Fatalf("two tries: %v %v %v", a, b, err)
+	}
+	if v := w.view(); v.session[lockKey{k1: 3}] != 2 {
+		t.Fatalf("two successful tries counted %d", v.session[lockKey{k1: 3}])
+	}
+	mustExec(t, c, "SELECT pg_advisory_unlock(3), pg_advisory_unlock(3)")
+	assertTracked(t, e.raw, w)
+}
+
+// 5. A session try-lock in a transaction that also holds transaction-level
+// keys (from Lock): only the session key is tracked, and after COMMIT the
+// connection parks on it alone.
+func TestSessionTryLockBesideTransactionLocks(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	for _, viaQuery := range []bool{false, true} {
+		tx, err := e.wrapped.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := Lock(ctx, tx, "accounts", 1, 2); err != nil {
+			t.Fatal(err)
+		}
+		if viaQuery {
+			var ok bool
+			if err := tx.QueryRow("SELECT pg_try_advisory_lock(501)").Scan(&ok); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+		} else {
+			mustExec(t, tx, "SELECT pg_try_advisory_lock(501)")
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		parked := e.parkedViews(t)
+		if len(parked) != 1 || len(parked[0].session) != 1 || parked[0].session[lockKey{k1: 501}] != 1 {
+			t.Fatalf("parked: %+v, want one connection holding 501 once", parked)
+		}
+		if ok, err := unlock(t, e.wrapped, 501); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		pid := parked[0].pid
+		waitFor(t, 10*time.Second, "the emptied holder to close", func() bool { return !pidAlive(t, e.raw, pid) })
+	}
+}
+
+// parkedViews returns the views of the parked connections.
+func (e *pinEnv) parkedViews(t testing.TB) []heldView {
+	t.Helper()
+	var out []heldView
+	for _, w := range e.connector(t).openConns() {
+		if v := w.view(); v.parked {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// connector returns lockhooks' state of the wrapped database.
+func (e *pinEnv) connector(t testing.TB) *connector {
+	t.Helper()
+	c, ok := e.wrapped.Driver().(*Driver)
+	if !ok {
+		t.Fatalf("driver %T", e.wrapped.Driver())
+	}
+	_ = c
+	sc, err := e.wrapped.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	return trackedConn(t, sc).connector
+}
+
+// 6. A transaction whose context is cancelled rolls back; the connection
+// and its session lock stay.
+func TestCancelledTransactionKeepsSessionLocks(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, e.wrapped, 601)
+	if err != nil {
+		t.Fatal(err)
+	}
+	txCtx, cancel := context.WithCancel(ctx)
+	tx, err := l.Conn().BeginTx(txCtx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, tx, "SELECT 1")
+	cancel()
+	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		t.Fatalf("rollback after cancel: %v", err)
+	}
+	// database/sql rolls back from its own goroutine: wait until the
+	// connection is free again.
+	waitFor(t, 10*time.Second, "the connection after the rollback", func() bool { return l.Conn().PingContext(ctx) == nil })
+	select {
+	case <-l.Lost():
+		t.Fatalf("the lock was lost: %v", l.Err())
+	default:
+	}
+	if n := heldCount(t, e.raw, 601); n != 1 {
+		t.Fatalf("%d holders of 601 after the cancelled transaction", n)
+	}
+	var inTx bool
+	if err := l.Conn().QueryRowContext(ctx, "SELECT transaction_timestamp() <> statement_timestamp()").Scan(&inTx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// 7. A rerouted unlock answers in a column named as the statement named it.
+func TestReroutedUnlockKeepsTheAlias(t *testing.T) {
+	e := newPinEnv(t)
+	for _, c := range []struct{ stmt, col string }{
+		{"SELECT pg_advisory_unlock(701) AS released", "released"},
+		{`SELECT pg_advisory_unlock(701) "Released"`, "Released"},
+		{"SELECT pg_advisory_unlock(701)", "pg_advisory_unlock"},
+	} {
+		mustExec(t, e.wrapped, "SELECT pg_advisory_lock(701)")
+		rows, err := e.wrapped.Query(c.stmt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cols, _ := rows.Columns()
+		rows.Close()
+		if len(cols) != 1 || cols[0] != c.col {
+			t.Errorf("%s: columns %v, want [%s]", c.stmt, cols, c.col)
+		}
+		if n := heldCount(t, e.raw, 701); n != 0 {
+			t.Fatalf("%d holders after %s", n, c.stmt)
+		}
+	}
+}
+
+// 8. Transaction-level locks that protect something are followed, not
+// refused: a migration file's own BEGIN … COMMIT, a multi-statement text
+// (one implicit transaction), and a textual BEGIN on a *sql.Conn. A lone
+// autocommit statement is still refused.
+func TestTransactionLevelLocksInTextTransactions(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	mustExec(t, e.wrapped, "BEGIN; SELECT pg_advisory_xact_lock(11); CREATE TABLE m1 (id int); COMMIT;")
+	mustExec(t, e.wrapped, "SELECT pg_advisory_xact_lock(12); CREATE TABLE m2 (id int);")
+	c := otherConn(t, e.wrapped)
+	mustExec(t, c, "BEGIN")
+	mustExec(t, c, "SELECT pg_advisory_xact_lock(13)")
+	if n := heldCount(t, e.raw, 13); n != 1 {
+		t.Fatalf("xact lock after a textual BEGIN: %d holders", n)
+	}
+	w := trackedConn(t, c)
+	assertTracked(t, e.raw, w)
+	mustExec(t, c, "SELECT pg_advisory_lock(14)") // a session lock in the same block
+	mustExec(t, c, "COMMIT")
+	assertTracked(t, e.raw, w)
+	if n := heldCount(t, e.raw, 13); n != 0 {
+		t.Fatalf("xact lock after COMMIT: %d holders", n)
+	}
+	mustExec(t, c, "SELECT pg_advisory_unlock(14)")
+	c.Close()
+	if s := e.wrapped.Stats(); s.InUse != 0 || s.Idle < 1 {
+		t.Errorf("pool after the text transactions: %+v", s)
+	}
+	if _, err := e.wrapped.ExecContext(ctx, "SELECT pg_advisory_xact_lock(15)"); err == nil || !strings.Contains(err.Error(), "protects nothing") {
+		t.Fatalf("a lone autocommit xact lock: %v", err)
+	}
+}
+
+// 8b. PostgreSQL's own advisory-lock regression sequence (in the shape of
+// src/test/regress/sql/advisory_lock.sql), replayed statement by statement
+// on a raw and a lockhooks connection: after every statement both backends
+// hold the same locks, and lockhooks' view equals pg_locks. lockhooks may
+// refuse an unlock that Postgres answers false (ErrNotLockOwner): the lock
+// state is the same either way.
+func TestRegressionScriptReplay(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	raw, wrapped := otherConn(t, e.raw), otherConn(t, e.wrapped)
+	rawPID := pidOf(t, raw)
+	w := trackedConn(t, wrapped)
+	xact := "SELECT pg_advisory_xact_lock(1), pg_advisory_xact_lock_shared(2), pg_advisory_xact_lock(1, 1), pg_advisory_xact_lock_shared(2, 2)"
+	session := "SELECT pg_advisory_lock(1), pg_advisory_lock_shared(2), pg_advisory_lock(1, 1), pg_advisory_lock_shared(2, 2)"
+	unlockOnce := "SELECT pg_advisory_unlock(1), pg_advisory_unlock_shared(2), pg_advisory_unlock(1, 1), pg_advisory_unlock_shared(2, 2)"
+	unlockTwice := "SELECT pg_advisory_unlock(1), pg_advisory_unlock(1), pg_advisory_unlock_shared(2), pg_advisory_unlock_shared(2), pg_advisory_unlock(1, 1), pg_advisory_unlock(1, 1), pg_advisory_unlock_shared(2, 2), pg_advisory_unlock_shared(2, 2)"
+	script := []string{
+		"BEGIN", xact, "SELECT pg_advisory_unlock_all()", unlockOnce, "COMMIT",
+		"BEGIN", xact, session, "ROLLBACK", unlockTwice,
+		"BEGIN", session, xact, "ROLLBACK", unlockOnce,
+		"BEGIN", xact, xact, "ROLLBACK",
+		session, session, unlockTwice,
+		session, session, "SELECT pg_advisory_unlock_all()",
+		"BEGIN", "SELECT pg_advisory_xact_lock(1), pg_advisory_xact_lock(1)", "COMMIT",
+		"SELECT pg_advisory_lock(1), pg_advisory_lock(1, 1)", "DISCARD ALL",
+		"SELECT pg_try_advisory_lock(5), pg_try_advisory_lock_shared(6), pg_try_advisory_lock(5, 5)",
+		"SELECT pg_advisory_unlock(5), pg_advisory_unlock_shared(6), pg_advisory_unlock(5, 5)",
+	}
+	// The two sessions would block each other: raw runs first, and its lock
+	// state after each step is what lockhooks must reproduce.
+	var want []map[lockKey]bool
+	for i, stmt := range script {
+		if _, err := raw.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("step %d %q: raw: %v", i, stmt, err)
+		}
+		want = append(want, serverLocks(t, e.raw, rawPID))
+	}
+	mustExec(t, raw, "SELECT pg_advisory_unlock_all()")
+	if left := serverLocks(t, e.raw, rawPID); len(left) != 0 {
+		t.Fatalf("the raw session still holds %s", describeKeys(left))
+	}
+	for i, stmt := range script {
+		if _, err := wrapped.ExecContext(ctx, stmt); err != nil && !errors.Is(err, ErrNotLockOwner) {
+			t.Fatalf("step %d %q: lockhooks: %v", i, stmt, err)
+		}
+		got := serverLocks(t, e.raw, w.view().pid)
+		if describeKeys(want[i]) != describeKeys(got) {
+			t.Fatalf("step %d %q: raw held %s, lockhooks' backend holds %s", i, stmt, describeKeys(want[i]), describeKeys(got))
+		}
+		if tracked := keysOf(w.view()); describeKeys(tracked) != describeKeys(got) {
+			t.Fatalf("step %d %q: lockhooks tracks %s, pg_locks shows %s", i, stmt, describeKeys(tracked), describeKeys(got))
+		}
+	}
+}
