@@ -386,3 +386,34 @@ func BenchmarkBankTransferSQLite(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkVerifyOnReturn is the cost of WithVerifyOnReturn: a pg_locks read
+// each time a connection goes back to the pool (here: every QueryRow on a
+// pool of one connection), against raw pgx and lockhooks without it.
+func BenchmarkVerifyOnReturn(b *testing.B) {
+	dsn := pgtest.DSN(b)
+	for _, c := range []struct {
+		name string
+		open func() (*sql.DB, error)
+	}{
+		{"driver=raw", func() (*sql.DB, error) { return sql.Open("pgx", dsn) }},
+		{"driver=lockhooks/verify=off", func() (*sql.DB, error) { return Open("pgx", dsn) }},
+		{"driver=lockhooks/verify=on", func() (*sql.DB, error) { return Open("pgx", dsn, WithVerifyOnReturn(true)) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			db, err := c.open()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer db.Close()
+			db.SetMaxOpenConns(1)
+			ctx := context.Background()
+			var v int
+			for b.Loop() {
+				if err := db.QueryRowContext(ctx, "SELECT 1").Scan(&v); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -49,6 +49,10 @@ type conn struct {
 	// come from the database server, so the connection may be broken.
 	suspect atomic.Bool
 
+	// discarded is set after DISCARD ALL: the server forgot the driver's
+	// prepared statements, so the connection is not pooled again.
+	discarded atomic.Bool
+
 	// pid is the Postgres backend pid, read when the connection opens (0
 	// until then, and on SQLite).
 	pid atomic.Int32
@@ -387,6 +391,9 @@ func (c *conn) CheckNamedValue(nv *driver.NamedValue) error { return c.checker.C
 func (c *conn) IsValid() bool {
 	if c.holdsLocks() {
 		return false // withdrawn: Close parks it
+	}
+	if c.discarded.Load() {
+		return false
 	}
 	if c.connector.opts.verifyOnReturn && c.connector.pins != nil && !c.suspect.Load() {
 		c.verifyOnReturn()

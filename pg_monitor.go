@@ -101,18 +101,28 @@ func (p *pinning) check(side driver.Conn) (driver.Conn, error) {
 			p.settle(s.c)
 			continue
 		}
-		for _, k := range s.keys {
-			if !held[s.pid][k] {
-				// Released by something lockhooks could not see (a server-side
-				// function): the truth is in pg_locks.
-				s.c.pin.mu.Lock()
-				if s.c.pin.gen == s.gen {
+		s.c.pin.mu.Lock()
+		if s.c.pin.gen == s.gen {
+			for _, k := range s.keys {
+				l := s.c.pin.held[k]
+				switch {
+				case l == nil:
+				case held[s.pid][k]:
+					l.missing = 0
+				case l.missing == 0:
+					// A backend that is exiting releases its locks before it
+					// leaves pg_stat_activity: look once more before deciding.
+					l.missing++
+				default:
+					// Released by something lockhooks could not see (a
+					// server-side function): the truth is in pg_locks.
 					delete(s.c.pin.held, k)
-					s.c.updateActiveLocked()
+					s.c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
 				}
-				s.c.pin.mu.Unlock()
 			}
+			s.c.updateActiveLocked()
 		}
+		s.c.pin.mu.Unlock()
 		p.settle(s.c)
 	}
 	return side, nil

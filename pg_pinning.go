@@ -76,7 +76,8 @@ func (k lockKey) unlockQuery() (string, []driver.NamedValue) {
 
 // heldLock is one session lock a connection holds.
 type heldLock struct {
-	count int // re-entrant acquisitions (Postgres stacks them)
+	count   int // re-entrant acquisitions (Postgres stacks them)
+	missing int // consecutive monitor checks that found the backend alive without it
 	since time.Time
 	site  string            // where it was taken: file:line
 	span  trace.SpanContext // the span of the statement that took it
@@ -620,6 +621,10 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	}
 	if adv.DiscardAll {
 		c.clearLocks()
+		// DISCARD ALL also deallocates the server's prepared statements
+		// behind the driver's back (pgx caches them): the connection is
+		// closed instead of pooled once it is returned.
+		c.discarded.Store(true)
 	}
 	var pending map[lockKey]int
 	if plan.exact {
@@ -920,12 +925,30 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 
 // readAdvisoryLocks reads the advisory locks pg_locks shows for this
 // connection's backend, on the connection itself.
+//
+// Inside a transaction the read runs in a savepoint, so that its failure
+// cannot abort the application's transaction.
 func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) {
 	pid, err := c.backendPID(ctx)
 	if err != nil {
 		return nil, err
 	}
+	inTx := c.inTx()
+	if inTx {
+		if err := c.execOwn(ctx, "SAVEPOINT lockhooks_read"); err != nil {
+			return nil, err
+		}
+	}
 	_, held, err := queryAdvisoryLocks(ctx, c.inner, "a.pid = "+strconv.Itoa(int(pid)))
+	if inTx {
+		end := "RELEASE SAVEPOINT lockhooks_read"
+		if err != nil {
+			end = "ROLLBACK TO SAVEPOINT lockhooks_read"
+		}
+		if endErr := c.execOwn(ctx, end); endErr != nil && err == nil {
+			err = endErr
+		}
+	}
 	if err != nil {
 		return nil, c.observe(err)
 	}

@@ -1,0 +1,552 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The model-based differential test: seeded random sequences of advisory
+// lock operations through lockhooks against a real Postgres. After every
+// step, lockhooks' view of each connection (session locks and the current
+// transaction's locks) must equal what pg_locks shows for its backend,
+// unless lockhooks has already reported that connection's locks lost. At
+// the end every session lock is unlocked as many times as lockhooks
+// counted, each unlock must answer true, and then nothing may be held.
+//
+// LOCKHOOKS_MODEL_SEEDS sets how many seeds run (default 6, as CI runs);
+// LOCKHOOKS_MODEL_SEED replays one seed; LOCKHOOKS_MODEL_STEPS the steps
+// per seed (default 60). A failure prints the seed and the steps so far.
+func TestTrackingMatchesPgLocks(t *testing.T) {
+	seeds, steps := envInt("LOCKHOOKS_MODEL_SEEDS", 6), envInt("LOCKHOOKS_MODEL_STEPS", 60)
+	first := uint64(1)
+	if s := os.Getenv("LOCKHOOKS_MODEL_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, seeds = n, 1
+	}
+	for seed := first; seed < first+uint64(seeds); seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			m := newModel(t, seed)
+			for i := range steps {
+				m.step(i)
+				m.check(fmt.Sprintf("after step %d", i))
+			}
+			m.drain()
+		})
+	}
+}
+
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// model is one run: a lockhooks database, two slots that may hold a
+// *sql.Conn (and a transaction on it), and a raw session holding the key
+// that blocked-lock steps wait for.
+type model struct {
+	t       *testing.T
+	seed    uint64
+	rnd     *rand.Rand
+	e       *pinEnv
+	conn    *connector
+	slots   [2]*slot
+	blocker *sql.Conn
+	history []string
+}
+
+type slot struct {
+	c  *sql.Conn
+	tx *sql.Tx
+}
+
+// blockedKey is held by the raw blocker for the whole run.
+const blockedKey = 9
+
+func newModel(t *testing.T, seed uint64) *model {
+	e := newPinEnv(t, WithVerifyOnReturn(true))
+	m := &model{t: t, seed: seed, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), e: e}
+	for _, q := range []string{
+		`CREATE FUNCTION lh_advisory_take(k bigint) RETURNS void LANGUAGE sql AS 'SELECT pg_advisory_lock(k)'`,
+		`CREATE FUNCTION lh_advisory_give(k bigint) RETURNS boolean LANGUAGE sql AS 'SELECT pg_advisory_unlock(k)'`,
+		`CREATE FUNCTION take_quietly(k bigint) RETURNS boolean LANGUAGE sql AS 'SELECT pg_try_advisory_lock(k)'`,
+	} {
+		mustExec(t, e.raw, q)
+	}
+	m.conn = e.connector(t)
+	m.blocker = otherConn(t, e.raw)
+	mustExec(t, m.blocker, "SELECT pg_advisory_lock($1)", blockedKey)
+	t.Cleanup(func() {
+		for _, s := range m.slots {
+			if s != nil {
+				if s.tx != nil {
+					s.tx.Rollback()
+				}
+				s.c.Close()
+			}
+		}
+	})
+	return m
+}
+
+func (m *model) fail(format string, args ...any) {
+	m.t.Helper()
+	m.t.Fatalf("seed %d (replay: LOCKHOOKS_MODEL_SEED=%d go test -race -run TestTrackingMatchesPgLocks .): %s\nsteps:\n  %s",
+		m.seed, m.seed, fmt.Sprintf(format, args...), strings.Join(m.history, "\n  "))
+}
+
+// execer is a slot's transaction, its connection, or the pool.
+type execer interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}
+
+// target picks where a statement runs: a slot (opened if needed) or the pool.
+func (m *model) target(allowPool bool) (execer, *slot, string) {
+	if allowPool && m.rnd.IntN(3) == 0 {
+		return m.e.wrapped, nil, "db"
+	}
+	i := m.rnd.IntN(len(m.slots))
+	if m.slots[i] == nil {
+		c, err := m.e.wrapped.Conn(context.Background())
+		if err != nil {
+			m.fail("opening a slot: %v", err)
+		}
+		m.slots[i] = &slot{c: c}
+	}
+	s := m.slots[i]
+	if s.tx != nil {
+		return s.tx, s, fmt.Sprintf("slot%d/tx", i)
+	}
+	return s.c, s, fmt.Sprintf("slot%d", i)
+}
+
+// free reports whether a lock of key (k1, k2 for pairs) in mode would be
+// granted at once to some backend of this database: no backend holds a
+// conflicting mode, or only the one that would ask.
+func (m *model) free(k lockKey) bool {
+	class, obj, sub := m.classObj(k)
+	rows, err := m.e.raw.Query(`SELECT mode FROM pg_locks WHERE locktype = 'advisory'
+		AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = $3`, class, obj, sub)
+	if err != nil {
+		m.fail("%v", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var mode string
+		rows.Scan(&mode)
+		if !k.shared || mode == "ExclusiveLock" {
+			return false
+		}
+	}
+	return true
+}
+
+func (m *model) classObj(k lockKey) (int64, int64, int) {
+	if k.pair {
+		return int64(uint32(int32(k.k1))), int64(uint32(int32(k.k2))), 2
+	}
+	return int64(uint64(k.k1) >> 32), k.k1 & 0xffffffff, 1
+}
+
+// randomKey picks a key among a few, so that re-entrancy, shared holders
+// and conflicts happen often.
+func (m *model) randomKey() lockKey {
+	k := lockKey{k1: int64(1 + m.rnd.IntN(3)), shared: m.rnd.IntN(4) == 0}
+	if m.rnd.IntN(5) == 0 {
+		k.pair, k.k2 = true, int64(1+m.rnd.IntN(2))
+	}
+	return k
+}
+
+// call spells a call of fn on k in one of the ways users write it.
+func (m *model) call(fn string, k lockKey) (string, []any) {
+	if k.shared {
+		fn += "_shared"
+	}
+	if k.pair {
+		return fmt.Sprintf("%s(%d, %d)", fn, k.k1, k.k2), nil
+	}
+	switch m.rnd.IntN(4) {
+	case 0:
+		return fmt.Sprintf("%s($1)", fn), []any{k.k1}
+	case 1:
+		return fmt.Sprintf("%s(abs($1::bigint))", fn), []any{k.k1} // an expression key
+	case 2:
+		return fmt.Sprintf(`"%s"(%d)`, fn, k.k1), nil
+	}
+	return fmt.Sprintf("%s(%d)", fn, k.k1), nil
+}
+
+func (m *model) step(i int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	op := m.rnd.IntN(15)
+	var desc string
+	var err error
+	switch op {
+	case 0, 1: // lock
+		k := m.randomKey()
+		if !m.free(k) {
+			k.shared = false
+			c, args := m.call("pg_try_advisory_lock", k)
+			x, _, where := m.target(true)
+			desc = where + ": SELECT " + c
+			_, err = x.ExecContext(ctx, "SELECT "+c, args...)
+			break
+		}
+		c, args := m.call("pg_advisory_lock", k)
+		x, _, where := m.target(true)
+		desc = where + ": SELECT " + c
+		_, err = x.ExecContext(ctx, "SELECT "+c, args...)
+	case 2: // try, read as a row
+		c, args := m.call("pg_try_advisory_lock", m.randomKey())
+		x, _, where := m.target(true)
+		desc = where + ": SELECT " + c + " AS got"
+		var got bool
+		err = x.QueryRowContext(ctx, "SELECT "+c+" AS got", args...).Scan(&got)
+	case 3, 4: // unlock
+		c, args := m.call("pg_advisory_unlock", m.randomKey())
+		x, _, where := m.target(true)
+		desc = where + ": SELECT " + c
+		var ok bool
+		err = x.QueryRowContext(ctx, "SELECT "+c, args...).Scan(&ok)
+		if errors.Is(err, ErrNotLockOwner) {
+			err = nil
+		}
+	case 5: // several calls in one statement
+		a, b := m.randomKey(), m.randomKey()
+		a.shared, b.shared = false, false
+		fn := "pg_advisory_unlock"
+		if m.rnd.IntN(2) == 0 && m.free(a) && m.free(b) {
+			fn = "pg_advisory_lock"
+		}
+		ca, _ := m.call(fn, lockKey{k1: a.k1, k2: a.k2, pair: a.pair})
+		cb, _ := m.call(fn, lockKey{k1: b.k1, k2: b.k2, pair: b.pair})
+		ca, cb = literal(ca, a), literal(cb, b)
+		x, _, where := m.target(true)
+		desc = where + ": SELECT " + ca + ", " + cb
+		_, err = x.ExecContext(ctx, "SELECT "+ca+", "+cb)
+		if errors.Is(err, ErrNotLockOwner) {
+			err = nil
+		}
+	case 6: // DO block or a function whose name mentions advisory locks
+		k := m.randomKey()
+		k.shared, k.pair = false, false
+		x, _, where := m.target(false)
+		stmts := []string{
+			fmt.Sprintf("DO $$BEGIN PERFORM pg_advisory_unlock(%d); END$$", k.k1),
+			fmt.Sprintf("SELECT lh_advisory_give(%d)", k.k1),
+		}
+		if m.free(k) {
+			stmts = append(stmts, fmt.Sprintf("DO $$BEGIN PERFORM pg_advisory_lock(%d); END$$", k.k1), fmt.Sprintf("SELECT lh_advisory_take(%d)", k.k1))
+		}
+		q := stmts[m.rnd.IntN(len(stmts))]
+		desc = where + ": " + q
+		_, err = x.ExecContext(ctx, q)
+	case 7: // a function that locks where no text shows it, through the pool
+		k := m.randomKey()
+		desc = fmt.Sprintf("db: SELECT take_quietly(%d)", k.k1)
+		var got bool
+		err = m.e.wrapped.QueryRowContext(ctx, "SELECT take_quietly($1)", k.k1).Scan(&got)
+	case 8: // transaction-level locks inside a transaction
+		i := m.rnd.IntN(len(m.slots))
+		s := m.openSlot(i)
+		if s.tx == nil {
+			if s.tx, err = s.c.BeginTx(context.Background(), nil); err != nil {
+				break
+			}
+		}
+		k := m.randomKey()
+		fn := "pg_try_advisory_xact_lock"
+		if m.free(k) {
+			fn = "pg_advisory_xact_lock"
+		}
+		c, args := m.call(fn, k)
+		desc = fmt.Sprintf("slot%d/tx: SELECT %s", i, c)
+		_, err = s.tx.ExecContext(ctx, "SELECT "+c, args...)
+	case 9: // begin, commit or rollback
+		i := m.rnd.IntN(len(m.slots))
+		s := m.openSlot(i)
+		switch {
+		case s.tx == nil:
+			desc = fmt.Sprintf("slot%d: BeginTx", i)
+			s.tx, err = s.c.BeginTx(context.Background(), nil)
+		case m.rnd.IntN(2) == 0:
+			desc = fmt.Sprintf("slot%d: Commit", i)
+			err, s.tx = s.tx.Commit(), nil
+		default:
+			desc = fmt.Sprintf("slot%d: Rollback", i)
+			err, s.tx = s.tx.Rollback(), nil
+		}
+	case 10: // release everything
+		x, s, where := m.target(true)
+		q := "SELECT pg_advisory_unlock_all()"
+		if s != nil && s.tx == nil && m.rnd.IntN(2) == 0 {
+			q = "/* reset */ DISCARD ALL"
+		}
+		desc = where + ": " + q
+		_, err = x.ExecContext(ctx, q)
+		if strings.Contains(q, "DISCARD") {
+			// pgx's statement cache no longer matches the server: return the
+			// connection, which lockhooks then closes.
+			for i := range m.slots {
+				if m.slots[i] == s {
+					s.c.Close()
+					m.slots[i] = nil
+				}
+			}
+		}
+	case 11: // return a slot's connection to the pool
+		i := m.rnd.IntN(len(m.slots))
+		if s := m.slots[i]; s != nil {
+			desc = fmt.Sprintf("slot%d: Close", i)
+			if s.tx != nil {
+				s.tx.Rollback()
+			}
+			err = s.c.Close()
+			m.slots[i] = nil
+		}
+	case 12: // a context cancelled while a lock waits
+		i := m.rnd.IntN(len(m.slots))
+		s := m.openSlot(i)
+		if s.tx != nil {
+			break
+		}
+		desc = fmt.Sprintf("slot%d: SELECT pg_advisory_lock(%d), cancelled while it waits", i, blockedKey)
+		m.cancelledWait(i, s)
+	case 13, 14: // terminate a backend holding session locks
+		desc = m.terminateHolder()
+	}
+	if desc == "" {
+		return
+	}
+	m.history = append(m.history, desc)
+	if err != nil {
+		m.fail("%s: %v", desc, err)
+	}
+}
+
+// literal spells a call with literal keys (for statements of several calls).
+func literal(call string, k lockKey) string {
+	fn := call[:strings.IndexAny(call, "(")]
+	fn = strings.Trim(fn, `"`)
+	if k.pair {
+		return fmt.Sprintf("%s(%d, %d)", fn, k.k1, k.k2)
+	}
+	return fmt.Sprintf("%s(%d)", fn, k.k1)
+}
+
+func (m *model) openSlot(i int) *slot {
+	if m.slots[i] == nil {
+		c, err := m.e.wrapped.Conn(context.Background())
+		if err != nil {
+			m.fail("opening a slot: %v", err)
+		}
+		m.slots[i] = &slot{c: c}
+	}
+	return m.slots[i]
+}
+
+// cancelledWait makes slot s wait for the blocker's key and cancels the
+// wait once pg_locks shows it; pgx then closes the connection, and
+// lockhooks must report any session lock it held as lost.
+func (m *model) cancelledWait(i int, s *slot) {
+	pid := trackedConn(m.t, s.c).pid.Load()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.c.ExecContext(ctx, "SELECT pg_advisory_lock($1)", int64(blockedKey))
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := m.e.raw.QueryRow("SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted", pid).Scan(&n); err != nil {
+			m.fail("%v", err)
+		}
+		if n > 0 {
+			break
+		}
+		select {
+		case err := <-done: // refused before waiting (e.g. the connection's locks were lost)
+			cancel()
+			if err == nil {
+				m.fail("the blocked lock was granted")
+			}
+			s.c.Close()
+			m.slots[i] = nil
+			return
+		default:
+		}
+		if time.Now().After(deadline) {
+			m.fail("the lock wait never showed in pg_locks")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err == nil {
+		m.fail("the cancelled lock wait returned no error")
+	}
+	s.c.Close() // database/sql drops the broken connection
+	m.slots[i] = nil
+	m.waitGone(pid)
+}
+
+// terminateHolder terminates one backend of this database that holds
+// session locks, and waits until lockhooks has reported them lost.
+func (m *model) terminateHolder() string {
+	for _, w := range m.conn.openConns() {
+		v := w.view()
+		if len(v.session) == 0 || v.lost {
+			continue
+		}
+		for i, s := range m.slots {
+			if s != nil && trackedConn(m.t, s.c) == w {
+				if s.tx != nil {
+					continue // its transaction would also have to be followed
+				}
+				terminate(m.t, m.e.raw, v.pid)
+				m.waitGone(v.pid)
+				if _, err := s.c.ExecContext(context.Background(), "SELECT 1"); !errors.Is(err, ErrLockLost) {
+					m.fail("a statement on the terminated holder slot%d: %v, want ErrLockLost", i, err)
+				}
+				s.c.Close()
+				m.slots[i] = nil
+				return fmt.Sprintf("terminate slot%d (pid %d)", i, v.pid)
+			}
+		}
+		if !v.parked {
+			continue
+		}
+		terminate(m.t, m.e.raw, v.pid)
+		deadline := time.Now().Add(10 * time.Second)
+		for !w.view().lost {
+			if time.Now().After(deadline) {
+				m.fail("the terminated parked holder (pid %d) was never reported lost", v.pid)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return fmt.Sprintf("terminate a parked holder (pid %d)", v.pid)
+	}
+	return ""
+}
+
+// waitGone waits until backend pid has exited.
+func (m *model) waitGone(pid int32) {
+	deadline := time.Now().Add(10 * time.Second)
+	for backendAlive(m.t, m.e.raw, pid) {
+		if time.Now().After(deadline) {
+			m.fail("backend %d did not exit", pid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// check compares lockhooks' view of every open connection with pg_locks.
+// Only the loss monitor works asynchronously (a parked holder's backend
+// that died); a connection it has reported lost is skipped.
+func (m *model) check(when string) {
+	var problems []string
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		problems = problems[:0]
+		seen := map[int32]bool{}
+		for _, w := range m.conn.openConns() {
+			v := w.view()
+			seen[v.pid] = true
+			if v.lost {
+				continue
+			}
+			server, tracked := serverLocks(m.t, m.e.raw, v.pid), keysOf(v)
+			if describeKeys(server) != describeKeys(tracked) {
+				problems = append(problems, fmt.Sprintf("%v (parked %v): lockhooks %s, pg_locks %s", w, v.parked, describeKeys(tracked), describeKeys(server)))
+			}
+		}
+		// A backend lockhooks no longer knows must hold nothing (it may be
+		// exiting after its connection was closed).
+		rows, err := m.e.raw.Query(`SELECT DISTINCT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+			WHERE l.locktype = 'advisory' AND a.application_name = $1`, m.e.app)
+		if err != nil {
+			m.fail("%v", err)
+		}
+		for rows.Next() {
+			var pid int32
+			rows.Scan(&pid)
+			if !seen[pid] {
+				problems = append(problems, fmt.Sprintf("backend %d holds advisory locks but no open lockhooks connection has it", pid))
+			}
+		}
+		rows.Close()
+		if len(problems) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			m.fail("%s: lockhooks diverges from pg_locks:\n    %s", when, strings.Join(problems, "\n    "))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// drain ends the slots' transactions, unlocks every session lock as many
+// times as lockhooks counted (each must answer true), and then nothing of
+// this database may be held.
+func (m *model) drain() {
+	ctx := context.Background()
+	for i, s := range m.slots {
+		if s != nil && s.tx != nil {
+			s.tx.Rollback()
+			s.tx = nil
+			m.history = append(m.history, fmt.Sprintf("slot%d: Rollback (drain)", i))
+		}
+	}
+	m.check("after the drain's rollbacks")
+	for _, w := range m.conn.openConns() {
+		v := w.view()
+		if v.lost || len(v.session) == 0 {
+			continue
+		}
+		var on execer = m.e.wrapped // parked: rerouted
+		for _, s := range m.slots {
+			if s != nil && trackedConn(m.t, s.c) == w {
+				on = s.c
+			}
+		}
+		if on == execer(m.e.wrapped) && !v.parked {
+			m.fail("connection %v holds %v but is neither parked nor in a slot", w, v.session)
+		}
+		for k, n := range v.session {
+			q, args := k.unlockQuery()
+			for j := range n {
+				var ok bool
+				vals := make([]any, len(args))
+				for a := range args {
+					vals[a] = args[a].Value
+				}
+				if err := on.QueryRowContext(ctx, q, vals...).Scan(&ok); err != nil || !ok {
+					m.fail("drain: unlock %d of %d of %s on %v: %v, %v (the count was wrong)", j+1, n, k, w, ok, err)
+				}
+			}
+		}
+	}
+	var n int
+	if err := m.e.raw.QueryRow(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND a.application_name = $1`, m.e.app).Scan(&n); err != nil {
+		m.fail("%v", err)
+	}
+	if n != 0 {
+		m.fail("after unlocking every counted lock, %d advisory locks are still held", n)
+	}
+}
