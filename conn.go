@@ -323,25 +323,37 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	return c.tx.begin(ctx, inner, opts), nil
 }
 
-// beginImmediate begins an SQLite write transaction under the writer lock.
+// beginImmediate begins an SQLite write transaction under the writer lock:
+// BEGIN IMMEDIATE, or BEGIN EXCLUSIVE when the DSN says _txlock=exclusive
+// (a deferred BEGIN would let a read-then-write transaction meet
+// SQLITE_BUSY; taking the write lock at BEGIN is lockhooks' purpose).
 func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, ""); err != nil {
 		return nil, err
 	}
-	var err error
-	if c.execer != nil {
-		_, err = c.execer.ExecContext(ctx, "BEGIN IMMEDIATE", nil)
-	} else {
-		err = c.execPrepared(ctx, "BEGIN IMMEDIATE")
+	begin := "BEGIN IMMEDIATE"
+	if c.connector.sqlite.txlock == "exclusive" {
+		begin = "BEGIN EXCLUSIVE"
 	}
-	if err != nil {
+	if err := c.execOwn(ctx, begin); err != nil {
 		c.connector.writer.unlock()
 		return nil, c.observe(err)
 	}
-	t := c.tx.begin(ctx, immediateTx{c}, opts)
+	t := c.tx.begin(ctx, immediateTx{c: c, ctx: ctx}, opts)
 	t.writer = true
 	t.took(&t.writerSince)
 	return t, nil
+}
+
+// execOwn runs a statement of lockhooks' own (BEGIN, COMMIT, ROLLBACK) on
+// the inner connection, bypassing the hooks, through its Execer or, for
+// drivers without one, through Prepare.
+func (c *conn) execOwn(ctx context.Context, query string) error {
+	if c.execer != nil {
+		_, err := c.execer.ExecContext(ctx, query, nil)
+		return err
+	}
+	return c.execPrepared(ctx, query)
 }
 
 // execPrepared runs a statement of lockhooks' own through Prepare, for

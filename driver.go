@@ -269,6 +269,9 @@ func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
 	}
 	c := newConnector(inner, d, o)
 	c.dsn = dsn
+	if o.dialect == SQLite {
+		c.sqlite = parseSQLiteDSN(dsn)
+	}
 	return c, nil
 }
 
@@ -397,6 +400,7 @@ type connector struct {
 	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
 	writer   writerLock            // SQLite's in-process writer lock
 	dsn      string                // "" when the inner connector was given
+	sqlite   sqliteDSN             // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
 }
 

@@ -3,31 +3,48 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// immediateTx is an SQLite write transaction begun with BEGIN IMMEDIATE by
-// the wrapper itself (drivers cannot choose the BEGIN mode per
-// transaction).
-type immediateTx struct{ c *conn }
+// immediateTx is an SQLite write transaction begun with BEGIN IMMEDIATE
+// (or EXCLUSIVE) by the wrapper itself (drivers cannot choose the BEGIN
+// mode per transaction). Its COMMIT and ROLLBACK have the semantics
+// modernc.org/sqlite gives its own transactions: COMMIT waits for other
+// connections' locks only as long as the context BeginTx was given allows
+// (database/sql documents that context as in use until the end of the
+// transaction), and ROLLBACK runs whatever that context's state, because
+// database/sql calls it to clean up once the context is done.
+type immediateTx struct {
+	c   *conn
+	ctx context.Context // BeginTx's
+}
 
-// Commit commits; if COMMIT fails the transaction is rolled back, so the
-// connection is never left inside it.
+// Commit commits. If COMMIT fails the transaction is rolled back, so the
+// connection is never left inside it; the writer lock is released by the
+// wrapping tx whatever happens here.
 func (t immediateTx) Commit() error {
-	if _, err := t.c.execer.ExecContext(context.Background(), "COMMIT", nil); err != nil {
-		t.c.execer.ExecContext(context.Background(), "ROLLBACK", nil)
-		return err
+	err := t.c.execOwn(t.ctx, "COMMIT")
+	if err == nil {
+		return nil
 	}
-	return nil
+	rerr := t.c.execOwn(context.Background(), "ROLLBACK")
+	if rerr != nil && t.ctx.Err() != nil && errors.Is(err, t.ctx.Err()) {
+		// The driver reports the context's error for a statement during
+		// which the context ended, even one that completed; a transaction
+		// that is gone without our ROLLBACK may have committed.
+		return fmt.Errorf("lockhooks: COMMIT ended with %w as its context ended, and the transaction was no longer open afterwards (ROLLBACK: %v), so it may have committed; check the data before retrying", err, rerr)
+	}
+	return err
 }
 
 // Rollback rolls back.
 func (t immediateTx) Rollback() error {
-	_, err := t.c.execer.ExecContext(context.Background(), "ROLLBACK", nil)
-	return err
+	return t.c.execOwn(context.Background(), "ROLLBACK")
 }
 
 // tx is the wrapped transaction. It lives inside its conn (database/sql runs
