@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"os"
 	"path/filepath"
@@ -290,4 +291,41 @@ func TestSQLiteTxlockExclusiveKeepsReadersOut(t *testing.T) {
 	if mode := fileJournalMode(t, path); mode != "rollback" {
 		t.Errorf("the file is in %s mode", mode)
 	}
+}
+
+// lockhooks' own BEGIN, COMMIT and ROLLBACK reach a driver without an
+// Execer through Prepare.
+func TestSQLiteOwnStatementsWithoutAnExecer(t *testing.T) {
+	for _, end := range []string{"Commit", "Rollback"} {
+		fc := newFakeConn()
+		w := newConn(testConnector(t), fakeConnWith(fc, 0))
+		if _, ok := w.(driver.ExecerContext); ok {
+			t.Fatal("the test double has an Execer")
+		}
+		tx, err := w.Begin() //nolint:staticcheck // the inner driver has no BeginTx
+		if err != nil {
+			t.Fatal(err)
+		}
+		if end == "Commit" {
+			err = tx.Commit()
+		} else {
+			err = tx.Rollback()
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", end, err)
+		}
+		if n := countCalls(fc.calls, "Prepare"); n != 2 {
+			t.Errorf("%s: %d statements prepared (%v), want BEGIN and the end", end, n, fc.calls)
+		}
+	}
+}
+
+func countCalls(calls []string, name string) int {
+	n := 0
+	for _, c := range calls {
+		if c == name {
+			n++
+		}
+	}
+	return n
 }
