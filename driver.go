@@ -333,7 +333,15 @@ func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
 	if err != nil {
 		return brokenConnector{err: err, drv: c.Driver()}
 	}
-	return newConnector(c, newDriver(c.Driver(), opts), o)
+	w := newConnector(c, newDriver(c.Driver(), opts), o)
+	if o.dialect == SQLite {
+		// The connector's DSN is not lockhooks' to read, except that a
+		// modernc connector's _txlock must not be weakened.
+		if dsn, ok := moderncConnectorDSN(c); ok {
+			w.sqlite.txlock = parseSQLiteDSN(dsn).txlock
+		}
+	}
+	return w
 }
 
 // brokenConnector reports a configuration error on every Connect, the way

@@ -1,7 +1,9 @@
 package lockhooks
 
 import (
+	"database/sql/driver"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 )
@@ -131,4 +133,24 @@ func sqliteTrue(v string) bool {
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 	return err == nil && n != 0
+}
+
+// moderncConnectorDSN returns the DSN of a connector made by
+// modernc.org/sqlite's NewConnector (an unexported struct with a dsn
+// field), so that its _txlock is honoured; ok is false for any other
+// connector, or if a later modernc version changes that struct.
+func moderncConnectorDSN(c driver.Connector) (dsn string, ok bool) {
+	v := reflect.ValueOf(c)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return "", false
+	}
+	v = v.Elem()
+	if v.Type().PkgPath() != "modernc.org/sqlite" {
+		return "", false
+	}
+	f := v.FieldByName("dsn")
+	if !f.IsValid() || f.Kind() != reflect.String {
+		return "", false
+	}
+	return f.String(), true
 }

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"modernc.org/sqlite"
 )
 
 func TestParseSQLiteDSN(t *testing.T) {
@@ -249,47 +251,61 @@ func TestSQLiteCommitHonoursTheTransactionsContext(t *testing.T) {
 
 // _txlock=exclusive is honoured: during a write transaction a reader on
 // another connection is kept out, as without lockhooks; and lockhooks
-// leaves the file in its rollback journal (WAL would let readers in).
+// leaves the file in its rollback journal (WAL would let readers in). A
+// modernc connector's _txlock is honoured too.
 func TestSQLiteTxlockExclusiveKeepsReadersOut(t *testing.T) {
-	path, _ := createRollbackJournalFile(t, "exclusive.db")
-	db, err := Open("sqlite", path+"?_txlock=exclusive")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	tx, err := db.BeginTx(context.Background(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.Exec("INSERT INTO t VALUES (2, 'c')"); err != nil {
-		t.Fatal(err)
-	}
+	for how, open := range map[string]func(dsn string) (*sql.DB, error){
+		"Open": func(dsn string) (*sql.DB, error) { return Open("sqlite", dsn) },
+		"OpenDB": func(dsn string) (*sql.DB, error) {
+			c, err := sqlite.NewConnector(dsn)
+			if err != nil {
+				return nil, err
+			}
+			return OpenDB(c), nil
+		},
+	} {
+		t.Run(how, func(t *testing.T) {
+			path, _ := createRollbackJournalFile(t, "exclusive.db")
+			db, err := open(path + "?_txlock=exclusive")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			tx, err := db.BeginTx(context.Background(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if _, err := tx.Exec("INSERT INTO t VALUES (2, 'c')"); err != nil {
+				t.Fatal(err)
+			}
 
-	raw, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(0)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	var n int
-	err = raw.QueryRow("SELECT count(*) FROM t").Scan(&n)
-	if !isBusy(err) {
-		t.Fatalf("a reader on another connection during an EXCLUSIVE transaction: %v (read %d rows), want SQLITE_BUSY", err, n)
-	}
-	// A lockhooks reader of the same database is kept out too.
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM t").Scan(&n); err == nil {
-		t.Fatalf("a lockhooks reader read %d rows during an EXCLUSIVE transaction", n)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if err := raw.QueryRow("SELECT count(*) FROM t").Scan(&n); err != nil || n != 2 {
-		t.Fatalf("after COMMIT: %d rows, %v", n, err)
-	}
-	if mode := fileJournalMode(t, path); mode != "rollback" {
-		t.Errorf("the file is in %s mode", mode)
+			raw, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(0)")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			var n int
+			err = raw.QueryRow("SELECT count(*) FROM t").Scan(&n)
+			if !isBusy(err) {
+				t.Fatalf("a reader on another connection during an EXCLUSIVE transaction: %v (read %d rows), want SQLITE_BUSY", err, n)
+			}
+			// A lockhooks reader of the same database is kept out too.
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			if err := db.QueryRowContext(ctx, "SELECT count(*) FROM t").Scan(&n); err == nil {
+				t.Fatalf("a lockhooks reader read %d rows during an EXCLUSIVE transaction", n)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if err := raw.QueryRow("SELECT count(*) FROM t").Scan(&n); err != nil || n != 2 {
+				t.Fatalf("after COMMIT: %d rows, %v", n, err)
+			}
+			if mode := fileJournalMode(t, path); mode != "rollback" {
+				t.Errorf("the file is in %s mode", mode)
+			}
+		})
 	}
 }
 
