@@ -125,6 +125,17 @@ func newConn(c *connector, inner driver.Conn) driver.Conn {
 //		inner := dc.(interface{ Unwrap() driver.Conn }).Unwrap()
 //		...
 //	})
+//
+// Calls on the inner connection bypass lockhooks: no rewrite, no lock
+// tracking and, on SQLite, no writer lock, so a call that writes can meet
+// SQLITE_BUSY from lockhooks' writers of the same database, or make them
+// wait. On modernc.org/sqlite these write: Exec, Query and prepared
+// statements that write, Begin/BeginTx (a deferred BEGIN), NewRestore (its
+// Step overwrites this database) and Deserialize (this connection's
+// database becomes an in-memory image; return driver.ErrBadConn from Raw
+// so the connection is closed). Serialize, NewBackup (it writes only its
+// destination), IsReadOnly, Status and the FileControl and hook calls do
+// not write.
 func (c *conn) Unwrap() driver.Conn { return c.inner }
 
 func (c *conn) state() *conn { return c }
