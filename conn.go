@@ -310,7 +310,7 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 // Begin starts a transaction; database/sql calls it only when BeginTx is
 // absent.
 func (c *conn) Begin() (driver.Tx, error) {
-	if c.connector.opts.dialect == SQLite {
+	if c.beginsImmediate(driver.TxOptions{}) {
 		return c.beginImmediate(context.Background(), driver.TxOptions{})
 	}
 	inner, err := c.inner.Begin() //nolint:staticcheck // the inner driver has no BeginTx
@@ -324,7 +324,7 @@ func (c *conn) Begin() (driver.Tx, error) {
 // (ReadOnly false) first takes the in-process writer lock, then runs
 // BEGIN IMMEDIATE, so it never meets SQLITE_BUSY from this process.
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	if c.connector.opts.dialect == SQLite && !opts.ReadOnly {
+	if c.beginsImmediate(opts) {
 		return c.beginImmediate(ctx, opts)
 	}
 	inner, err := c.beginner.BeginTx(ctx, opts)
@@ -332,6 +332,14 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		return nil, c.observe(err)
 	}
 	return c.tx.begin(ctx, inner, opts), nil
+}
+
+// beginsImmediate reports whether a transaction with opts is an SQLite
+// write transaction that lockhooks begins itself. On a read-only open
+// nothing can write, and BEGIN IMMEDIATE would fail under query_only, so
+// every transaction there begins as the driver begins it.
+func (c *conn) beginsImmediate(opts driver.TxOptions) bool {
+	return c.connector.opts.dialect == SQLite && !opts.ReadOnly && c.connector.sqlite.readOnly == ""
 }
 
 // beginImmediate begins an SQLite write transaction under the writer lock:

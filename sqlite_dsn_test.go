@@ -113,6 +113,18 @@ func TestSQLiteReadOnlyOpenNeverWrites(t *testing.T) {
 			if name != "a-b" {
 				t.Fatalf("read %q", name)
 			}
+			// A transaction that is not marked read-only begins as the
+			// driver begins it (BEGIN IMMEDIATE fails under query_only).
+			tx, err := db.Begin()
+			if err != nil {
+				t.Fatalf("Begin through %s: %v", params, err)
+			}
+			if err := tx.QueryRow("SELECT name FROM t").Scan(&name); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
 			// The connection defaults that do not write are still there.
 			var busy int
 			if err := db.QueryRow("PRAGMA busy_timeout").Scan(&busy); err != nil || busy != 5000 {
