@@ -358,7 +358,7 @@ func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (drive
 		c.connector.writer.unlock()
 		return nil, c.observe(err)
 	}
-	t := c.tx.begin(ctx, immediateTx{c: c, ctx: ctx}, opts)
+	t := c.tx.begin(ctx, immediateTx{c}, opts)
 	t.writer = true
 	t.took(&t.writerSince)
 	return t, nil
