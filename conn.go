@@ -130,6 +130,17 @@ func newConn(c *connector, inner driver.Conn) driver.Conn {
 //		inner := dc.(interface{ Unwrap() driver.Conn }).Unwrap()
 //		...
 //	})
+//
+// Calls on the inner connection bypass lockhooks: no rewrite, no lock
+// tracking and, on SQLite, no writer lock, so a call that writes can meet
+// SQLITE_BUSY from lockhooks' writers of the same database, or make them
+// wait. On modernc.org/sqlite these write: Exec, Query and prepared
+// statements that write, Begin/BeginTx (a deferred BEGIN), NewRestore (its
+// Step overwrites this database) and Deserialize (this connection's
+// database becomes an in-memory image; return driver.ErrBadConn from Raw
+// so the connection is closed). Serialize, NewBackup (it writes only its
+// destination), IsReadOnly, Status and the FileControl and hook calls do
+// not write.
 func (c *conn) Unwrap() driver.Conn { return c.inner }
 
 func (c *conn) state() *conn { return c }
@@ -304,7 +315,7 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 // Begin starts a transaction; database/sql calls it only when BeginTx is
 // absent.
 func (c *conn) Begin() (driver.Tx, error) {
-	if c.connector.opts.dialect == SQLite {
+	if c.beginsImmediate(driver.TxOptions{}) {
 		return c.beginImmediate(context.Background(), driver.TxOptions{})
 	}
 	inner, err := c.inner.Begin() //nolint:staticcheck // the inner driver has no BeginTx
@@ -318,7 +329,7 @@ func (c *conn) Begin() (driver.Tx, error) {
 // (ReadOnly false) first takes the in-process writer lock, then runs
 // BEGIN IMMEDIATE, so it never meets SQLITE_BUSY from this process.
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	if c.connector.opts.dialect == SQLite && !opts.ReadOnly {
+	if c.beginsImmediate(opts) {
 		return c.beginImmediate(ctx, opts)
 	}
 	innerCtx := ctx
@@ -336,18 +347,27 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	return c.tx.begin(ctx, inner, opts), nil
 }
 
-// beginImmediate begins an SQLite write transaction under the writer lock.
+// beginsImmediate reports whether a transaction with opts is an SQLite
+// write transaction that lockhooks begins itself. On a read-only open
+// nothing can write, and BEGIN IMMEDIATE would fail under query_only, so
+// every transaction there begins as the driver begins it.
+func (c *conn) beginsImmediate(opts driver.TxOptions) bool {
+	return c.connector.opts.dialect == SQLite && !opts.ReadOnly && c.connector.sqlite.readOnly == ""
+}
+
+// beginImmediate begins an SQLite write transaction under the writer lock:
+// BEGIN IMMEDIATE, or BEGIN EXCLUSIVE when the DSN says _txlock=exclusive
+// (a deferred BEGIN would let a read-then-write transaction meet
+// SQLITE_BUSY; taking the write lock at BEGIN is lockhooks' purpose).
 func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, ""); err != nil {
 		return nil, err
 	}
-	var err error
-	if c.execer != nil {
-		_, err = c.execer.ExecContext(ctx, "BEGIN IMMEDIATE", nil)
-	} else {
-		err = c.execPrepared(ctx, "BEGIN IMMEDIATE")
+	begin := "BEGIN IMMEDIATE"
+	if c.connector.sqlite.txlock == "exclusive" {
+		begin = "BEGIN EXCLUSIVE"
 	}
-	if err != nil {
+	if err := c.execOwn(ctx, begin); err != nil {
 		c.connector.writer.unlock()
 		return nil, c.observe(err)
 	}
@@ -355,6 +375,17 @@ func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (drive
 	t.writer = true
 	t.took(&t.writerSince)
 	return t, nil
+}
+
+// execOwn runs a statement of lockhooks' own (BEGIN, COMMIT, ROLLBACK) on
+// the inner connection, bypassing the hooks, through its Execer or, for
+// drivers without one, through Prepare.
+func (c *conn) execOwn(ctx context.Context, query string) error {
+	if c.execer != nil {
+		_, err := c.execer.ExecContext(ctx, query, nil)
+		return err
+	}
+	return c.execPrepared(ctx, query)
 }
 
 // execPrepared runs a statement of lockhooks' own through Prepare, for

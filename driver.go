@@ -34,6 +34,8 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lockhooks/lockhooks/internal/driverext"
 )
 
 // Dialect names the SQL dialect of the wrapped database.
@@ -234,9 +236,17 @@ func describe(v any) string {
 
 // Driver is a wrapped driver.Driver. It implements driver.DriverContext, so
 // every *sql.DB opened by name gets its own connector and lock state.
+//
+// The driver-level optional interfaces of the inner driver that name a
+// driver's own types are forwarded by a subpackage, imported for its side
+// effect: github.com/lockhooks/lockhooks/modernc forwards modernc's
+// vtab.ModuleRegisterer, so vtab.RegisterModule(db, …) registers on the
+// wrapped driver. Wrap then returns a value that embeds *Driver and has
+// such an interface exactly when the inner driver has it.
 type Driver struct {
 	inner driver.Driver
 	opts  []Option
+	self  driver.Driver // what Wrap returned: d, or d with forwarded interfaces
 }
 
 var (
@@ -248,7 +258,30 @@ var (
 // locking behaviour. Errors in d or opts (a nil driver, an unknown dialect)
 // are returned when the first connector or connection is opened.
 func Wrap(d driver.Driver, opts ...Option) driver.Driver {
-	return &Driver{inner: d, opts: opts}
+	return newDriver(d, opts).self
+}
+
+// newDriver wraps d and decides which of d's driver-level optional
+// interfaces the wrapper shows (see [Driver]).
+func newDriver(d driver.Driver, opts []Option) *Driver {
+	w := &Driver{inner: d, opts: opts}
+	w.self = w
+	if d != nil {
+		w.self = driverext.Decorate(w, d)
+	}
+	return w
+}
+
+// lockhooksDriver returns d; a value that embeds *Driver to forward an
+// optional interface is recognised by it.
+func (d *Driver) lockhooksDriver() *Driver { return d }
+
+// asDriver returns the *Driver of a value Wrap returned.
+func asDriver(v driver.Driver) (*Driver, bool) {
+	if w, ok := v.(interface{ lockhooksDriver() *Driver }); ok {
+		return w.lockhooksDriver(), true
+	}
+	return nil, false
 }
 
 // Open opens one connection; database/sql prefers OpenConnector.
@@ -282,6 +315,9 @@ func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
 	}
 	c := newConnector(inner, d, o)
 	c.dsn = dsn
+	if o.dialect == SQLite {
+		c.sqlite = parseSQLiteDSN(dsn)
+	}
 	return c, nil
 }
 
@@ -310,7 +346,15 @@ func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
 	if err != nil {
 		return brokenConnector{err: err, drv: c.Driver()}
 	}
-	return newConnector(c, &Driver{inner: c.Driver(), opts: opts}, o)
+	w := newConnector(c, newDriver(c.Driver(), opts), o)
+	if o.dialect == SQLite {
+		// The connector's DSN is not lockhooks' to read, except that a
+		// modernc connector's _txlock must not be weakened.
+		if dsn, ok := moderncConnectorDSN(c); ok {
+			w.sqlite.txlock = parseSQLiteDSN(dsn).txlock
+		}
+	}
+	return w
 }
 
 // brokenConnector reports a configuration error on every Connect, the way
@@ -321,7 +365,7 @@ type brokenConnector struct {
 }
 
 func (b brokenConnector) Connect(context.Context) (driver.Conn, error) { return nil, b.err }
-func (b brokenConnector) Driver() driver.Driver                        { return &Driver{inner: b.drv} }
+func (b brokenConnector) Driver() driver.Driver                        { return newDriver(b.drv, nil).self }
 
 // OpenDB is sql.OpenDB(WrapConnector(c, opts...)).
 func OpenDB(c driver.Connector, opts ...Option) *sql.DB {
@@ -336,7 +380,7 @@ func Open(driverName, dsn string, opts ...Option) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := Wrap(inner, opts...).(*Driver).OpenConnector(dsn)
+	c, err := newDriver(inner, opts).OpenConnector(dsn)
 	if err != nil {
 		return nil, err
 	}
@@ -368,7 +412,7 @@ func Register(driverName string, opts ...Option) (string, error) {
 	registerMu.Lock()
 	defer registerMu.Unlock()
 	if existing, err := registeredDriver(name); err == nil {
-		w, ok := existing.(*Driver)
+		w, ok := asDriver(existing)
 		switch {
 		case !ok || w.inner != inner:
 			return "", fmt.Errorf("lockhooks: the driver name %q is already taken by %s", name, describe(existing))
@@ -410,6 +454,7 @@ type connector struct {
 	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
 	writer   writerLock            // SQLite's in-process writer lock
 	dsn      string                // "" when the inner connector was given
+	sqlite   sqliteDSN             // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
 
 	liveMu sync.Mutex
@@ -478,8 +523,14 @@ func (c *connector) openConns() []*conn {
 	return conns
 }
 
-// Driver returns the wrapped driver, as sql.DB.Driver reports it.
-func (c *connector) Driver() driver.Driver { return c.driver }
+// Driver returns the wrapped driver, as sql.DB.Driver reports it: the value
+// Wrap returned, with the inner driver's forwarded optional interfaces.
+func (c *connector) Driver() driver.Driver {
+	if c.driver.self != nil {
+		return c.driver.self
+	}
+	return c.driver
+}
 
 // Close is called by sql.DB.Close. Connections parked because they hold
 // session advisory locks are closed, which releases the locks (each is

@@ -3,6 +3,7 @@ package lockhooks_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"log"
 	"os"
@@ -155,4 +156,36 @@ func ExampleKeepForUpdate() {
 	tx.ExecContext(lockhooks.KeepForUpdate(ctx), "SELECT id FROM accounts WHERE id = $1 FOR UPDATE", 7)
 	tx.ExecContext(ctx, "DELETE FROM accounts WHERE id = $1", 7)
 	tx.Commit()
+}
+
+// sql.Conn.Raw reaches the driver's own connection with Unwrap. Calls on it
+// bypass lockhooks, and on SQLite its writer lock: reading calls such as
+// modernc's Serialize or NewBackup are safe beside lockhooks' writers;
+// calls that write (statements run on it, NewRestore, Deserialize) meet or
+// delay them as another process would. See the README's SQLite section.
+func Example_unwrap() {
+	path, remove := tempDB()
+	defer remove()
+	db, err := lockhooks.Open("sqlite", path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	db.Exec("CREATE TABLE jobs (id INTEGER PRIMARY KEY)")
+
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	err = conn.Raw(func(dc any) error {
+		inner := dc.(interface{ Unwrap() driver.Conn }).Unwrap()
+		image, err := inner.(interface{ Serialize() ([]byte, error) }).Serialize()
+		fmt.Println("serialized:", len(image) > 0, err)
+		return nil
+	})
+	fmt.Println(err)
+	// Output:
+	// serialized: true <nil>
+	// <nil>
 }

@@ -679,26 +679,24 @@ func (w *writerLock) handOff() {
 }
 
 // sqliteDefaults sets on a new SQLite connection what lockhooks relies on,
-// where the DSN does not say otherwise: busy_timeout (the busy timeout),
-// journal_mode=WAL (readers do not block the writer) and foreign_keys=ON.
-// With a connector lockhooks cannot read the DSN, so it only sets a
-// busy_timeout that is still SQLite's default of 0.
+// where the DSN's parsed parameters leave it unset: busy_timeout (the busy
+// timeout), journal_mode=WAL (readers do not block the writer) and
+// foreign_keys=ON. WAL is the one default that writes to the database file,
+// so it is never applied on a read-only open (mode=ro, immutable=1,
+// query_only), nor with _txlock=exclusive, whose promise to keep readers out
+// holds only outside WAL. With a connector lockhooks cannot read the DSN,
+// so it only sets a busy_timeout that is still SQLite's default of 0.
 func (c *connector) sqliteDefaults(ctx context.Context, inner driver.Conn) error {
-	dsn := strings.ToLower(c.dsn)
-	says := func(words ...string) bool {
-		for _, w := range words {
-			if strings.Contains(dsn, w) {
-				return true
-			}
-		}
-		return false
-	}
 	var pragmas []string
 	busy := "PRAGMA busy_timeout = " + strconv.FormatInt(c.opts.busyTimeout.Milliseconds(), 10)
-	if c.dsn == "" {
+	d := c.sqlite
+	if !d.known {
+		if c.dsn != "" {
+			return nil // unparsable: the driver itself refuses it
+		}
 		rows, err := queryDirect(ctx, inner, "PRAGMA busy_timeout", nil)
 		if err != nil {
-			return err
+			return fmt.Errorf("lockhooks: reading PRAGMA busy_timeout on a new SQLite connection: %w", err)
 		}
 		v := make([]driver.Value, 1)
 		err = rows.Next(v)
@@ -707,20 +705,20 @@ func (c *connector) sqliteDefaults(ctx context.Context, inner driver.Conn) error
 			pragmas = append(pragmas, busy)
 		}
 	} else {
-		if !says("busy_timeout", "_timeout") {
+		if !d.busyTimeout {
 			pragmas = append(pragmas, busy)
 		}
-		if !says("journal_mode", "_journal") {
+		if !d.journalMode && d.readOnly == "" && d.txlock != "exclusive" {
 			pragmas = append(pragmas, "PRAGMA journal_mode = WAL")
 		}
-		if !says("foreign_keys", "_fk") {
+		if !d.foreignKeys {
 			pragmas = append(pragmas, "PRAGMA foreign_keys = ON")
 		}
 	}
 	for _, p := range pragmas {
 		rows, err := queryDirect(ctx, inner, p, nil)
 		if err != nil {
-			return fmt.Errorf("lockhooks: %s on a new SQLite connection: %w", p, err)
+			return fmt.Errorf("lockhooks: %s on a new SQLite connection failed: %w; set the pragma yourself in the DSN (for example _pragma=journal_mode(delete)) and lockhooks leaves it alone", p, err)
 		}
 		rows.Close()
 	}

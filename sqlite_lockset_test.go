@@ -596,3 +596,28 @@ func TestLocksetOnPostgres(t *testing.T) {
 		t.Errorf("Lock in a REPEATABLE READ transaction: %v", err)
 	}
 }
+
+// A read-only CTE that calls replace() is a read: its open rows do not hold
+// the writer lock, so a writer in the same process goes ahead (issue 11).
+func TestReadOnlyCTEDoesNotTakeTheWriterLock(t *testing.T) {
+	db, _ := openSQLiteFile(t, WithBusyTimeout(200*time.Millisecond))
+	mustExec(t, db, "CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT)")
+	mustExec(t, db, "INSERT INTO t VALUES (1, 'a b'), (2, 'c d')")
+	rows, err := db.Query("WITH x AS (SELECT replace(name, ' ', '-') AS n FROM t) SELECT n FROM x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		t.Fatal(rows.Err())
+	}
+	if _, err := db.Exec("INSERT INTO t VALUES (3, 'e f')"); err != nil {
+		t.Fatalf("a writer while the CTE's rows are open: %v", err)
+	}
+	// A WITH … INSERT still takes it.
+	tx := beginTx(t, db, nil)
+	defer tx.Rollback()
+	if _, err := db.Exec("WITH x AS (SELECT 4 AS id) INSERT INTO t SELECT id, 'g' FROM x"); !errors.Is(err, ErrWriterLockTimeout) {
+		t.Fatalf("a WITH … INSERT while a write transaction is open: %v, want ErrWriterLockTimeout", err)
+	}
+}

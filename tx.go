@@ -3,31 +3,51 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// immediateTx is an SQLite write transaction begun with BEGIN IMMEDIATE by
-// the wrapper itself (drivers cannot choose the BEGIN mode per
-// transaction).
+// immediateTx is an SQLite write transaction begun with BEGIN IMMEDIATE
+// (or EXCLUSIVE) by the wrapper itself (drivers cannot choose the BEGIN
+// mode per transaction). Its COMMIT and ROLLBACK have the semantics
+// modernc.org/sqlite gives its own transactions: COMMIT waits for other
+// connections' locks only as long as the context BeginTx was given allows
+// (database/sql documents that context as in use until the end of the
+// transaction), and ROLLBACK runs whatever that context's state, because
+// database/sql calls it to clean up once the context is done.
+// It is one pointer, so storing it in tx.inner allocates nothing; BeginTx's
+// context is kept in tx.ctx.
 type immediateTx struct{ c *conn }
 
-// Commit commits; if COMMIT fails the transaction is rolled back, so the
-// connection is never left inside it.
+// Commit commits. If COMMIT fails the transaction is rolled back, so the
+// connection is never left inside it; the writer lock is released by the
+// wrapping tx whatever happens here.
 func (t immediateTx) Commit() error {
-	if _, err := t.c.execer.ExecContext(context.Background(), "COMMIT", nil); err != nil {
-		t.c.execer.ExecContext(context.Background(), "ROLLBACK", nil)
-		return err
+	ctx := t.c.tx.ctx
+	if ctx == nil {
+		ctx = context.Background()
 	}
-	return nil
+	err := t.c.execOwn(ctx, "COMMIT")
+	if err == nil {
+		return nil
+	}
+	rerr := t.c.execOwn(context.Background(), "ROLLBACK")
+	if rerr != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		// The driver reports the context's error for a statement during
+		// which the context ended, even one that completed; a transaction
+		// that is gone without our ROLLBACK may have committed.
+		return fmt.Errorf("lockhooks: COMMIT ended with %w as its context ended, and the transaction was no longer open afterwards (ROLLBACK: %v), so it may have committed; check the data before retrying", err, rerr)
+	}
+	return err
 }
 
 // Rollback rolls back.
 func (t immediateTx) Rollback() error {
-	_, err := t.c.execer.ExecContext(context.Background(), "ROLLBACK", nil)
-	return err
+	return t.c.execOwn(context.Background(), "ROLLBACK")
 }
 
 // tx is the wrapped transaction. It lives inside its conn (database/sql runs
@@ -37,7 +57,8 @@ type tx struct {
 	c     *conn
 	inner driver.Tx
 	opts  driver.TxOptions
-	gen   uint64 // tells this connection's transactions apart, as lock owners
+	ctx   context.Context // BeginTx's, in use until COMMIT or ROLLBACK
+	gen   uint64          // tells this connection's transactions apart, as lock owners
 
 	read   bool         // a statement ran in the transaction (its snapshot is fixed)
 	writer bool         // the transaction holds the SQLite writer lock
@@ -53,7 +74,7 @@ var _ driver.Tx = (*tx)(nil)
 
 // begin starts tracking the transaction inner and returns it wrapped.
 func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions) *tx {
-	t.inner, t.opts = inner, opts
+	t.inner, t.opts, t.ctx = inner, opts, ctx
 	t.gen++
 	t.read = false
 	t.span = trace.SpanFromContext(ctx)
@@ -94,7 +115,7 @@ func (t *tx) Rollback() error {
 // if a statement in it changed session locks in ways only pg_locks can
 // tell, reads pg_locks now that the transaction's own locks are gone.
 func (t *tx) end() {
-	t.inner = nil
+	t.inner, t.ctx = nil, nil
 	t.opts = driver.TxOptions{}
 	if len(t.locks) > 0 {
 		t.releaseLast(len(t.locks))

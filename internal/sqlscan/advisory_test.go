@@ -95,12 +95,33 @@ func TestIsWrite(t *testing.T) {
 		"PRAGMA journal_mode":                                false,
 		"":                                                   false,
 		"insertion":                                          false,
+		// Issue 11: the structure decides, not a keyword anywhere.
+		"WITH t AS (SELECT replace(name,' ','-') AS n FROM u) SELECT * FROM t":              false,
+		"with t as (select 1), u(x) as materialized (select replace('a','a','b')) select 1": false,
+		"WITH RECURSIVE c(n) AS (VALUES(1) UNION ALL SELECT n+1 FROM c) SELECT n FROM c":    false,
+		"WITH t AS ((SELECT 1)) SELECT delete_flag, \"update\" FROM t":                      false,
+		"WITH t AS (SELECT 'INSERT') SELECT * FROM t -- DELETE":                             false,
+		"WITH t AS (WITH u AS (SELECT 1) SELECT * FROM u) SELECT * FROM t":                  false,
+		"SELECT replace(name, 'a', 'b') FROM t":                                             false,
+		"EXPLAIN QUERY PLAN INSERT INTO t VALUES (1)":                                       false,
+		"WITH t AS (SELECT 1) REPLACE INTO u SELECT * FROM t":                               true,
+		"WITH t AS NOT MATERIALIZED (SELECT 1) UPDATE u SET x = 1":                          true,
+		"WITH \"t\"(a, b) AS (SELECT 1, 2), u AS (SELECT 3) DELETE FROM v":                  true,
+		"WITH t AS (DELETE FROM u RETURNING *) SELECT * FROM t":                             true,
+		"WITH t AS (WITH u AS (SELECT 1) INSERT INTO v SELECT * FROM u) SELECT 1":           true,
+		"SELECT 1; INSERT INTO t VALUES (1)":                                                true,
+		"SELECT ';'; SELECT (1);":                                                           false,
+		"WITH":                                                                              true,
+		"WITH t AS (SELECT 1":                                                               true,
 	} {
 		if got := IsWrite(in); got != want {
 			t.Errorf("IsWrite(%q) = %v", in, got)
 		}
 	}
-	if n := testing.AllocsPerRun(100, func() { IsWrite("INSERT INTO t VALUES (?)") }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() {
+		IsWrite("INSERT INTO t VALUES (?)")
+		IsWrite("WITH t AS (SELECT replace(name,' ','-') FROM u), v AS (SELECT 1) SELECT * FROM t; SELECT 2")
+	}); n != 0 {
 		t.Errorf("IsWrite allocated %v times", n)
 	}
 }

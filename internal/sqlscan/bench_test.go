@@ -36,3 +36,14 @@ func BenchmarkMayLock200(b *testing.B) {
 		MayLock(stmt200)
 	}
 }
+
+// IsWrite runs on every autocommit SQLite statement: a SELECT is decided
+// by its first word and a search for ';', a WITH by its CTE structure.
+func BenchmarkIsWrite200(b *testing.B) {
+	with := "WITH t AS (SELECT replace(name, ' ', '-') AS n FROM users WHERE org_id = ?) " + stmt200[:120]
+	b.ReportAllocs()
+	for b.Loop() {
+		IsWrite(stmt200)
+		IsWrite(with)
+	}
+}

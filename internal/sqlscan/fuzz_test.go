@@ -9,7 +9,9 @@ func addSeeds(f *testing.F) {
 	for _, c := range noKeyCases {
 		f.Add(c.in)
 	}
-	for _, s := range []string{"SELECT pg_advisory_lock($1)", "SELECT pg_try_advisory_lock(1, 2)", "DISCARD ALL", "$", "$$", "$a", "E'", "U&'", "/*", "--", `"`, "(((", ")))", "FOR", "for no key", "FOR UPDATE OF", "FOR SKIP"} {
+	for _, s := range []string{"SELECT pg_advisory_lock($1)", "SELECT pg_try_advisory_lock(1, 2)", "DISCARD ALL", "$", "$$", "$a", "E'", "U&'", "/*", "--", `"`, "(((", ")))", "FOR", "for no key", "FOR UPDATE OF", "FOR SKIP",
+		"WITH t AS (SELECT replace(a,' ','-') FROM u) SELECT * FROM t", "WITH RECURSIVE t(n) AS NOT MATERIALIZED ((VALUES (1))) INSERT INTO u SELECT * FROM t",
+		"WITH a AS (WITH b AS (SELECT 1) DELETE FROM c) SELECT 1", "SELECT 1; REPLACE INTO t VALUES (1)", "WITH t AS (", "WITH t(", "WITH ,", "/* /* */ */ INSERT INTO t VALUES (1)"} {
 		f.Add(s)
 	}
 }
@@ -51,6 +53,13 @@ func FuzzRewrite(f *testing.F) {
 		adv := ParseAdvisory(in)
 		if len(adv.Calls) > 0 && !MayAdvisory(in) {
 			t.Fatalf("%q has advisory calls but MayAdvisory is false", in)
+		}
+
+		// IsWrite never panics, and a statement that begins with a write
+		// verb is a write.
+		ls := New(in, SQLite)
+		if first := nextSignificant(&ls); first.Kind == Word && isVerb(ls.Text(first), writeVerbs[:]) && !IsWrite(in) {
+			t.Fatalf("IsWrite(%q) is false for a statement that begins with %s", in, ls.Text(first))
 		}
 
 		stripped, sinfo := Rewrite(in, SQLite, Strip)

@@ -1,0 +1,156 @@
+package lockhooks
+
+import (
+	"database/sql/driver"
+	"net/url"
+	"reflect"
+	"strconv"
+	"strings"
+)
+
+// sqliteDSN is what lockhooks reads from an SQLite DSN: the parsed
+// parameters that decide which connection defaults it may apply and how it
+// begins write transactions. It follows modernc.org/sqlite's parsing (the
+// query is everything after the first '?' past the first byte; keys are
+// case-sensitive, pragma names are not), plus the SQLite URI parameters
+// mode and immutable. Nothing is decided by searching the DSN's text.
+type sqliteDSN struct {
+	// known is false when lockhooks has no DSN (a wrapped connector) or
+	// cannot parse its query (the driver then refuses it at Connect).
+	known bool
+
+	// The settings the DSN makes itself; lockhooks' defaults leave them alone.
+	busyTimeout bool // _pragma=busy_timeout(…), _busy_timeout, _timeout
+	journalMode bool // _pragma=journal_mode(…), _journal_mode, _journal
+	foreignKeys bool // _pragma=foreign_keys(…), _foreign_keys, _fk
+
+	// readOnly names the parameter that makes the open read-only
+	// ("mode=ro", "immutable=1", "query_only"), or is "".
+	readOnly string
+
+	// txlock is _txlock, lower-cased: "", "deferred", "immediate" or
+	// "exclusive".
+	txlock string
+}
+
+// parseSQLiteDSN parses dsn as modernc.org/sqlite does (mattn/go-sqlite3
+// uses the same keys). dsn "" (a connector) gives a zero, unknown result.
+func parseSQLiteDSN(dsn string) sqliteDSN {
+	var d sqliteDSN
+	if dsn == "" {
+		return d
+	}
+	query := ""
+	if pos := strings.IndexByte(dsn, '?'); pos >= 1 {
+		query = dsn[pos+1:]
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return d
+	}
+	d.known = true
+
+	// The shorthand keys, with the precedence modernc gives them: the alias
+	// wins over the primary key, and an empty value sets nothing.
+	pick := func(primary, alias string) bool {
+		v, ok := "", false
+		if _, in := q[primary]; in {
+			v, ok = q.Get(primary), true
+		}
+		if _, in := q[alias]; in {
+			v, ok = q.Get(alias), true
+		}
+		return ok && v != ""
+	}
+	d.busyTimeout = pick("_busy_timeout", "_timeout")
+	d.journalMode = pick("_journal_mode", "_journal")
+	d.foreignKeys = pick("_foreign_keys", "_fk")
+	if v := q.Get("_query_only"); v != "" && sqliteTrue(v) {
+		d.readOnly = "_query_only"
+	}
+
+	for _, p := range q["_pragma"] {
+		name, value := splitPragma(p)
+		switch name {
+		case "busy_timeout":
+			d.busyTimeout = true
+		case "journal_mode":
+			d.journalMode = true
+		case "foreign_keys":
+			d.foreignKeys = true
+		case "query_only":
+			// Any query_only that is on counts, whatever its order: a
+			// read-only open is the one case where doing less is safe.
+			if value != "" && sqliteTrue(value) {
+				d.readOnly = "_pragma=query_only"
+			}
+		}
+	}
+
+	// SQLite URI parameters (names and values as SQLite compares them). A
+	// DSN that is not a file: URI does not pass them to SQLite, but a
+	// user who wrote mode=ro asked for no writes, so lockhooks makes none.
+	if q.Get("mode") == "ro" {
+		d.readOnly = "mode=ro"
+	} else if v := q.Get("immutable"); v != "" && sqliteTrue(v) {
+		d.readOnly = "immutable=1"
+	}
+
+	d.txlock = strings.ToLower(q.Get("_txlock"))
+	return d
+}
+
+// splitPragma splits a _pragma value such as "busy_timeout(5000)",
+// "journal_mode = WAL" or "main.foreign_keys(1)" into its lower-cased name,
+// without a schema, and its value, without quotes ("" when the pragma is a
+// query).
+func splitPragma(p string) (name, value string) {
+	p = strings.TrimSpace(p)
+	end := strings.IndexAny(p, "(= \t")
+	if end < 0 {
+		end = len(p)
+	}
+	name, rest := strings.ToLower(p[:end]), strings.TrimSpace(p[end:])
+	if i := strings.LastIndexByte(name, '.'); i >= 0 {
+		name = name[i+1:]
+	}
+	switch {
+	case strings.HasPrefix(rest, "("):
+		value = strings.TrimSuffix(strings.TrimSpace(rest[1:]), ")")
+	case strings.HasPrefix(rest, "="):
+		value = rest[1:]
+	}
+	value = strings.Trim(strings.TrimSpace(value), `'"`)
+	return name, value
+}
+
+// sqliteTrue reports whether v is true as SQLite reads a boolean pragma or
+// URI parameter: on, yes, true, or a non-zero integer.
+func sqliteTrue(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "on", "yes", "true":
+		return true
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	return err == nil && n != 0
+}
+
+// moderncConnectorDSN returns the DSN of a connector made by
+// modernc.org/sqlite's NewConnector (an unexported struct with a dsn
+// field), so that its _txlock is honoured; ok is false for any other
+// connector, or if a later modernc version changes that struct.
+func moderncConnectorDSN(c driver.Connector) (dsn string, ok bool) {
+	v := reflect.ValueOf(c)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return "", false
+	}
+	v = v.Elem()
+	if v.Type().PkgPath() != "modernc.org/sqlite" {
+		return "", false
+	}
+	f := v.FieldByName("dsn")
+	if !f.IsValid() || f.Kind() != reflect.String {
+		return "", false
+	}
+	return f.String(), true
+}
