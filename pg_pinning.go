@@ -78,9 +78,9 @@ func (k lockKey) unlockQuery() (string, []driver.NamedValue) {
 type heldLock struct {
 	count   int // re-entrant acquisitions (Postgres stacks them)
 	missing int // consecutive monitor checks that found the backend alive without it
-	since time.Time
-	site  string            // where it was taken: file:line
-	span  trace.SpanContext // the span of the statement that took it
+	since   time.Time
+	site    string            // where it was taken: file:line
+	span    trace.SpanContext // the span of the statement that took it
 }
 
 // pinState is what a connection knows of its advisory locks: a cache of

@@ -301,11 +301,6 @@ func (e *pinEnv) parkedViews(t testing.TB) []heldView {
 // connector returns lockhooks' state of the wrapped database.
 func (e *pinEnv) connector(t testing.TB) *connector {
 	t.Helper()
-	c, ok := e.wrapped.Driver().(*Driver)
-	if !ok {
-		t.Fatalf("driver %T", e.wrapped.Driver())
-	}
-	_ = c
 	sc, err := e.wrapped.Conn(context.Background())
 	if err != nil {
 		t.Fatal(err)

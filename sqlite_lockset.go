@@ -549,15 +549,6 @@ func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []str
 	return all, nil
 }
 
-// execOwn runs a statement of lockhooks' own on the inner connection.
-func (c *conn) execOwn(ctx context.Context, query string) error {
-	if c.execer != nil {
-		_, err := c.execer.ExecContext(ctx, query, nil)
-		return c.observe(err)
-	}
-	return c.observe(c.execPrepared(ctx, query))
-}
-
 // calls returns "fn(k1), fn(k2), …".
 func calls(fn string, keys []int64) string {
 	parts := make([]string, len(keys))
