@@ -5,7 +5,9 @@ import (
 )
 
 // noKeyCases: input -> expected output of Rewrite(…, Postgres, NoKeyUpdate).
-// An empty want means "unchanged".
+// An empty want means "unchanged". integration/sqloracle reads this literal
+// as Go source and checks its inputs against PostgreSQL's parser too; keep
+// it a literal with the input as each case's second field.
 var noKeyCases = []struct{ name, in, want string }{
 	{"plain", `SELECT * FROM t WHERE id = 1 FOR UPDATE`, `SELECT * FROM t WHERE id = 1 FOR NO KEY UPDATE`},
 	{"lower case", `select * from t for update`, `select * from t for NO KEY update`},

@@ -1,4 +1,4 @@
-package lockhooks
+package migrations
 
 import (
 	"context"
@@ -14,15 +14,20 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/lockhooks/lockhooks"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // twoReplicas opens one fresh database twice through lockhooks+pgx, as two
 // replicas of a service would.
 func twoReplicas(t *testing.T) [2]*sql.DB {
 	t.Helper()
 	dsn := pgtest.DSN(t)
-	name, err := Register("pgx")
+	name, err := lockhooks.Register("pgx")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package stackstest
+package stacks
 
 import (
 	"context"

@@ -1,8 +1,12 @@
-package sqlscan_test
+package sqloracle
 
 import (
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -67,10 +71,7 @@ var dmlStatements = map[string]bool{
 // LCS_FORUPDATE replaced by LCS_FORNOKEYUPDATE in DML statements, and be
 // unchanged in every other statement.
 func TestRewriteAgainstPostgresParser(t *testing.T) {
-	corpus := append([]string(nil), oracleCorpus...)
-	for _, c := range noKeyCasesForOracle() {
-		corpus = append(corpus, c)
-	}
+	corpus := append(append([]string(nil), oracleCorpus...), noKeyCasesForOracle(t)...)
 	parsed := 0
 	for _, q := range corpus {
 		before, err := parseStmts(q)
@@ -103,8 +104,53 @@ func TestRewriteAgainstPostgresParser(t *testing.T) {
 	t.Logf("%d statements checked against the Postgres parser", parsed)
 }
 
-// noKeyCasesForOracle exposes the table-test inputs to this package.
-func noKeyCasesForOracle() []string { return sqlscan.TableTestInputs() }
+// tableTestFile holds sqlscan's table test; its inputs join the corpus.
+const tableTestFile = "../../internal/sqlscan/lockclause_test.go"
+
+// noKeyCasesForOracle returns the inputs (second field) of the noKeyCases
+// table in sqlscan's table test. A test file of another module cannot be
+// imported, so it is read as Go source; if the table moves or changes shape
+// the oracle fails rather than silently checking less.
+func noKeyCasesForOracle(t *testing.T) []string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), tableTestFile, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inputs []string
+	found := false
+	ast.Inspect(f, func(n ast.Node) bool {
+		vs, ok := n.(*ast.ValueSpec)
+		if !ok || len(vs.Names) != 1 || vs.Names[0].Name != "noKeyCases" || len(vs.Values) != 1 {
+			return true
+		}
+		lit, ok := vs.Values[0].(*ast.CompositeLit)
+		if !ok {
+			t.Fatalf("%s: noKeyCases is not a composite literal", tableTestFile)
+		}
+		found = true
+		for _, elt := range lit.Elts {
+			c, ok := elt.(*ast.CompositeLit)
+			if !ok || len(c.Elts) < 2 {
+				t.Fatalf("%s: unexpected noKeyCases element %T", tableTestFile, elt)
+			}
+			bl, ok := c.Elts[1].(*ast.BasicLit)
+			if !ok || bl.Kind != token.STRING {
+				t.Fatalf("%s: noKeyCases input is not a string literal", tableTestFile)
+			}
+			in, err := strconv.Unquote(bl.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inputs = append(inputs, in)
+		}
+		return false
+	})
+	if !found || len(inputs) == 0 {
+		t.Fatalf("%s: no noKeyCases table found", tableTestFile)
+	}
+	return inputs
+}
 
 // parseStmts returns each statement's parse tree without source positions.
 func parseStmts(q string) ([]any, error) {
