@@ -101,31 +101,41 @@ func (p *pinning) check(side driver.Conn) (driver.Conn, error) {
 			p.settle(s.c)
 			continue
 		}
-		s.c.pin.mu.Lock()
-		if s.c.pin.gen == s.gen {
-			for _, k := range s.keys {
-				l := s.c.pin.held[k]
-				switch {
-				case l == nil:
-				case held[s.pid][k]:
-					l.missing = 0
-				case l.missing == 0:
-					// A backend that is exiting releases its locks before it
-					// leaves pg_stat_activity: look once more before deciding.
-					l.missing++
-				default:
-					// Released by something lockhooks could not see (a
-					// server-side function): the truth is in pg_locks.
-					delete(s.c.pin.held, k)
-					s.c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
-				}
-			}
-			s.c.updateActiveLocked()
+		missing := false
+		for _, k := range s.keys {
+			missing = missing || !held[s.pid][k]
 		}
+		s.c.pin.mu.Lock()
+		parked := s.c.pin.parked
 		s.c.pin.mu.Unlock()
+		if missing && parked {
+			// Released by something lockhooks could not see (a server-side
+			// function), or the backend is exiting: the parked connection
+			// itself tells which. An in-use connection is read when it is
+			// returned and parked.
+			s.c.verifyParked()
+		}
 		p.settle(s.c)
 	}
 	return side, nil
+}
+
+// verifyParked reads pg_locks on the parked connection c: a connection
+// that fails is lost, one that works makes the tracking true.
+func (c *conn) verifyParked() {
+	c.pin.exec.Lock()
+	defer c.pin.exec.Unlock()
+	c.pin.mu.Lock()
+	closed := c.pin.closed
+	c.pin.mu.Unlock()
+	if closed {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	if err := c.reconcile(ctx, "unknown", nil, false); err != nil && c.connectionBroken(err) {
+		c.loseLocks(err)
+	}
 }
 
 // warnParked logs locks parked longer than the threshold, once each.

@@ -76,11 +76,14 @@ func (k lockKey) unlockQuery() (string, []driver.NamedValue) {
 
 // heldLock is one session lock a connection holds.
 type heldLock struct {
-	count   int // re-entrant acquisitions (Postgres stacks them)
-	missing int // consecutive monitor checks that found the backend alive without it
-	since   time.Time
-	site    string            // where it was taken: file:line
-	span    trace.SpanContext // the span of the statement that took it
+	count int // re-entrant acquisitions (Postgres stacks them)
+	// approx: count may be off, because a statement lockhooks could not
+	// read ran while the key was held (pg_locks shows no counts); the next
+	// statement on the key is checked against pg_locks.
+	approx bool
+	since  time.Time
+	site   string            // where it was taken: file:line
+	span   trace.SpanContext // the span of the statement that took it
 }
 
 // pinState is what a connection knows of its advisory locks: a cache of
@@ -477,6 +480,9 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		plan.keys[i], plan.known[i] = k, ok || call.Func&sqlscan.FnUnlockAll != 0
 		plan.exact = plan.exact && plan.known[i]
 	}
+	if c.anyApprox(plan.keys, plan.known) {
+		plan.verify = true
+	}
 	if err := c.refuseUselessXact(ctx, adv); err != nil {
 		return plan, false, err
 	}
@@ -496,6 +502,18 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	c.pin.gen++
 	c.pin.mu.Unlock()
 	return plan, false, nil
+}
+
+// anyApprox reports whether c holds one of keys with a count that may be off.
+func (c *conn) anyApprox(keys []lockKey, known []bool) bool {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	for i, k := range keys {
+		if l := c.pin.held[k]; known[i] && l != nil && l.approx {
+			return true
+		}
+	}
+	return false
 }
 
 // refuseUselessXact refuses a lone autocommit statement whose only effect
@@ -613,7 +631,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		}
 		if !adv.Simple || !plan.exact {
 			// A failed statement of several calls may have taken some.
-			c.reconcile(ctx, plan.site, nil)
+			c.reconcile(ctx, plan.site, nil, true)
 			c.connector.pins.settle(c)
 		}
 		c.followTxControl(plan.st.text)
@@ -634,7 +652,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		c.followTxControl(plan.st.text)
 	}
 	if plan.verify || len(pending) > 0 {
-		c.reconcile(ctx, plan.site, pending)
+		c.reconcile(ctx, plan.site, pending, !plan.exact)
 	}
 	c.connector.pins.settle(c)
 	return nil
@@ -770,7 +788,7 @@ func (c *conn) transactionEnded() {
 	c.updateActiveLocked()
 	c.pin.mu.Unlock()
 	if recheck {
-		c.reconcile(context.Background(), "unknown", nil)
+		c.reconcile(context.Background(), "unknown", nil, true)
 		c.connector.pins.settle(c)
 	}
 }
@@ -863,10 +881,12 @@ func (c *conn) addXact(keys []int64) {
 // did not know are learnt (pending[k] times for a try-lock of this
 // statement whose outcome the text could not tell, negative for
 // transaction-level ones; once otherwise). Counts the server cannot show
-// are never lowered. Inside a transaction, keys the transaction took as
-// transaction-level locks are not session locks, and the connection is
-// read again once the transaction ends.
-func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]int) {
+// are never lowered: after a statement whose effect the text did not show
+// (uncertain), keys held before and after are marked approximate. Inside a
+// transaction, keys the transaction took as transaction-level locks are not
+// session locks, and the connection is read again once the transaction
+// ends. The caller settles c afterwards; the error is the read's.
+func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]int, uncertain bool) error {
 	ctx, cancel := context.WithTimeout(ctx, c.connector.opts.lockCheckTimeout)
 	defer cancel()
 	inTx := c.inTx()
@@ -881,7 +901,7 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 		if !inTx {
 			c.connector.opts.logger.Warn("lockhooks: cannot read pg_locks to track advisory locks", "connection", c.String(), "error", err)
 		}
-		return
+		return err
 	}
 	now := time.Now()
 	c.pin.mu.Lock()
@@ -905,6 +925,9 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 			}
 			c.pin.xact[k] -= n
 		case c.pin.held[k] != nil:
+			if uncertain {
+				c.pin.held[k].approx = true
+			}
 		case inTx && c.pin.xact[k] > 0:
 			// the transaction's own lock (a session lock on the same key
 			// taken by a statement lockhooks cannot read is found at the end)
@@ -921,6 +944,7 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 	c.pin.gen++
 	c.updateActiveLocked()
 	c.pin.mu.Unlock()
+	return nil
 }
 
 // readAdvisoryLocks reads the advisory locks pg_locks shows for this
@@ -990,7 +1014,7 @@ func (c *conn) verifyOnReturn() {
 	if err != nil || len(server) == 0 {
 		return
 	}
-	c.reconcile(ctx, "unknown (found in pg_locks when the connection was returned to the pool)", nil)
+	c.reconcile(ctx, "unknown (found in pg_locks when the connection was returned to the pool)", nil, true)
 	c.connector.pins.settle(c)
 }
 
@@ -999,6 +1023,7 @@ func (c *conn) verifyOnReturn() {
 type heldView struct {
 	pid     int32
 	session map[lockKey]int
+	approx  map[lockKey]bool // session keys whose count may be off
 	xact    map[lockKey]int
 	lost    bool
 	parked  bool
@@ -1008,9 +1033,12 @@ type heldView struct {
 func (c *conn) view() heldView {
 	c.pin.mu.Lock()
 	defer c.pin.mu.Unlock()
-	v := heldView{pid: c.pid.Load(), session: map[lockKey]int{}, xact: map[lockKey]int{}, lost: c.pin.lost != nil, parked: c.pin.parked}
+	v := heldView{pid: c.pid.Load(), session: map[lockKey]int{}, approx: map[lockKey]bool{}, xact: map[lockKey]int{}, lost: c.pin.lost != nil, parked: c.pin.parked}
 	for k, l := range c.pin.held {
 		v.session[k] = l.count
+		if l.approx {
+			v.approx[k] = true
+		}
 	}
 	for k, n := range c.pin.xact {
 		v.xact[k] = n

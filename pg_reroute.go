@@ -47,6 +47,7 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 	defer h.pin.exec.Unlock()
 	h.pin.mu.Lock()
 	closed, held := h.pin.closed, h.pin.held[k] != nil
+	approx := held && h.pin.held[k].approx
 	h.pin.mu.Unlock()
 	if closed || !held {
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s): the parked connection that held it released it meanwhile", ErrNotLockOwner, sharedSuffix(k), k)
@@ -60,11 +61,15 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 		return fmt.Errorf("lockhooks: rerouting pg_advisory_unlock%s(%s) to %v: %w", sharedSuffix(k), k, h, err)
 	}
 	if ok, _ := v.(bool); !ok {
-		h.reconcile(ctx, site, nil)
+		h.reconcile(ctx, site, nil, true)
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, which lockhooks believed held it, returned false", ErrNotLockOwner, sharedSuffix(k), k, h)
 	}
 	h.connector.tel.unlockRerouted(ctx)
 	h.forgetLock(k)
+	if approx {
+		// The count may be off: pg_locks says whether the key is still held.
+		h.reconcile(ctx, site, nil, false)
+	}
 	return nil
 }
 
