@@ -69,6 +69,7 @@ type options struct {
 	rootSpans         bool
 	blockerThreshold  time.Duration
 	statementSpans    bool
+	lockOrder         *lockOrder // WithLockOrderCheck; nil: off
 
 	// testReleaseBeforeCommit, set only by tests, breaks the lockset rule on
 	// purpose: locks are released before COMMIT, and the hook runs between.

@@ -3,6 +3,7 @@ package lockhooks_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -155,4 +156,47 @@ func ExampleKeepForUpdate() {
 	tx.ExecContext(lockhooks.KeepForUpdate(ctx), "SELECT id FROM accounts WHERE id = $1 FOR UPDATE", 7)
 	tx.ExecContext(ctx, "DELETE FROM accounts WHERE id = $1", 7)
 	tx.Commit()
+}
+
+// A transfer run by RunInTx: each attempt is a fresh transaction, retried
+// on deadlocks, serialization failures and SQLITE_BUSY with a jittered
+// backoff; fn's own errors end it at once.
+func ExampleRunInTx() {
+	path, remove := tempDB()
+	defer remove()
+	db, err := lockhooks.Open("sqlite", path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	db.Exec("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
+	db.Exec("INSERT INTO accounts VALUES (1, 100), (2, 100)")
+
+	ctx := context.Background()
+	errInsufficient := errors.New("insufficient funds")
+	transfer := func(from, to, amount int) error {
+		return lockhooks.RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
+			if err := lockhooks.Lock(ctx, tx, "accounts", from, to); err != nil {
+				return err
+			}
+			var balance int
+			if err := tx.QueryRow("SELECT balance FROM accounts WHERE id = ?", from).Scan(&balance); err != nil {
+				return err
+			}
+			if balance < amount {
+				return errInsufficient // not retried
+			}
+			if _, err := tx.Exec("UPDATE accounts SET balance = balance - ? WHERE id = ?", amount, from); err != nil {
+				return err
+			}
+			_, err := tx.Exec("UPDATE accounts SET balance = balance + ? WHERE id = ?", amount, to)
+			return err
+		}, lockhooks.MaxAttempts(5))
+	}
+	fmt.Println(transfer(1, 2, 30))
+	err = transfer(2, 1, 500)
+	fmt.Println(errors.Is(err, errInsufficient), err)
+	// Output:
+	// <nil>
+	// true lockhooks: RunInTx attempt 1 failed: insufficient funds
 }

@@ -42,6 +42,7 @@ type tx struct {
 	read   bool         // a statement ran in the transaction (its snapshot is fixed)
 	writer bool         // the transaction holds the SQLite writer lock
 	locks  []locksetKey // lockset holds to release after COMMIT/ROLLBACK
+	held   txLocks      // the locks lockhooks saw it take (DeadlockError, lock-order checker)
 
 	// For hold times: the span of BeginTx's context, and when the
 	// transaction first took each kind of lock (zero: never).
@@ -56,6 +57,7 @@ func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions) 
 	t.inner, t.opts = inner, opts
 	t.gen++
 	t.read = false
+	t.held.reset()
 	t.span = trace.SpanFromContext(ctx)
 	return t
 }
@@ -96,6 +98,7 @@ func (t *tx) Rollback() error {
 func (t *tx) end() {
 	t.inner = nil
 	t.opts = driver.TxOptions{}
+	t.held.reset()
 	if len(t.locks) > 0 {
 		t.releaseLast(len(t.locks))
 	}
