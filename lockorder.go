@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,8 +43,8 @@ type txLock struct {
 	class  string // the lock class
 	column string // heldRow: the key column of order, "" if none
 	lo, hi string // the smallest and largest id taken, in lock order ("" if none)
-	site   callers
-	count  int // session locks: holds of the class (they stack)
+	site   *stack // where it was taken
+	count  int    // session locks: holds of the class (they stack)
 }
 
 // txLocks is a transaction's tracked locks. list[:mark] were taken
@@ -211,14 +212,17 @@ func (l *txLock) advisoryClass() string {
 // on, the order it was taken in.
 func (c *conn) take(l txLock) {
 	t := &c.tx
+	t.held.list = append(t.held.list, l) // l itself must not escape: this runs for every tracked lock
 	if g := c.connector.opts.lockOrder; g != nil {
-		if l.kind == heldAdvisory {
-			l.class = l.advisoryClass()
+		n := len(t.held.list) - 1
+		p := &t.held.list[n]
+		if p.kind == heldAdvisory {
+			p.class = p.advisoryClass()
 		}
-		l.site.capture()
-		g.taken(&l, c.order.session, t.held.list)
+		p.site = new(stack)
+		p.site.capture()
+		g.taken(p, c.order.session, t.held.list[:n])
 	}
-	t.held.list = append(t.held.list, l)
 }
 
 // takeSession records a session advisory lock for the checker.
@@ -230,6 +234,7 @@ func (c *conn) takeSession(l txLock) {
 			return
 		}
 	}
+	l.site = new(stack)
 	l.site.capture()
 	l.count = 1
 	var tx []txLock
@@ -387,7 +392,7 @@ type lockOrder struct {
 
 // orderEdge is the first observation of one order.
 type orderEdge struct {
-	fromSite, toSite callers
+	fromSite, toSite *stack
 }
 
 // taken records that l is being taken while the session locks and
@@ -543,7 +548,7 @@ func (c *conn) watchRowLock(ctx context.Context, query string, rows driver.Rows)
 	if tg.OrderBy || tg.Table == "" {
 		return rows
 	}
-	r := &countedRows{Rows: rows, g: c.connector.opts.lockOrder, class: "table " + strings.ToLower(tg.Table)}
+	r := &countedRows{Rows: rows, g: c.connector.opts.lockOrder, class: "table " + strings.ToLower(tg.Table), site: new(stack)}
 	r.site.capture()
 	return r
 }
@@ -553,7 +558,7 @@ type countedRows struct {
 	driver.Rows
 	g     *lockOrder
 	class string
-	site  callers
+	site  *stack
 	n     int
 }
 
@@ -581,4 +586,42 @@ func (r *countedRows) Close() error {
 		r.n = 0
 	}
 	return err
+}
+
+// stack is a call stack captured for the lock-order checker, deeper than
+// callers: the checker names the application's frames above helpers, and
+// database/sql alone adds several frames.
+type stack struct {
+	pcs [48]uintptr
+	n   int
+}
+
+func (s *stack) capture() { s.n = runtime.Callers(3, s.pcs[:]) }
+
+// siteFrames is how many of the application's frames a call site names.
+const siteFrames = 3
+
+// String returns file:line of the first frames outside database/sql and
+// lockhooks: "a.go:10, called from b.go:20, called from c.go:30".
+func (s *stack) String() string {
+	if s == nil || s.n == 0 {
+		return "unknown"
+	}
+	var parts []string
+	frames := runtime.CallersFrames(s.pcs[:s.n])
+	for len(parts) < siteFrames {
+		f, more := frames.Next()
+		internal := strings.HasPrefix(f.Function, "database/sql.") ||
+			(strings.HasPrefix(f.Function, "github.com/lockhooks/lockhooks.") && !strings.HasSuffix(f.File, "_test.go"))
+		if !internal && f.Function != "" && !strings.HasPrefix(f.Function, "runtime.") && !strings.HasPrefix(f.Function, "testing.") {
+			parts = append(parts, shortFile(f.File)+":"+strconv.Itoa(f.Line))
+		}
+		if !more {
+			break
+		}
+	}
+	if len(parts) == 0 {
+		return "unknown"
+	}
+	return strings.Join(parts, ", called from ")
 }

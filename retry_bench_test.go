@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"testing"
+
+	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
 // BenchmarkRunInTx is RunInTx's cost against the hand-written
@@ -64,4 +66,57 @@ func manualTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
 		return err
 	}
 	return tx.Commit()
+}
+
+// BenchmarkLockOrderCheck is the lock-order checker's cost per
+// transaction that takes a Lock, a FOR UPDATE row lock and an UPDATE:
+// check=off is the default, check=on records classes, call stacks and
+// order edges (all edges already known after the first iteration, as in a
+// test suite that runs the same paths repeatedly).
+func BenchmarkLockOrderCheck(b *testing.B) {
+	for _, bd := range benchDBs {
+		for _, check := range []string{"off", "on"} {
+			b.Run("db="+bd.name+"/check="+check, func(b *testing.B) {
+				var opts []Option
+				if check == "on" {
+					opts = append(opts, WithLockOrderCheck(func(r LockOrderReport) { b.Fatalf("unexpected report: %v", r) }))
+				}
+				var db *sql.DB
+				var err error
+				if bd.dialect == Postgres {
+					db, err = Open("pgx", pgtest.DSN(b), opts...)
+				} else {
+					db, err = Open("sqlite", ":memory:", opts...)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				db.SetMaxOpenConns(1)
+				defer db.Close()
+				mustExec(b, db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+				mustExec(b, db, "INSERT INTO t (id, v) VALUES (1, 0)")
+				ctx := context.Background()
+				sel := "SELECT v FROM t WHERE id = " + placeholder(bd.dialect, 1) + " FOR UPDATE"
+				upd := "UPDATE t SET v = v + 1 WHERE id = " + placeholder(bd.dialect, 1)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					err := manualTx(ctx, db, func(tx *sql.Tx) error {
+						if err := Lock(ctx, tx, "bench", 1); err != nil {
+							return err
+						}
+						var v int
+						if err := tx.QueryRowContext(ctx, sel, 1).Scan(&v); err != nil {
+							return err
+						}
+						_, err := tx.ExecContext(ctx, upd, 1)
+						return err
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
 }

@@ -66,7 +66,10 @@ func LockTarget(src string, d Dialect) Target {
 			depth--
 		case depth != 0:
 		case t.Kind == Word && strings.EqualFold(s.Text(t), "FROM") && tg.Table == "" && tg.Verb == "SELECT":
-			tg.Table = tableName(&s)
+			save := s
+			if tg.Table = tableName(&s); tg.Table == "" {
+				s = save // a subquery: its FROM is not the outer one
+			}
 			continue
 		case t.Kind == Word && strings.EqualFold(s.Text(t), "WHERE"):
 			afterWhere = 0
