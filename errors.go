@@ -1,14 +1,13 @@
 package lockhooks
 
 import (
+	"database/sql/driver"
 	"errors"
 	"io"
 	"net"
 	"reflect"
 	"strings"
 	"syscall"
-
-	"database/sql/driver"
 )
 
 // Postgres SQLSTATEs that lockhooks classifies.
@@ -129,6 +128,7 @@ type DeadlockError struct {
 	Waiting []string // the locks the failing statement asked for
 }
 
+// Error is the driver's message, Postgres's DETAIL and the locks held.
 func (e *DeadlockError) Error() string {
 	var b strings.Builder
 	b.WriteString(e.Err.Error())

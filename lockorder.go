@@ -286,6 +286,7 @@ const (
 	UnorderedRowLock
 )
 
+// String names the kind of finding.
 func (k LockOrderKind) String() string {
 	switch k {
 	case LockOrderCycle:

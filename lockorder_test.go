@@ -350,3 +350,33 @@ func TestLockTarget(t *testing.T) {
 		}
 	}
 }
+
+// TestLockOrderPreparedStatements: statements prepared up front go
+// through the same tracking.
+func TestLockOrderPreparedStatements(t *testing.T) {
+	db, got := checkedSQLite(t)
+	mustExec(t, db, "CREATE TABLE a (id INTEGER PRIMARY KEY, v INTEGER)")
+	mustExec(t, db, "CREATE TABLE b (id INTEGER PRIMARY KEY, v INTEGER)")
+	updA, err := db.Prepare("UPDATE a SET v = 1 WHERE id = ?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer updA.Close()
+	updB, err := db.Prepare("DELETE FROM b WHERE id = ?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer updB.Close()
+	for _, order := range [][2]*sql.Stmt{{updA, updB}, {updB, updA}} {
+		inTx(t, db, func(tx *sql.Tx) {
+			for _, st := range order {
+				if _, err := tx.Stmt(st).Exec(1); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+	if c := got.of(LockOrderCycle); len(c) != 1 || !strings.Contains(c[0].String(), "table a") || !strings.Contains(c[0].String(), "table b") {
+		t.Fatalf("reports %v", got.list)
+	}
+}

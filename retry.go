@@ -98,6 +98,7 @@ type RetryError struct {
 	Ctx       error // the context's error, if it ended while waiting to retry
 }
 
+// Error says how many attempts ran and why RunInTx stopped.
 func (e *RetryError) Error() string {
 	switch {
 	case e.Ctx != nil:
