@@ -187,5 +187,8 @@ func (c *conn) deadlockError(err error) error {
 		return err
 	}
 	held, waiting := c.tx.held.describe()
+	for i := range c.order.session { // known only with the lock-order checker on
+		held = append(held, c.order.session[i].describe()+" (session)")
+	}
 	return &DeadlockError{Err: err, Detail: errDetail(err), Held: held, Waiting: waiting}
 }

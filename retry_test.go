@@ -335,3 +335,67 @@ func TestRunInTxAttemptOwnsItsLocks(t *testing.T) {
 		t.Fatalf("cancelled during the backoff: %v", err)
 	}
 }
+
+// TestRunInTxLockNotAvailableOnlyWhenAsked: a lock_timeout (55P03) ends
+// RunInTx at once by default; with RetryLockNotAvailable it is retried,
+// and succeeds once the holder is gone.
+func TestRunInTxLockNotAvailableOnlyWhenAsked(t *testing.T) {
+	db := openPG(t)
+	setupAccounts(t, db)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, retry := range []bool{false, true} {
+		holder := beginTx(t, db, nil)
+		mustExec(t, holder, "SELECT balance FROM accounts WHERE id = 1 FOR UPDATE")
+		attempts := 0
+		options := []RetryOption{OnRetry(func(e RetryEvent) {
+			if !IsLockNotAvailable(e.Err) {
+				t.Errorf("retried for %v", e.Err)
+			}
+			holder.Rollback() // the holder goes away between attempts
+		})}
+		if retry {
+			options = append(options, RetryLockNotAvailable())
+		}
+		err := RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
+			attempts++
+			if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '20ms'"); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(ctx, "UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+			return err
+		}, options...)
+		holder.Rollback()
+		switch {
+		case !retry && (!IsLockNotAvailable(err) || attempts != 1):
+			t.Errorf("by default: err %v after %d attempts; want 55P03 after one", err, attempts)
+		case retry && (err != nil || attempts != 2):
+			t.Errorf("with RetryLockNotAvailable: err %v after %d attempts; want success after two", err, attempts)
+		}
+	}
+}
+
+// TestRunInTxContextEndsDuringAttempt: a context cancelled while fn runs
+// ends RunInTx after that attempt, rolled back.
+func TestRunInTxContextEndsDuringAttempt(t *testing.T) {
+	db := openSQLite(t)
+	mustExec(t, db, "CREATE TABLE t (v INTEGER)")
+	ctx, cancel := context.WithCancel(context.Background())
+	attempts := 0
+	err := RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
+		attempts++
+		if _, err := tx.ExecContext(ctx, "INSERT INTO t VALUES (1)"); err != nil {
+			return err
+		}
+		cancel()
+		_, err := tx.ExecContext(ctx, "INSERT INTO t VALUES (2)")
+		return err
+	})
+	var re *RetryError
+	if !errors.Is(err, context.Canceled) || !errors.As(err, &re) || re.Attempts != 1 || attempts != 1 {
+		t.Fatalf("err %v after %d attempts", err, attempts)
+	}
+	if n := countRows(t, db, "t"); n != 0 {
+		t.Errorf("%d rows after a cancelled attempt", n)
+	}
+}
