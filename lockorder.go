@@ -156,7 +156,7 @@ func (c *conn) noteLocks(st statement, query string, args []driver.NamedValue) {
 		return
 	}
 	if g != nil {
-		tg := sqlscan.LockTarget(query, c.dialect())
+		tg := sqlscan.LockTarget(query, c.connector.rewriter.dialect)
 		if tg.Table == "" {
 			return // unknown table: not a class
 		}
@@ -174,14 +174,6 @@ func (c *conn) noteLocks(st statement, query string, args []driver.NamedValue) {
 		}
 	}
 	c.take(l)
-}
-
-// dialect returns the scanner dialect of the connection.
-func (c *conn) dialect() sqlscan.Dialect {
-	if c.connector.opts.dialect == SQLite {
-		return sqlscan.SQLite
-	}
-	return sqlscan.Postgres
 }
 
 // noteLockset records a lockset request that was granted.
@@ -545,7 +537,7 @@ func (c *conn) watchRowLock(ctx context.Context, query string, rows driver.Rows)
 	if st.locks&(sqlscan.ForUpdate|sqlscan.ForNoKeyUpdate) == 0 {
 		return rows
 	}
-	tg := sqlscan.LockTarget(query, c.dialect())
+	tg := sqlscan.LockTarget(query, c.connector.rewriter.dialect)
 	if tg.OrderBy || tg.Table == "" {
 		return rows
 	}

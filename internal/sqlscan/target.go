@@ -162,7 +162,7 @@ func paramNumber(p string, bare int) int {
 }
 
 // tableName reads "[ONLY] name[.name…]" and returns the name as written,
-// without an alias.
+// without an alias; "" if there is none or a part after a dot is missing.
 func tableName(s *Scanner) string {
 	t := nextSignificant(s)
 	if t.Kind == Word && strings.EqualFold(s.Text(t), "ONLY") {
@@ -180,7 +180,7 @@ func tableName(s *Scanner) string {
 		}
 		part := nextSignificant(s)
 		if part.Kind != Word && part.Kind != QuotedIdent {
-			break
+			return ""
 		}
 		end = part.End
 	}
