@@ -157,10 +157,7 @@ func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue)
 		return c.lockset(ctx, args)
 	}
 	st := c.intercept(ctx, query)
-	c.tx.held.mark = len(c.tx.held.list) // what the transaction held before this statement
-	if st.rowLock || st.advisory != nil || c.connector.opts.lockOrder != nil {
-		c.noteLocks(st, query, args)
-	}
+	c.beforeStatement(st, query, args)
 	if c.needsWriterLock(st, query) {
 		if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, query); err != nil {
 			return nil, err
@@ -176,16 +173,17 @@ func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue)
 
 // QueryContext runs query through the statement hooks.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	var (
+		rows driver.Rows
+		err  error
+	)
 	if c.connector.tel.statementSpans {
 		ctx, span := c.connector.tel.statementSpan(ctx, query)
-		rows, err := c.query(ctx, query, args)
+		rows, err = c.query(ctx, query, args)
 		endStatementSpan(span, err)
-		if err == nil && c.connector.opts.lockOrder != nil {
-			rows = c.watchRowLock(ctx, query, rows)
-		}
-		return rows, err
+	} else {
+		rows, err = c.query(ctx, query, args)
 	}
-	rows, err := c.query(ctx, query, args)
 	if err == nil && c.connector.opts.lockOrder != nil {
 		rows = c.watchRowLock(ctx, query, rows)
 	}
@@ -195,10 +193,7 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 // query is QueryContext without the statement span.
 func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	st := c.intercept(ctx, query)
-	c.tx.held.mark = len(c.tx.held.list) // what the transaction held before this statement
-	if st.rowLock || st.advisory != nil || c.connector.opts.lockOrder != nil {
-		c.noteLocks(st, query, args)
-	}
+	c.beforeStatement(st, query, args)
 	if c.needsWriterLock(st, query) {
 		return c.queryWriting(ctx, st, query, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
 	}

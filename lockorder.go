@@ -93,6 +93,17 @@ func (l *txLock) describe() string {
 	return "rows of " + table + " (" + l.mode + ")"
 }
 
+// beforeStatement runs before every statement of the connection: it marks
+// what the transaction held before it, and notes the locks the statement
+// asks for when it may ask for any (or the checker wants every UPDATE and
+// DELETE).
+func (c *conn) beforeStatement(st statement, query string, args []driver.NamedValue) {
+	c.tx.held.mark = len(c.tx.held.list)
+	if st.rowLock || st.advisory != nil || c.connector.opts.lockOrder != nil {
+		c.noteLocks(st, query, args)
+	}
+}
+
 // noteLocks records the locks a statement is about to ask for: into the
 // transaction's list (for DeadlockError), and, with the lock-order checker
 // on, into the order graph. Called before the statement runs, because a
@@ -157,11 +168,10 @@ func (c *conn) noteLocks(st statement, query string, args []driver.NamedValue) {
 	}
 	if g != nil {
 		tg := sqlscan.LockTarget(query, c.connector.rewriter.dialect)
-		if tg.Table == "" {
-			return // unknown table: not a class
+		if tg.Table != "" { // else an unknown table: no class, only the record
+			l.class = "table " + strings.ToLower(tg.Table)
 		}
-		l.class = "table " + strings.ToLower(tg.Table)
-		if tg.HasKey {
+		if tg.Table != "" && tg.HasKey {
 			v, ok := tg.Literal, true
 			if tg.Param > 0 {
 				v, ok = argInt(args, tg.Param)
@@ -210,6 +220,9 @@ func (c *conn) take(l txLock) {
 		p := &t.held.list[n]
 		if p.kind == heldAdvisory {
 			p.class = p.advisoryClass()
+		}
+		if p.class == "" {
+			return
 		}
 		p.site = new(stack)
 		p.site.capture()
@@ -356,7 +369,11 @@ func (r LockOrderReport) String() string {
 // within a transaction (ids come from Lock, and from "WHERE key = $n" or a
 // literal in a row-locking statement), and FOR UPDATE / FOR NO KEY UPDATE
 // that locked more than one row without ORDER BY. Each warning is reported
-// once per call site. Try-locks never wait and order nothing.
+// once per call site. Try-locks never wait and order nothing. Locks are
+// recorded when their statement is sent (a statement that deadlocks still
+// shows its order), so a session advisory lock whose statement failed
+// counts as held until its unlock or DISCARD ALL; locks taken inside
+// server-side functions and triggers are not seen.
 //
 // The graph belongs to the returned Option: every database opened with
 // the same Option value shares one graph (pass it to several Open calls

@@ -101,10 +101,7 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 
 // ExecContext runs the statement.
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	s.c.tx.held.mark = len(s.c.tx.held.list)
-	if s.st.rowLock || s.st.advisory != nil || s.c.connector.opts.lockOrder != nil {
-		s.c.noteLocks(s.st, s.query, args)
-	}
+	s.c.beforeStatement(s.st, s.query, args)
 	if s.c.needsWriterLock(s.st, s.query) {
 		if err := s.c.connector.writer.lock(ctx, s.c.connector.tel, s.c, s.c.connector.opts.busyTimeout, s.query); err != nil {
 			return nil, err
@@ -120,10 +117,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 
 // QueryContext runs the statement.
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	s.c.tx.held.mark = len(s.c.tx.held.list)
-	if s.st.rowLock || s.st.advisory != nil || s.c.connector.opts.lockOrder != nil {
-		s.c.noteLocks(s.st, s.query, args)
-	}
+	s.c.beforeStatement(s.st, s.query, args)
 	if s.c.needsWriterLock(s.st, s.query) {
 		return s.c.queryWriting(ctx, s.st, s.query, func() (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
 	}
