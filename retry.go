@@ -286,7 +286,7 @@ func (r *runner) attempt(ctx context.Context) (err error) {
 		if err := tx.QueryRowContext(ctx, "SELECT pg_current_xact_id_if_assigned()::text").Scan(&v); err != nil {
 			done = true
 			tx.Rollback()
-			return r.beforeCommit(ctx, fmt.Errorf("lockhooks: reading the transaction id before COMMIT (it needs Postgres 13 or later; lockhooks.SkipCommitCheck() turns this off): %w", err))
+			return r.beforeCommit(ctx, xidError(err))
 		}
 		xid = v.String
 	}
@@ -296,6 +296,17 @@ func (r *runner) attempt(ctx context.Context) (err error) {
 		return nil
 	}
 	return r.commitFailed(ctx, xid, err)
+}
+
+// xidError explains why the transaction id could not be read.
+func xidError(err error) error {
+	switch sqlState(err) {
+	case "25P02": // in_failed_sql_transaction
+		return fmt.Errorf("lockhooks: RunInTx: fn returned nil, but a statement of the transaction failed and Postgres aborted it; return that statement's error from fn: %w", err)
+	case "42883": // undefined_function
+		return fmt.Errorf("lockhooks: RunInTx reads the transaction id with pg_current_xact_id_if_assigned(), which needs Postgres 13 or later; pass lockhooks.SkipCommitCheck() on older servers: %w", err)
+	}
+	return fmt.Errorf("lockhooks: RunInTx: reading the transaction id before COMMIT: %w", err)
 }
 
 // beforeCommit classifies an error met before COMMIT was sent: a broken

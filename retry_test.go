@@ -399,3 +399,24 @@ func TestRunInTxContextEndsDuringAttempt(t *testing.T) {
 		t.Errorf("%d rows after a cancelled attempt", n)
 	}
 }
+
+// TestRunInTxSwallowedError: fn ignores a failed statement and returns
+// nil; Postgres has aborted the transaction, and RunInTx says so instead
+// of committing or reporting an ambiguous commit.
+func TestRunInTxSwallowedError(t *testing.T) {
+	db := openPG(t)
+	setupAccounts(t, db)
+	ctx := context.Background()
+	err := RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
+		tx.ExecContext(ctx, "INSERT INTO accounts VALUES (1, 0)") // duplicate key, ignored
+		tx.ExecContext(ctx, "UPDATE accounts SET balance = 0 WHERE id = 2")
+		return nil
+	})
+	if err == nil || errors.Is(err, ErrAmbiguousCommit) || !strings.Contains(err.Error(), "fn returned nil") {
+		t.Fatalf("err %v", err)
+	}
+	var bal int
+	if err := db.QueryRow("SELECT balance FROM accounts WHERE id = 2").Scan(&bal); err != nil || bal != 100 {
+		t.Fatalf("balance %d (%v), want 100", bal, err)
+	}
+}
