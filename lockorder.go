@@ -409,19 +409,18 @@ type orderEdge struct {
 // transaction locks are held, and reports what that reveals.
 func (g *lockOrder) taken(l *txLock, session, tx []txLock) {
 	var reports []LockOrderReport
-	seen := false
+	seen, warned := false, false
 	for _, held := range [2][]txLock{session, tx} {
 		for i := range held {
 			h := &held[i]
-			if h.class == "" {
-				continue
-			}
-			if h.class != l.class {
+			if h.class != l.class { // l.class is never ""
 				continue
 			}
 			seen = true
-			if r, ok := g.descending(h, l); ok {
-				reports = append(reports, r)
+			if !warned {
+				if r, ok := g.descending(h, l); ok {
+					reports, warned = append(reports, r), true
+				}
 			}
 		}
 	}
