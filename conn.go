@@ -63,6 +63,9 @@ type conn struct {
 
 	// pin is the connection's session advisory locks (Postgres).
 	pin pinState
+
+	// order is the lock-order checker's state for the connection.
+	order connOrder
 }
 
 var _ connCore = (*conn)(nil)
@@ -170,6 +173,7 @@ func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue)
 		return c.lockset(ctx, args)
 	}
 	st := c.intercept(ctx, query)
+	c.beforeStatement(st, query, args)
 	if c.needsWriterLock(st, query) {
 		if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, query); err != nil {
 			return nil, err
@@ -185,18 +189,27 @@ func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue)
 
 // QueryContext runs query through the statement hooks.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	var (
+		rows driver.Rows
+		err  error
+	)
 	if c.connector.tel.statementSpans {
 		ctx, span := c.connector.tel.statementSpan(ctx, query)
-		rows, err := c.query(ctx, query, args)
+		rows, err = c.query(ctx, query, args)
 		endStatementSpan(span, err)
-		return rows, err
+	} else {
+		rows, err = c.query(ctx, query, args)
 	}
-	return c.query(ctx, query, args)
+	if err == nil && c.connector.opts.lockOrder != nil {
+		rows = c.watchRowLock(ctx, query, rows)
+	}
+	return rows, err
 }
 
 // query is QueryContext without the statement span.
 func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	st := c.intercept(ctx, query)
+	c.beforeStatement(st, query, args)
 	if c.needsWriterLock(st, query) {
 		return c.queryWriting(ctx, st, query, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
 	}
@@ -467,13 +480,17 @@ func (c *conn) Close() error {
 }
 
 // observe records what err says about the connection's health and returns
-// err unchanged (driver.ErrSkip must keep its identity).
+// err unchanged (driver.ErrSkip must keep its identity), except that a
+// deadlock victim's error becomes a *DeadlockError.
 func (c *conn) observe(err error) error {
 	if err == nil || err == driver.ErrSkip {
 		return err
 	}
 	if isServerError(err) {
 		c.connector.tel.countError(context.Background(), err)
+		if sqlState(err) == stateDeadlock {
+			return c.deadlockError(err) // names the locks the transaction held
+		}
 	} else {
 		c.suspect.Store(true)
 	}

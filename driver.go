@@ -72,6 +72,7 @@ type options struct {
 	blockerThreshold  time.Duration
 	statementSpans    bool
 	verifyOnReturn    bool
+	lockOrder         *lockOrder // WithLockOrderCheck; nil: off
 
 	// testReleaseBeforeCommit, set only by tests, breaks the lockset rule on
 	// purpose: locks are released before COMMIT, and the hook runs between.

@@ -411,6 +411,7 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 	if err != nil || !ok {
 		return driver.RowsAffected(0), err
 	}
+	c.noteLockset(namespace, keys)
 	return driver.RowsAffected(1), nil
 }
 

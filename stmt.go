@@ -101,6 +101,7 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 
 // ExecContext runs the statement.
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	s.c.beforeStatement(s.st, s.query, args)
 	if s.c.needsWriterLock(s.st, s.query) {
 		if err := s.c.connector.writer.lock(ctx, s.c.connector.tel, s.c, s.c.connector.opts.busyTimeout, s.query); err != nil {
 			return nil, err
@@ -116,6 +117,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 
 // QueryContext runs the statement.
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	s.c.beforeStatement(s.st, s.query, args)
 	if s.c.needsWriterLock(s.st, s.query) {
 		return s.c.queryWriting(ctx, s.st, s.query, func() (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
 	}

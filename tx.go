@@ -63,6 +63,7 @@ type tx struct {
 	read   bool         // a statement ran in the transaction (its snapshot is fixed)
 	writer bool         // the transaction holds the SQLite writer lock
 	locks  []locksetKey // lockset holds to release after COMMIT/ROLLBACK
+	held   txLocks      // the locks lockhooks saw it take (DeadlockError, lock-order checker)
 
 	// For hold times: the span of BeginTx's context, and when the
 	// transaction first took each kind of lock (zero: never).
@@ -77,6 +78,7 @@ func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions) 
 	t.inner, t.opts, t.ctx = inner, opts, ctx
 	t.gen++
 	t.read = false
+	t.held.reset()
 	t.span = trace.SpanFromContext(ctx)
 	return t
 }
@@ -117,6 +119,7 @@ func (t *tx) Rollback() error {
 func (t *tx) end() {
 	t.inner, t.ctx = nil, nil
 	t.opts = driver.TxOptions{}
+	t.held.reset()
 	if len(t.locks) > 0 {
 		t.releaseLast(len(t.locks))
 	}

@@ -69,6 +69,16 @@ func main() {
 			intro: "`FKContention`: 4 goroutines run transactions that insert a child row, then lock the parent FOR UPDATE and update it (Postgres, deadlock_timeout 50ms); p50/p99 are the parent lock's wait. Raw, FOR UPDATE conflicts with the child insert's FOR KEY SHARE and most transactions deadlock; lockhooks sends FOR NO KEY UPDATE. `BankTransferSQLite`: 8 goroutines move money between 10 accounts with read-modify-write transactions on an SQLite file (WAL, busy_timeout 5000); raw transactions fail with SQLITE_BUSY, lockhooks' `Lock` serialises them. A raw failure is cheap, so raw's ns/op is not throughput of successful work.",
 			pkg:   ".", bench: "^Benchmark(FKContention|BankTransferSQLite)$", count: 3, extra: []string{"-benchtime", "200x"}, columns: "/driver",
 		},
+		{
+			title: "RunInTx",
+			intro: "`how=manual` is `BeginTx` / one `UPDATE` / `Commit`; `how=runintx` is the same work through `RunInTx` with its defaults; `how=runintx-skipcheck` adds `SkipCommitCheck()`. Both databases opened through lockhooks, one connection. On Postgres the default costs one extra round trip per committed attempt: `SELECT pg_current_xact_id_if_assigned()` before COMMIT, so that a COMMIT cut off by a broken connection can be resolved with `pg_xact_status()` instead of retried blindly or reported as ambiguous. It stays on by default (RunInTx's users chose correctness); read-only transactions skip it and `SkipCommitCheck()` removes it.",
+			pkg:   ".", bench: "^BenchmarkRunInTx$", extra: []string{"-benchtime", "3000x"}, columns: "/how",
+		},
+		{
+			title: "Lock-order checker",
+			intro: "A transaction that takes one `Lock`, one `SELECT … FOR UPDATE` and one `UPDATE`, with `WithLockOrderCheck` off (the default) and on (classes already in the graph after the first iteration). On, each tracked lock captures a call stack and the statement's table is scanned; off, nothing beyond the per-transaction lock record `DeadlockError` uses, amortised into a reused slice (compare `LockInTx` allocations above).",
+			pkg:   ".", bench: "^BenchmarkLockOrderCheck$", extra: []string{"-benchtime", "2000x"}, columns: "/check",
+		},
 	}
 
 	var report bytes.Buffer

@@ -32,27 +32,10 @@ func FirstTable(src string, d Dialect) string {
 
 // tableRef reads "name[.name…] [[AS] alias]" and returns the alias or name.
 func tableRef(s *Scanner) string {
-	t := nextSignificant(s)
-	if t.Kind == Word && strings.EqualFold(s.Text(t), "ONLY") {
-		t = nextSignificant(s)
-	}
-	if t.Kind != Word && t.Kind != QuotedIdent {
+	name := tableName(s)
+	if name == "" {
 		return ""
 	}
-	start, end := t.Start, t.End
-	for {
-		save := *s
-		if dot := nextSignificant(s); dot.Kind != Punct || s.src[dot.Start] != '.' {
-			*s = save
-			break
-		}
-		part := nextSignificant(s)
-		if part.Kind != Word && part.Kind != QuotedIdent {
-			return ""
-		}
-		end = part.End
-	}
-	name := s.src[start:end]
 	alias := nextSignificant(s)
 	if alias.Kind == Word && strings.EqualFold(s.Text(alias), "AS") {
 		alias = nextSignificant(s)

@@ -1,0 +1,194 @@
+package lockhooks
+
+import (
+	"database/sql/driver"
+	"errors"
+	"io"
+	"net"
+	"reflect"
+	"strings"
+	"syscall"
+)
+
+// Postgres SQLSTATEs that lockhooks classifies.
+const (
+	stateDeadlock         = "40P01" // deadlock_detected
+	stateSerialization    = "40001" // serialization_failure
+	stateLockNotAvailable = "55P03" // lock_not_available: lock_timeout, NOWAIT
+)
+
+// SQLite result codes that lockhooks classifies (extended codes keep the
+// primary code in their low byte).
+const (
+	sqliteBusy         = 5
+	sqliteLocked       = 6
+	sqliteBusySnapshot = sqliteBusy | 2<<8 // 517
+)
+
+// sqliteCode returns err's SQLite result code (the extended one, where the
+// driver reports it, as modernc.org/sqlite does) and whether err has one. It
+// reads the Code() int method, so the root package imports no driver.
+func sqliteCode(err error) (int, bool) {
+	var lite interface{ Code() int }
+	if errors.As(err, &lite) {
+		return lite.Code(), true
+	}
+	return 0, false
+}
+
+// IsDeadlock reports whether err, or an error it wraps, is Postgres's
+// deadlock_detected (SQLSTATE 40P01): the server aborted this transaction
+// to break a cycle of lock waits. Retry the whole transaction ([RunInTx]
+// does); to stop it happening, take locks in one global order (see
+// [WithLockOrderCheck]). It works with pgx, lib/pq and any driver whose
+// errors have a SQLState() string method.
+func IsDeadlock(err error) bool { return sqlState(err) == stateDeadlock }
+
+// IsSerializationFailure reports whether err, or an error it wraps, says
+// the transaction's snapshot conflicts with a concurrent commit: Postgres's
+// serialization_failure (SQLSTATE 40001, REPEATABLE READ and SERIALIZABLE
+// transactions), or SQLite's SQLITE_BUSY_SNAPSHOT (a WAL transaction that
+// read an older snapshot tried to write). Retry the whole transaction.
+func IsSerializationFailure(err error) bool {
+	if sqlState(err) == stateSerialization {
+		return true
+	}
+	code, ok := sqliteCode(err)
+	return ok && code == sqliteBusySnapshot
+}
+
+// IsLockNotAvailable reports whether err, or an error it wraps, says a lock
+// could not be had in the time allowed: Postgres's lock_not_available
+// (SQLSTATE 55P03, from lock_timeout or NOWAIT), SQLite's SQLITE_BUSY
+// (other than SQLITE_BUSY_SNAPSHOT) or SQLITE_LOCKED after the busy
+// timeout, or lockhooks' [ErrWriterLockTimeout]. Such a wait limit is
+// usually deliberate, so [RunInTx] retries 55P03 only when asked
+// ([RetryLockNotAvailable]).
+func IsLockNotAvailable(err error) bool {
+	if sqlState(err) == stateLockNotAvailable || errors.Is(err, ErrWriterLockTimeout) {
+		return true
+	}
+	code, ok := sqliteCode(err)
+	return ok && code != sqliteBusySnapshot && (code&0xff == sqliteBusy || code&0xff == sqliteLocked)
+}
+
+// IsRetryable reports whether running the whole transaction again may
+// succeed where this attempt failed: a deadlock (40P01), a serialization
+// failure (40001), or SQLite's SQLITE_BUSY (any extended code, including
+// SQLITE_BUSY_SNAPSHOT) or SQLITE_LOCKED, or lockhooks'
+// [ErrWriterLockTimeout]. Postgres's lock_not_available (55P03) is not
+// retryable by this definition: lock_timeout and NOWAIT are usually asked
+// for on purpose.
+func IsRetryable(err error) bool {
+	switch sqlState(err) {
+	case stateDeadlock, stateSerialization:
+		return true
+	}
+	if errors.Is(err, ErrWriterLockTimeout) {
+		return true
+	}
+	code, ok := sqliteCode(err)
+	return ok && (code&0xff == sqliteBusy || code&0xff == sqliteLocked)
+}
+
+// connectionLost reports whether err says the connection to the server
+// broke or the server is going away, rather than that the server rejected
+// the statement: SQLSTATE classes 08 (connection exception) and 57
+// (operator intervention: pg_terminate_backend, shutdown; 57014, a
+// cancelled statement, is not one), driver.ErrBadConn, an unexpected EOF,
+// a network error or a reset connection.
+func connectionLost(err error) bool {
+	if err == nil {
+		return false
+	}
+	if s := sqlState(err); s != "" {
+		return strings.HasPrefix(s, "08") || (strings.HasPrefix(s, "57") && s != "57014")
+	}
+	if _, ok := sqliteCode(err); ok {
+		return false
+	}
+	var ne net.Error
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.As(err, &ne)
+}
+
+// DeadlockError is the error a statement run through lockhooks returns
+// when Postgres aborted its transaction as a deadlock victim (SQLSTATE
+// 40P01). Beside Postgres's message and DETAIL (which names the backends
+// and the lock each waited for) it names the locks lockhooks saw this
+// transaction take: lockset ids ([Lock]), advisory keys, and tables locked
+// with FOR UPDATE or FOR NO KEY UPDATE (row locks of plain UPDATE and
+// DELETE statements are not tracked). It wraps the driver's error, so
+// [IsDeadlock] and errors.As on the driver's type still work.
+type DeadlockError struct {
+	Err     error    // the driver's error
+	Detail  string   // Postgres's DETAIL, when the driver's error carries one
+	Held    []string // the locks the transaction held, in the order it took them
+	Waiting []string // the locks the failing statement asked for
+}
+
+// Error is the driver's message, Postgres's DETAIL and the locks held.
+func (e *DeadlockError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Err.Error())
+	if e.Detail != "" && !strings.Contains(b.String(), e.Detail) {
+		b.WriteString("; DETAIL: ")
+		b.WriteString(e.Detail)
+	}
+	b.WriteString("; lockhooks: this transaction held ")
+	if len(e.Held) == 0 {
+		b.WriteString("no lock lockhooks tracks (Lock, advisory locks, FOR [NO KEY] UPDATE; UPDATE and DELETE row locks are not tracked)")
+	} else {
+		b.WriteString(strings.Join(e.Held, ", "))
+	}
+	if len(e.Waiting) > 0 {
+		b.WriteString(" and was waiting for ")
+		b.WriteString(strings.Join(e.Waiting, ", "))
+	}
+	b.WriteString("; retry the transaction (lockhooks.RunInTx does) and take these locks in one order everywhere (lockhooks.WithLockOrderCheck finds where they are not)")
+	return b.String()
+}
+
+// Unwrap returns the driver's error.
+func (e *DeadlockError) Unwrap() error { return e.Err }
+
+// errDetail returns the DETAIL of a Postgres error. Neither pgx's
+// *pgconn.PgError nor lib/pq's *pq.Error has a method for it, only a
+// string field named Detail, which is read by reflection so that the root
+// package imports no driver.
+func errDetail(err error) string {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		v := reflect.ValueOf(e)
+		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+			if v.IsNil() {
+				break
+			}
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct {
+			continue
+		}
+		if f := v.FieldByName("Detail"); f.IsValid() && f.Kind() == reflect.String {
+			return f.String()
+		}
+	}
+	return ""
+}
+
+// deadlockError annotates a deadlock victim's error with the locks its
+// transaction held; other errors are returned unchanged.
+func (c *conn) deadlockError(err error) error {
+	if c.tx.inner == nil || sqlState(err) != stateDeadlock {
+		return err
+	}
+	var de *DeadlockError
+	if errors.As(err, &de) {
+		return err
+	}
+	held, waiting := c.tx.held.describe()
+	for i := range c.order.session { // known only with the lock-order checker on
+		held = append(held, c.order.session[i].describe()+" (session)")
+	}
+	return &DeadlockError{Err: err, Detail: errDetail(err), Held: held, Waiting: waiting}
+}

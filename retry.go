@@ -1,0 +1,401 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
+
+// ErrAmbiguousCommit is wrapped by the error [RunInTx] returns when COMMIT
+// failed in a way that leaves its outcome unknown (the connection broke
+// while COMMIT was in flight) and the server could not say what became of
+// the transaction. The transaction may or may not have committed: check
+// its effects before doing it again.
+var ErrAmbiguousCommit = errors.New("lockhooks: the outcome of COMMIT is unknown")
+
+// Defaults of RunInTx.
+const (
+	defaultMaxAttempts    = 10
+	defaultBackoffBase    = 5 * time.Millisecond
+	defaultBackoffCap     = time.Second
+	defaultResolveTimeout = 10 * time.Second
+)
+
+// A RetryOption adjusts one [RunInTx] call.
+type RetryOption func(*retryConfig)
+
+type retryConfig struct {
+	maxAttempts      int
+	base, cap        time.Duration
+	lockNotAvailable bool
+	commitCheck      bool
+	resolveTimeout   time.Duration
+	onRetry          func(RetryEvent)
+}
+
+// MaxAttempts sets how many times RunInTx runs the transaction at most,
+// the first run included (default 10). n < 1 means 1.
+func MaxAttempts(n int) RetryOption {
+	return func(c *retryConfig) { c.maxAttempts = max(n, 1) }
+}
+
+// Backoff sets the wait before a retry: a random duration between 0 and
+// min(limit, base·2^(attempt-1)) ("full jitter", so that the transactions
+// that collided do not collide again in step). The default is 5ms doubling
+// up to 1s.
+func Backoff(base, limit time.Duration) RetryOption {
+	return func(c *retryConfig) { c.base, c.cap = max(base, 0), max(limit, base, 0) }
+}
+
+// RetryLockNotAvailable makes RunInTx also retry Postgres's
+// lock_not_available (SQLSTATE 55P03), raised by lock_timeout and NOWAIT.
+// It is off by default because such limits are usually deliberate: the
+// caller would rather fail than wait.
+func RetryLockNotAvailable() RetryOption {
+	return func(c *retryConfig) { c.lockNotAvailable = true }
+}
+
+// SkipCommitCheck turns off the resolution of ambiguous commits on
+// Postgres, saving the round trip that reads the transaction id before
+// each COMMIT; a COMMIT cut off by a broken connection then ends RunInTx
+// with an error wrapping [ErrAmbiguousCommit].
+func SkipCommitCheck() RetryOption {
+	return func(c *retryConfig) { c.commitCheck = false }
+}
+
+// CommitResolveTimeout bounds how long RunInTx keeps asking the server
+// about a COMMIT cut off by a broken connection (default 10s), whatever
+// the context says: the question must be answered even when the context
+// ended during COMMIT.
+func CommitResolveTimeout(d time.Duration) RetryOption {
+	return func(c *retryConfig) { c.resolveTimeout = d }
+}
+
+// OnRetry calls fn before each retry, with the attempt that failed and its
+// error, e.g. to count retries in a metric or a test.
+func OnRetry(fn func(RetryEvent)) RetryOption {
+	return func(c *retryConfig) { c.onRetry = fn }
+}
+
+// RetryEvent describes a failed attempt that RunInTx is about to retry.
+type RetryEvent struct {
+	Attempt int           // the attempt that failed, from 1
+	Err     error         // why it failed
+	Wait    time.Duration // the backoff before the next attempt
+}
+
+// RetryError is the error of a [RunInTx] that did not succeed. It wraps the
+// last attempt's error (and the context's error when the context ended
+// between attempts), so errors.Is and errors.As see through it.
+type RetryError struct {
+	Attempts  int   // how many attempts ran
+	Err       error // the last attempt's error
+	Exhausted bool  // the last error was retryable, but no attempts were left
+	Ctx       error // the context's error, if it ended while waiting to retry
+}
+
+// Error says how many attempts ran and why RunInTx stopped.
+func (e *RetryError) Error() string {
+	switch {
+	case e.Ctx != nil:
+		return fmt.Sprintf("lockhooks: RunInTx stopped after %d attempt%s because %v; the last attempt failed with: %v", e.Attempts, plural(e.Attempts), e.Ctx, e.Err)
+	case e.Exhausted:
+		return fmt.Sprintf("lockhooks: RunInTx gave up after %d attempts, all failed with retryable errors (raise the limit with lockhooks.MaxAttempts, or reduce contention); the last: %v", e.Attempts, e.Err)
+	}
+	return fmt.Sprintf("lockhooks: RunInTx attempt %d failed: %v", e.Attempts, e.Err)
+}
+
+// Unwrap returns the last attempt's error and the context's error.
+func (e *RetryError) Unwrap() []error {
+	if e.Ctx != nil {
+		return []error{e.Err, e.Ctx}
+	}
+	return []error{e.Err}
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// RunInTx runs fn in a transaction begun with opts and commits it,
+// running it again while it fails with an error that a new attempt may
+// not meet. Every attempt is a new transaction (BEGIN, never a savepoint
+// restart, which on Postgres would keep the failed attempt's snapshot), so
+// fn must do all its work through tx and may run more than once; it must
+// not commit or roll back tx itself.
+//
+// What is retried: deadlocks (40P01), serialization failures (40001),
+// SQLite's SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT and SQLITE_LOCKED (see
+// [IsRetryable]), lock_not_available (55P03) only with
+// [RetryLockNotAvailable], and a connection that broke before COMMIT was
+// sent (the server rolls such a transaction back, so nothing was written).
+// Any other error from fn, BEGIN or COMMIT ends RunInTx at once. Between
+// attempts it waits a jittered, exponentially growing, capped backoff
+// ([Backoff]); at most [MaxAttempts] attempts run (default 10). ctx is
+// honoured during attempts (it is the transaction's context) and between
+// them. Locks taken with [Lock] belong to the attempt and are released
+// with it, before the backoff.
+//
+// A COMMIT cut off by a broken connection (or by the server going away:
+// SQLSTATE classes 08 and 57) is resolved, not guessed: on Postgres (13 or
+// later), before COMMIT RunInTx reads the attempt's transaction id with
+// pg_current_xact_id_if_assigned() (one extra round trip per attempt; a
+// transaction that wrote nothing has none), and after such a failure asks
+// pg_xact_status() on another connection: "committed" is success,
+// "aborted" is retried, and while the server says "in progress" or cannot
+// be reached it asks again, for up to [CommitResolveTimeout]. A
+// transaction without an id wrote nothing and is retried. Only when the
+// server cannot say (or on SQLite, or with [SkipCommitCheck]) does RunInTx
+// return an error wrapping [ErrAmbiguousCommit]. A COMMIT that the server
+// itself rejected (a deferred constraint, a serialization failure) did not
+// commit and is classified like any other error.
+//
+// An error is returned as a *[RetryError] that says how many attempts ran
+// and wraps the last cause. RunInTx works with any database/sql driver;
+// locking features need a database opened through lockhooks.
+func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error, options ...RetryOption) error {
+	cfg := retryConfig{
+		maxAttempts:    defaultMaxAttempts,
+		base:           defaultBackoffBase,
+		cap:            defaultBackoffCap,
+		commitCheck:    true,
+		resolveTimeout: defaultResolveTimeout,
+	}
+	for _, o := range options {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	r := runner{db: db, opts: opts, fn: fn, cfg: &cfg, postgres: dialectOf(db) == Postgres}
+	for attempt := 1; ; attempt++ {
+		err := r.attempt(ctx)
+		if err == nil {
+			return nil
+		}
+		if !r.retryable(err) {
+			return &RetryError{Attempts: attempt, Err: err}
+		}
+		if ctx.Err() != nil {
+			return &RetryError{Attempts: attempt, Err: err, Ctx: context.Cause(ctx)}
+		}
+		if attempt >= cfg.maxAttempts {
+			return &RetryError{Attempts: attempt, Err: err, Exhausted: true}
+		}
+		wait := cfg.backoff(attempt)
+		if cfg.onRetry != nil {
+			cfg.onRetry(RetryEvent{Attempt: attempt, Err: err, Wait: wait})
+		}
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return &RetryError{Attempts: attempt, Err: err, Ctx: context.Cause(ctx)}
+			}
+		}
+	}
+}
+
+// backoff returns the wait after the given failed attempt.
+func (c *retryConfig) backoff(attempt int) time.Duration {
+	if c.base <= 0 {
+		return 0
+	}
+	limit := c.cap
+	if attempt < 32 {
+		if d := c.base << (attempt - 1); d > 0 && d < limit {
+			limit = d
+		}
+	}
+	return rand.N(limit + 1)
+}
+
+// dialectOf returns the dialect of db's driver, "" if it cannot tell.
+func dialectOf(db *sql.DB) Dialect {
+	d := db.Driver()
+	w, ok := d.(*Driver)
+	if !ok {
+		dialect, _ := inferDialect(d)
+		return dialect
+	}
+	if dialect, ok := inferDialect(w.inner); ok {
+		return dialect
+	}
+	if o, err := resolveOptions(w.opts, w.inner); err == nil {
+		return o.dialect
+	}
+	return ""
+}
+
+// runner is one RunInTx call.
+type runner struct {
+	db       *sql.DB
+	opts     *sql.TxOptions
+	fn       func(*sql.Tx) error
+	cfg      *retryConfig
+	postgres bool
+}
+
+// attemptError marks an attempt's error with where it happened.
+type attemptError struct {
+	err         error
+	beforeWrite bool // nothing can have been committed: the connection broke before COMMIT, or the transaction wrote nothing
+}
+
+func (e *attemptError) Error() string { return e.err.Error() }
+func (e *attemptError) Unwrap() error { return e.err }
+
+// retryable reports whether an attempt's error is worth another attempt.
+func (r *runner) retryable(err error) bool {
+	if IsRetryable(err) || r.cfg.lockNotAvailable && sqlState(err) == stateLockNotAvailable {
+		return true
+	}
+	var ae *attemptError
+	return errors.As(err, &ae) && ae.beforeWrite
+}
+
+// attempt runs one transaction.
+func (r *runner) attempt(ctx context.Context) (err error) {
+	tx, err := r.db.BeginTx(ctx, r.opts)
+	if err != nil {
+		return r.beforeCommit(ctx, err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			tx.Rollback() // fn panicked: the transaction must not stay open
+		}
+	}()
+	err = r.fn(tx)
+	if err != nil {
+		done = true
+		tx.Rollback()
+		return r.beforeCommit(ctx, err)
+	}
+	xid := ""
+	if r.postgres && r.cfg.commitCheck && (r.opts == nil || !r.opts.ReadOnly) {
+		var v sql.NullString
+		if err := tx.QueryRowContext(ctx, "SELECT pg_current_xact_id_if_assigned()::text").Scan(&v); err != nil {
+			done = true
+			tx.Rollback()
+			return r.beforeCommit(ctx, xidError(err))
+		}
+		xid = v.String
+	}
+	done = true
+	err = tx.Commit()
+	if err == nil {
+		return nil
+	}
+	return r.commitFailed(ctx, xid, err)
+}
+
+// xidError explains why the transaction id could not be read.
+func xidError(err error) error {
+	switch sqlState(err) {
+	case "25P02": // in_failed_sql_transaction
+		return fmt.Errorf("lockhooks: RunInTx: fn returned nil, but a statement of the transaction failed and Postgres aborted it; return that statement's error from fn: %w", err)
+	case "42883": // undefined_function
+		return fmt.Errorf("lockhooks: RunInTx reads the transaction id with pg_current_xact_id_if_assigned(), which needs Postgres 13 or later; pass lockhooks.SkipCommitCheck() on older servers: %w", err)
+	}
+	return fmt.Errorf("lockhooks: RunInTx: reading the transaction id before COMMIT: %w", err)
+}
+
+// beforeCommit classifies an error met before COMMIT was sent: a broken
+// connection there means the transaction did not commit.
+func (r *runner) beforeCommit(ctx context.Context, err error) error {
+	if ctx.Err() == nil && connectionLost(err) {
+		return &attemptError{err: err, beforeWrite: true}
+	}
+	return err
+}
+
+// commitFailed decides what a failed COMMIT means.
+func (r *runner) commitFailed(ctx context.Context, xid string, err error) error {
+	if errors.Is(err, sql.ErrTxDone) || err == ctx.Err() {
+		// database/sql rolled the transaction back when ctx ended; COMMIT
+		// was never sent.
+		return err
+	}
+	if !commitOutcomeUnknown(err) {
+		return err // the server rejected COMMIT: the transaction aborted
+	}
+	switch {
+	case !r.postgres:
+		return fmt.Errorf("%w: COMMIT failed with %w and lockhooks can ask only Postgres what became of a transaction; check whether its effects are there before doing it again", ErrAmbiguousCommit, err)
+	case !r.cfg.commitCheck:
+		return fmt.Errorf("%w: COMMIT failed with %w, and lockhooks.SkipCommitCheck() kept RunInTx from learning the transaction id; check whether its effects are there before doing it again", ErrAmbiguousCommit, err)
+	case xid == "":
+		// The transaction had no id, so it wrote nothing: running it again
+		// cannot write anything twice.
+		return &attemptError{err: fmt.Errorf("lockhooks: COMMIT of a transaction that wrote nothing failed: %w", err), beforeWrite: true}
+	}
+	status, serr := r.resolve(ctx, xid)
+	switch status {
+	case "committed":
+		return nil
+	case "aborted":
+		return &attemptError{err: fmt.Errorf("lockhooks: COMMIT of transaction %s failed with %w; pg_xact_status says it aborted, so it is run again", xid, err), beforeWrite: true}
+	}
+	return fmt.Errorf("%w: COMMIT of transaction %s failed with %w, and the server could not say whether it committed: %w; check whether its effects are there before doing it again", ErrAmbiguousCommit, xid, err, serr)
+}
+
+// commitOutcomeUnknown reports whether a failed COMMIT may have committed:
+// the connection broke, or the server reported it is going away (a FATAL
+// of classes 08, 57 or 58, or an internal error XX), which can happen
+// after the commit record was written. Any other server error is a
+// rejection: the transaction aborted.
+func commitOutcomeUnknown(err error) bool {
+	if s := sqlState(err); s != "" {
+		switch s[:2] {
+		case "08", "57", "58", "XX":
+			return true
+		}
+		return false
+	}
+	if _, ok := sqliteCode(err); ok {
+		return false
+	}
+	return true
+}
+
+// resolve asks Postgres, on another connection, what became of
+// transaction xid: "committed" or "aborted", or "" and why it cannot say.
+func (r *runner) resolve(ctx context.Context, xid string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.resolveTimeout)
+	defer cancel()
+	wait := 5 * time.Millisecond
+	var last error
+	for {
+		var status sql.NullString
+		err := r.db.QueryRowContext(ctx, "SELECT pg_xact_status($1::xid8)", xid).Scan(&status)
+		switch {
+		case err == nil && !status.Valid:
+			return "", errors.New("pg_xact_status returned NULL: the transaction id is older than the commit log the server keeps")
+		case err == nil && status.String != "in progress":
+			return status.String, nil
+		case err == nil:
+			last = fmt.Errorf("pg_xact_status still said %q after %v", status.String, r.cfg.resolveTimeout)
+		case sqlState(err) != "" && !strings.HasPrefix(sqlState(err), "08") && !strings.HasPrefix(sqlState(err), "57"):
+			return "", fmt.Errorf("asking pg_xact_status: %w", err) // e.g. the function does not exist
+		default:
+			last = fmt.Errorf("asking pg_xact_status: %w", err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return "", last
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}

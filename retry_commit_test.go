@@ -1,0 +1,242 @@
+package lockhooks
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockhooks/lockhooks/internal/pgtest"
+)
+
+// cutOffCommit runs one RunInTx that inserts a row into a table whose
+// deferred constraint trigger, at COMMIT, waits for an advisory lock the
+// test holds; the test finds that backend waiting in pg_locks and
+// terminates it, so the first COMMIT is cut off in flight. It returns
+// RunInTx's error, how many attempts ran, the errors retried and how many
+// rows landed.
+func cutOffCommit(t *testing.T, options ...RetryOption) (err error, attempts int, retried []error, rows int) {
+	t.Helper()
+	dsn := pgtest.DSN(t)
+	raw, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, q := range []string{
+		"CREATE TABLE orders (id SERIAL PRIMARY KEY, note TEXT NOT NULL)",
+		`CREATE FUNCTION wait_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN PERFORM pg_advisory_xact_lock(777); RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER wait_at_commit AFTER INSERT ON orders
+		 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION wait_at_commit()`,
+	} {
+		mustExec(t, raw, q)
+	}
+	holder, err := raw.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	mustExecConn(t, holder, "SELECT pg_advisory_lock(777)")
+
+	db, err := Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	done := make(chan error, 1)
+	options = append(options, OnRetry(func(e RetryEvent) { retried = append(retried, e.Err) }))
+	go func() {
+		done <- RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
+			attempts++
+			_, err := tx.ExecContext(ctx, "INSERT INTO orders (note) VALUES ('once')")
+			return err
+		}, options...)
+	}()
+
+	// The first attempt's COMMIT runs the trigger, which waits for 777.
+	var pid int
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := raw.QueryRowContext(ctx, `SELECT pid FROM pg_locks
+			WHERE locktype = 'advisory' AND objid = 777 AND NOT granted`).Scan(&pid)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the COMMIT never reached the trigger's lock wait")
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("RunInTx returned before its COMMIT was cut off: %v", err)
+		case <-time.After(5 * time.Millisecond): // polling pg_locks, not timing
+		}
+	}
+	var ok bool
+	if err := raw.QueryRowContext(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d): %v %v", pid, ok, err)
+	}
+	mustExecConn(t, holder, "SELECT pg_advisory_unlock(777)")
+	err = <-done
+	if qerr := raw.QueryRow("SELECT count(*) FROM orders WHERE note = 'once'").Scan(&rows); qerr != nil {
+		t.Fatal(qerr)
+	}
+	return err, attempts, retried, rows
+}
+
+// TestRunInTxResolvesCutOffCommit: the backend dies while COMMIT is in
+// flight; pg_xact_status on another connection says the transaction
+// aborted, so RunInTx runs it again and the row lands exactly once.
+func TestRunInTxResolvesCutOffCommit(t *testing.T) {
+	err, attempts, retried, rows := cutOffCommit(t)
+	if err != nil {
+		t.Fatalf("RunInTx: %v", err)
+	}
+	if attempts != 2 || len(retried) != 1 || rows != 1 {
+		t.Fatalf("%d attempts, retried %v, %d rows; want 2 attempts, one retry, one row", attempts, retried, rows)
+	}
+	if msg := retried[0].Error(); !strings.Contains(msg, "pg_xact_status says it aborted") || !strings.Contains(msg, "57P01") {
+		t.Errorf("the retried error does not say how the commit was resolved: %s", msg)
+	}
+	t.Logf("retried after: %v", retried[0])
+}
+
+// TestRunInTxAmbiguousWithoutCommitCheck: with SkipCommitCheck the same
+// cut-off COMMIT cannot be resolved, and RunInTx says so instead of
+// retrying blindly.
+func TestRunInTxAmbiguousWithoutCommitCheck(t *testing.T) {
+	err, attempts, retried, rows := cutOffCommit(t, SkipCommitCheck())
+	if !errors.Is(err, ErrAmbiguousCommit) || attempts != 1 || len(retried) != 0 {
+		t.Fatalf("err %v after %d attempts (retried %v); want ErrAmbiguousCommit after one", err, attempts, retried)
+	}
+	if rows != 0 {
+		t.Errorf("%d rows; the terminated transaction aborted", rows)
+	}
+	t.Log(err)
+}
+
+// cuttingProxy relays TCP connections to a Postgres server and, once
+// armed, cuts the first connection whose client sends COMMIT: the COMMIT
+// reaches the server (which commits), the reply never reaches the client.
+// The database is real; only the network fails.
+type cuttingProxy struct {
+	ln     net.Listener
+	target string
+	armed  atomic.Bool
+	cut    atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func newCuttingProxy(t *testing.T, target string) *cuttingProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cuttingProxy{ln: ln, target: target}
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+	})
+	go p.serve()
+	return p
+}
+
+func (p *cuttingProxy) serve() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, client, server)
+		p.mu.Unlock()
+		go func() { // server -> client
+			io.Copy(client, server)
+			client.Close()
+		}()
+		go func() { // client -> server, watching for COMMIT
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := client.Read(buf)
+				if n > 0 {
+					if p.armed.Load() && bytes.Contains(bytes.ToLower(buf[:n]), []byte("commit\x00")) && p.cut.CompareAndSwap(false, true) {
+						client.Close() // first, so that no reply can reach the client
+						server.Write(buf[:n])
+						return // the server still has COMMIT, and commits
+					}
+					if _, werr := server.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					server.Close()
+					return
+				}
+			}
+		}()
+	}
+}
+
+// TestRunInTxResolvesCommittedCommit: the connection breaks after COMMIT
+// reached the server; pg_xact_status says committed, so RunInTx reports
+// success and does not run the transaction again.
+func TestRunInTxResolvesCommittedCommit(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newCuttingProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	q := u.Query()
+	q.Set("sslmode", "disable")
+	u.RawQuery = q.Encode()
+	db, err := Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	mustExec(t, db, "CREATE TABLE orders (id SERIAL PRIMARY KEY, note TEXT NOT NULL)")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	attempts := 0
+	var retried []error
+	proxy.armed.Store(true)
+	err = RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
+		attempts++
+		_, err := tx.ExecContext(ctx, "INSERT INTO orders (note) VALUES ('once')")
+		return err
+	}, OnRetry(func(e RetryEvent) { retried = append(retried, e.Err) }))
+	if err != nil {
+		t.Fatalf("RunInTx: %v", err)
+	}
+	if !proxy.cut.Load() {
+		t.Fatal("the proxy never cut a COMMIT")
+	}
+	if n := countRows(t, db, "orders"); attempts != 1 || len(retried) != 0 || n != 1 {
+		t.Fatalf("%d attempts, retried %v, %d rows; want one attempt and one row", attempts, retried, n)
+	}
+}
