@@ -43,10 +43,51 @@ func TryAdvisoryLock(ctx context.Context, db *sql.DB, key int64) (l *AdvisoryLoc
 	return acquire(context.WithValue(ctx, callSiteKey{}, callSite()), db, key, true)
 }
 
+// acquire takes key for an AdvisoryLock. On Postgres, this process's
+// acquirers of one key queue in memory (FIFO, honouring ctx, holding no
+// connection while they wait): only the one whose turn it is waits on the
+// server, on one connection, so waiters never pin the pool. Across
+// processes the server decides, as before.
 func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLock, bool, error) {
-	sc, err := db.Conn(ctx)
+	sc, c, err := lockhooksConn(ctx, db)
 	if err != nil {
 		return nil, false, err
+	}
+	l := &AdvisoryLock{key: key, db: db, conn: sc, c: c}
+	if c.connector.opts.dialect == SQLite {
+		return l.acquireInProcess(ctx, try)
+	}
+	turns := &c.connector.turns
+	var site callers
+	site.capture()
+	if !turns.tryLock(key, l, &site, trace.SpanContextFromContext(ctx)) {
+		sc.Close() // wait without a connection
+		if try {
+			return nil, false, nil // another acquirer of this process holds or awaits it
+		}
+		if err := turns.lock(ctx, key, l, &site); err != nil {
+			return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %d (waiting behind another acquirer in this process): %w", key, err)
+		}
+		if l.conn, l.c, err = lockhooksConn(ctx, db); err != nil {
+			turns.unlock(key, l)
+			return nil, false, err
+		}
+	}
+	got, err := l.lockOnServer(ctx, try)
+	if err != nil || !got {
+		l.conn.Close()
+		turns.unlock(key, l)
+		return nil, false, err
+	}
+	l.c.connector.pins.track(l)
+	return l, true, nil
+}
+
+// lockhooksConn takes a connection of db and its lockhooks state.
+func lockhooksConn(ctx context.Context, db *sql.DB) (*sql.Conn, *conn, error) {
+	sc, err := db.Conn(ctx)
+	if err != nil {
+		return nil, nil, err
 	}
 	var c *conn
 	if err := sc.Raw(func(dc any) error {
@@ -58,29 +99,24 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 		return nil
 	}); err != nil {
 		sc.Close()
-		return nil, false, err
+		return nil, nil, err
 	}
-	l := &AdvisoryLock{key: key, db: db, conn: sc, c: c}
-	if c.connector.opts.dialect == SQLite {
-		return l.acquireInProcess(ctx, try)
-	}
+	return sc, c, nil
+}
+
+// lockOnServer takes the Postgres session lock on l's connection.
+func (l *AdvisoryLock) lockOnServer(ctx context.Context, try bool) (bool, error) {
 	if !try {
-		if _, err := sc.ExecContext(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
-			sc.Close()
-			return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %d: %w", key, err)
+		if _, err := l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
+			return false, fmt.Errorf("lockhooks: acquiring advisory lock %d: %w", l.key, err)
 		}
-		return l, true, nil
+		return true, nil
 	}
 	var got bool
-	if err := sc.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&got); err != nil {
-		sc.Close()
-		return nil, false, fmt.Errorf("lockhooks: trying advisory lock %d: %w", key, err)
+	if err := l.conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", l.key).Scan(&got); err != nil {
+		return false, fmt.Errorf("lockhooks: trying advisory lock %d: %w", l.key, err)
 	}
-	if !got {
-		sc.Close()
-		return nil, false, nil
-	}
-	return l, true, nil
+	return got, nil
 }
 
 // acquireInProcess takes the SQLite stand-in: an in-process named lock.
@@ -138,12 +174,14 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 	}
 	l.released = true
 	defer l.conn.Close()
-	if err := l.Err(); err != nil {
-		return err
-	}
 	if l.c.connector.opts.dialect == SQLite {
 		l.c.connector.named.unlock(l.key, l)
 		return nil
+	}
+	defer l.c.connector.turns.unlock(l.key, l) // the next acquirer of this process, after the unlock
+	defer l.c.connector.pins.untrack(l)
+	if err := l.Err(); err != nil {
+		return err
 	}
 	var ok bool
 	err := l.conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)

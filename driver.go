@@ -452,6 +452,7 @@ type connector struct {
 	tel      *telemetry
 	pins     *pinning              // Postgres only
 	named    lockTable[int64]      // SQLite's in-process advisory locks
+	turns    lockTable[int64]      // Postgres: AcquireAdvisoryLock's in-process queue per key
 	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
 	writer   writerLock            // SQLite's in-process writer lock
 	dsn      string                // "" when the inner connector was given

@@ -212,6 +212,20 @@ func (p *pinning) holderOf(k lockKey, except *conn) *conn {
 	return nil
 }
 
+// track notes an AdvisoryLock handed out, for db.Close.
+func (p *pinning) track(l *AdvisoryLock) {
+	p.mu.Lock()
+	p.locks[l] = struct{}{}
+	p.mu.Unlock()
+}
+
+// untrack forgets a released AdvisoryLock.
+func (p *pinning) untrack(l *AdvisoryLock) {
+	p.mu.Lock()
+	delete(p.locks, l)
+	p.mu.Unlock()
+}
+
 // isClosed reports whether db.Close has run.
 func (p *pinning) isClosed() bool {
 	p.mu.Lock()
@@ -299,6 +313,7 @@ func (p *pinning) close() {
 	}
 	for _, l := range locks {
 		l.conn.Close() // database/sql closes it: the database is closed
+		p.c.turns.unlock(l.key, l)
 	}
 	if len(released) > 0 {
 		sort.Strings(released)
