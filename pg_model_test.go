@@ -561,6 +561,22 @@ func (m *model) drain() {
 		m.fail("%v", err)
 	}
 	if n != 0 {
-		m.fail("after unlocking every counted lock, %d advisory locks are still held", n)
+		var left []string
+		rows, err := m.e.raw.Query(`SELECT l.pid, l.classid, l.objid, l.objsubid, l.mode FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE l.locktype = 'advisory' AND a.application_name = $1`, m.e.app)
+		if err == nil {
+			for rows.Next() {
+				var pid, class, obj, sub int64
+				var mode string
+				rows.Scan(&pid, &class, &obj, &sub, &mode)
+				left = append(left, fmt.Sprintf("pid %d: %d/%d/%d %s", pid, class, obj, sub, mode))
+			}
+			rows.Close()
+		}
+		var views []string
+		for _, w := range m.conn.openConns() {
+			views = append(views, fmt.Sprintf("%v: %+v", w, w.view()))
+		}
+		m.fail("after unlocking every counted lock, %d advisory locks are still held: %v\nlockhooks' views: %v", n, left, views)
 	}
 }

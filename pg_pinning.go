@@ -196,20 +196,27 @@ func (p *pinning) unregister(c *conn) {
 	p.mu.Unlock()
 }
 
-// holderOf returns a connection other than except that holds k.
+// holderOf returns a connection other than except that holds k,
+// preferring a parked one (a shared key may have several holders, and only
+// a parked one can take a rerouted unlock).
 func (p *pinning) holderOf(k lockKey, except *conn) *conn {
+	var inUse *conn
 	for _, h := range p.snapshot() {
 		if h == except {
 			continue
 		}
 		h.pin.mu.Lock()
 		_, ok := h.pin.held[k]
+		parked := h.pin.parked
 		h.pin.mu.Unlock()
-		if ok {
+		switch {
+		case ok && parked:
 			return h
+		case ok:
+			inUse = h
 		}
 	}
-	return nil
+	return inUse
 }
 
 // track notes an AdvisoryLock handed out, for db.Close.
