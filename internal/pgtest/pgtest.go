@@ -12,7 +12,14 @@
 //   - LOCKHOOKS_TEST_PG_DSN: use this server instead of starting one (the
 //     user must be allowed to create databases);
 //   - LOCKHOOKS_REQUIRE_PG=1: fail, instead of skip, when no server can be had
-//     (CI sets it).
+//     (CI sets it);
+//   - LOCKHOOKS_REQUIRE_PGBOUNCER=1: fail, instead of skip, when PgBouncer
+//     cannot be had for [PoolerDSN] or [StartPooler] (CI sets it).
+//
+// [PoolerDSN] is DSN through a real PgBouncer in transaction mode (the
+// Debian package's /usr/sbin/pgbouncer), started once per test binary in
+// front of the server; [StartPooler] starts one for a single test with its
+// own settings. See pgbouncer.go for what they guarantee.
 //
 // When the tests run as root (initdb refuses to), the cluster is run as the
 // postgres system user through runuser.
@@ -93,8 +100,10 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-// Stop stops and removes the private cluster, if one was started.
+// Stop stops the PgBouncers started for the tests, then stops and removes
+// the private cluster, if one was started.
 func Stop() {
+	stopPoolers()
 	if admin != nil {
 		admin.Close()
 	}
@@ -108,13 +117,14 @@ func Stop() {
 // fails it when LOCKHOOKS_REQUIRE_PG=1.
 func DSN(t testing.TB) string {
 	t.Helper()
-	once.Do(start)
-	if started != nil {
-		if os.Getenv(EnvRequire) == "1" {
-			t.Fatalf("pgtest: PostgreSQL is required (%s=1) but unavailable: %v", EnvRequire, started)
-		}
-		t.Skipf("pgtest: SKIPPING a PostgreSQL test: %v (install PostgreSQL or set %s)", started, EnvDSN)
-	}
+	needServer(t)
+	return withDatabase(adminTo, newDatabase(t))
+}
+
+// newDatabase creates a new, empty database for t, dropped when t ends, and
+// returns its name.
+func newDatabase(t testing.TB) string {
+	t.Helper()
 	name := fmt.Sprintf("t%d_%s", dbSeq.Add(1), sanitize(t.Name()))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -128,7 +138,20 @@ func DSN(t testing.TB) string {
 			t.Errorf("pgtest: dropping database %s: %v", name, err)
 		}
 	})
-	return withDatabase(adminTo, name)
+	return name
+}
+
+// needServer starts or finds the server, or skips t with a loud message (fails
+// it when LOCKHOOKS_REQUIRE_PG=1) when there is none.
+func needServer(t testing.TB) {
+	t.Helper()
+	once.Do(start)
+	if started != nil {
+		if os.Getenv(EnvRequire) == "1" {
+			t.Fatalf("pgtest: PostgreSQL is required (%s=1) but unavailable: %v", EnvRequire, started)
+		}
+		t.Skipf("pgtest: SKIPPING a PostgreSQL test: %v (install PostgreSQL or set %s)", started, EnvDSN)
+	}
 }
 
 var notIdent = regexp.MustCompile(`[^a-z0-9_]+`)
