@@ -49,9 +49,9 @@ type conn struct {
 	// come from the database server, so the connection may be broken.
 	suspect atomic.Bool
 
-	// discarded is set after DISCARD ALL: the server forgot the driver's
+	// discards counts DISCARD ALLs: the server forgot the driver's
 	// prepared statements, so the connection is not pooled again.
-	discarded atomic.Bool
+	discards atomic.Int32
 
 	// pid is the Postgres backend pid, read when the connection opens (0
 	// until then, and on SQLite).
@@ -63,6 +63,11 @@ type conn struct {
 
 	// pin is the connection's session advisory locks (Postgres).
 	pin pinState
+
+	// hold keeps the session locks in transaction-pooler mode; holderPID
+	// is its backend while its transaction is open (0 otherwise).
+	hold      *holderConn
+	holderPID atomic.Int32
 
 	// order is the lock-order checker's state for the connection.
 	order connOrder
@@ -249,12 +254,19 @@ func (c *conn) queryWriting(ctx context.Context, st statement, query string, run
 // execTracked runs a statement that calls advisory-lock functions, or runs
 // on a connection holding session locks, with the lock tracking around it.
 func (c *conn) execTracked(ctx context.Context, st statement, args []driver.NamedValue, run func() (driver.Result, error)) (driver.Result, error) {
-	plan, handled, err := c.beforeAdvisory(ctx, st, args)
-	if handled && err == nil {
+	plan, answer, err := c.beforeAdvisory(ctx, st, args)
+	if answer != nil && err == nil {
 		return driver.RowsAffected(1), nil // a rerouted unlock: SELECT returned one row
 	}
 	if err != nil {
 		return nil, err
+	}
+	if plan.onHolder {
+		answer, err := c.runOnHolder(ctx, st.text, args)
+		if err = c.afterTracked(ctx, plan, answer.values(), err); err != nil {
+			return nil, err
+		}
+		return driver.RowsAffected(1), nil
 	}
 	res, err := run()
 	err = c.afterTracked(ctx, plan, nil, st.explain(c.observe(err)))
@@ -267,12 +279,19 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 // queryTracked is execTracked for queries: the tracking is brought up to
 // date when the rows are closed.
 func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.NamedValue, run func() (driver.Rows, error)) (driver.Rows, error) {
-	plan, handled, err := c.beforeAdvisory(ctx, st, args)
-	if handled && err == nil {
-		return &unlockResult{name: st.advisory.Calls[0].Column}, nil
+	plan, answer, err := c.beforeAdvisory(ctx, st, args)
+	if answer != nil && err == nil {
+		return answer, nil
 	}
 	if err != nil {
 		return nil, err
+	}
+	if plan.onHolder {
+		answer, err := c.runOnHolder(ctx, st.text, args)
+		if err = c.afterTracked(ctx, plan, answer.values(), err); err != nil {
+			return nil, err
+		}
+		return answer, nil
 	}
 	rows, err := run()
 	if err != nil {
@@ -436,7 +455,7 @@ func (c *conn) IsValid() bool {
 	if c.holdsLocks() {
 		return false // withdrawn: Close parks it
 	}
-	if c.discarded.Load() {
+	if c.discards.Load() > 0 {
 		return false
 	}
 	if c.connector.opts.verifyOnReturn && c.connector.pins != nil && !c.suspect.Load() {

@@ -72,6 +72,7 @@ type options struct {
 	blockerThreshold  time.Duration
 	statementSpans    bool
 	verifyOnReturn    bool
+	txPooler          bool
 	lockOrder         *lockOrder // WithLockOrderCheck; nil: off
 
 	// testReleaseBeforeCommit, set only by tests, breaks the lockset rule on

@@ -58,7 +58,7 @@ func (p *pinning) check(side driver.Conn) (driver.Conn, error) {
 	var snaps []holderSnapshot
 	for _, h := range p.snapshot() {
 		h.pin.mu.Lock()
-		if pid := h.pid.Load(); pid != 0 && h.pin.busy == 0 && h.pin.lost == nil && len(h.pin.held) > 0 {
+		if pid := h.lockPID(); pid != 0 && h.pin.busy == 0 && h.pin.lost == nil && len(h.pin.held) > 0 {
 			s := holderSnapshot{c: h, pid: pid, gen: h.pin.gen}
 			for k := range h.pin.held {
 				s.keys = append(s.keys, k)
@@ -183,18 +183,22 @@ WHERE ` + where
 		if dest[1] == nil {
 			continue
 		}
-		classid, objid := asInt64(dest[1]), asInt64(dest[2])
-		k := lockKey{shared: dest[4] == "ShareLock"}
-		if asInt64(dest[3]) == 2 {
-			k.pair, k.k1, k.k2 = true, int64(int32(uint32(classid))), int64(int32(uint32(objid)))
-		} else {
-			k.k1 = classid<<32 | objid
-		}
 		if held[pid] == nil {
 			held[pid] = map[lockKey]bool{}
 		}
-		held[pid][k] = true
+		held[pid][advisoryKeyOf(asInt64(dest[1]), asInt64(dest[2]), asInt64(dest[3]), dest[4])] = true
 	}
+}
+
+// advisoryKeyOf names the advisory lock of a pg_locks row.
+func advisoryKeyOf(classid, objid, objsubid int64, mode driver.Value) lockKey {
+	k := lockKey{shared: mode == "ShareLock"}
+	if objsubid == 2 {
+		k.pair, k.k1, k.k2 = true, int64(int32(uint32(classid))), int64(int32(uint32(objid)))
+	} else {
+		k.k1 = classid<<32 | objid
+	}
+	return k
 }
 
 // queryDirect runs query on a raw driver connection.

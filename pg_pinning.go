@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strconv"
 	"strings"
@@ -278,6 +279,7 @@ func (c *conn) closeInner() error {
 	c.pin.closed = true
 	c.pin.mu.Unlock()
 	c.connector.forget(c)
+	c.closeHolder()
 	return c.inner.Close()
 }
 
@@ -381,7 +383,7 @@ func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []dr
 		}
 		exprs[i] += "::" + typ
 	}
-	row, err := c.queryRow(ctx, "SELECT "+strings.Join(exprs, ", "), args)
+	row, err := c.queryRow(ctx, "SELECT "+strings.Join(exprs, ", ")+c.afterDiscard(), args)
 	if err != nil || len(row) != call.NArgs {
 		return k, false
 	}
@@ -462,24 +464,27 @@ type advisoryPlan struct {
 	// verify: read pg_locks after the statement (keys evaluated apart from
 	// the statement, or effects the text does not show).
 	verify bool
+	// onHolder: the statement runs on the connection's holder
+	// (WithTransactionPooler).
+	onHolder bool
 }
 
 // beforeAdvisory runs before a statement on the slow path. It may answer
-// the statement itself (a rerouted unlock): then handled is true and
-// result is the unlock's result.
-func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.NamedValue) (plan advisoryPlan, handled bool, err error) {
+// the statement itself (a rerouted unlock): then answer is the statement's
+// result.
+func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.NamedValue) (plan advisoryPlan, answer *staticRows, err error) {
 	plan = advisoryPlan{st: st, args: args}
 	c.pin.mu.Lock()
 	lost := c.pin.lost
 	c.pin.mu.Unlock()
 	if lost != nil {
-		return plan, false, lost
+		return plan, nil, lost
 	}
 	if c.pin.active.Load() {
 		// database/sql would let the driver see a cancelled context, and pgx
 		// then closes the connection: every lock it holds would be gone.
 		if err := ctx.Err(); err != nil {
-			return plan, false, err
+			return plan, nil, err
 		}
 	}
 	adv := st.advisory
@@ -487,7 +492,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		if st.rowLock {
 			plan.wait = c.startRowLockWait(ctx, st)
 		}
-		return plan, false, nil
+		return plan, nil, nil
 	}
 	plan.keys, plan.known = make([]lockKey, len(adv.Calls)), make([]bool, len(adv.Calls))
 	plan.exact = adv.TargetList && !adv.Uncertain
@@ -505,16 +510,28 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	if c.anyApprox(plan.keys, plan.known) {
 		plan.verify = true
 	}
+	if plan.onHolder, err = c.onHolder(adv); err != nil {
+		return plan, nil, err
+	}
 	if err := c.refuseUselessXact(ctx, adv); err != nil {
-		return plan, false, err
+		return plan, nil, err
 	}
 	if adv.Simple && adv.Calls[0].Func&sqlscan.FnUnlock != 0 && plan.known[0] && !c.holds(plan.keys[0]) {
-		return plan, true, c.connector.pins.rerouteUnlock(ctx, c, plan.keys[0])
+		if err := c.connector.pins.rerouteUnlock(ctx, c, plan.keys[0]); err != nil {
+			return plan, nil, err
+		}
+		return plan, &staticRows{cols: []string{adv.Calls[0].Column}, row: []driver.Value{true}}, nil
+	}
+	if !plan.onHolder && plan.exact && !c.connector.opts.txPooler && takesOrFreesSession(adv) {
+		// A session lock through a transaction-mode pooler would land on a
+		// server connection other clients reuse: pg_locks, read right
+		// after, says whether it is where this connection is.
+		plan.verify = true
 	}
 	plan.site = siteOf(ctx)
 	if plan.exact && !adv.Simple {
 		if err := c.checkUnlocks(adv, plan.keys, plan.site); err != nil {
-			return plan, false, err
+			return plan, nil, err
 		}
 	}
 	c.warnSelfWait(adv, plan.keys, plan.known, plan.site)
@@ -523,7 +540,50 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	c.pin.busy++
 	c.pin.gen++
 	c.pin.mu.Unlock()
-	return plan, false, nil
+	return plan, nil, nil
+}
+
+// takesOrFreesSession reports whether a statement takes or releases a
+// session lock.
+func takesOrFreesSession(adv *sqlscan.Advisory) bool {
+	for _, call := range adv.Calls {
+		if call.Func&(sqlscan.FnXact|sqlscan.FnUnlockAll) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// checkLanded compares the session locks pg_locks shows for this backend
+// after an exactly known statement with what the statement must have left
+// (expected, apart from the try-locks in pending): a lock taken elsewhere,
+// or an unlock that released nothing here, means the statement ran on
+// another backend than the connection's, which a transaction-mode pooler
+// does.
+func (c *conn) checkLanded(expected map[lockKey]int, pending map[lockKey]int) error {
+	got := c.view().session
+	for k := range expected {
+		if _, ok := got[k]; !ok {
+			return c.poolerDetected(fmt.Sprintf("took advisory lock %s, but pg_locks shows it on no backend of this connection (pid %d)", k, c.pid.Load()))
+		}
+	}
+	for k := range got {
+		if _, ok := expected[k]; !ok && pending[k] == 0 {
+			return c.poolerDetected(fmt.Sprintf("unlocked advisory lock %s, but its backend (pid %d) still holds it", k, c.pid.Load()))
+		}
+	}
+	return nil
+}
+
+// afterDiscard returns a comment that makes lockhooks' own query texts
+// new after each DISCARD ALL, so a driver that caches prepared statements
+// by text (pgx) prepares them again instead of using ones the server
+// forgot.
+func (c *conn) afterDiscard() string {
+	if n := c.discards.Load(); n > 0 {
+		return " -- lockhooks: after DISCARD ALL " + strconv.Itoa(int(n))
+	}
+	return ""
 }
 
 // anyApprox reports whether c holds one of keys with a count that may be off.
@@ -663,8 +723,9 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		c.clearLocks()
 		// DISCARD ALL also deallocates the server's prepared statements
 		// behind the driver's back (pgx caches them): the connection is
-		// closed instead of pooled once it is returned.
-		c.discarded.Store(true)
+		// closed instead of pooled once it is returned, and lockhooks' own
+		// queries change their text so the driver prepares them anew.
+		c.discards.Add(1)
 	}
 	var pending map[lockKey]int
 	if plan.exact {
@@ -673,11 +734,24 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	if adv.Statements > 1 {
 		c.followTxControl(plan.st.text)
 	}
+	var verr error
 	if plan.verify || len(pending) > 0 {
-		c.reconcile(ctx, plan.site, pending, !plan.exact)
+		expected := c.view().session
+		verr = c.reconcile(ctx, plan.site, pending, !plan.exact)
+		if verr == nil && plan.exact && !c.connector.opts.txPooler {
+			verr = c.checkLanded(expected, pending)
+		}
+		if errors.Is(verr, ErrTransactionPooler) {
+			c.markLost(verr.Error(), verr, true)
+		} else {
+			verr = nil // a failed read was logged; the next one catches up
+		}
 	}
 	c.connector.pins.settle(c)
-	return nil
+	if c.connector.opts.txPooler {
+		c.releaseHolder(ctx)
+	}
+	return verr
 }
 
 // apply records the effect of a target list whose keys are all known, call
@@ -975,17 +1049,20 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 // Inside a transaction the read runs in a savepoint, so that its failure
 // cannot abort the application's transaction.
 func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) {
-	pid, err := c.backendPID(ctx)
-	if err != nil {
+	if _, err := c.backendPID(ctx); err != nil {
 		return nil, err
 	}
+	pid := c.lockPID()
 	inTx := c.inTx()
 	if inTx {
 		if err := c.execOwn(ctx, "SAVEPOINT lockhooks_read"); err != nil {
 			return nil, err
 		}
 	}
-	_, held, err := queryAdvisoryLocks(ctx, c.inner, "a.pid = "+strconv.Itoa(int(pid)))
+	held, ranOn, err := c.queryOwnLocks(ctx, pid)
+	if err == nil && ranOn != pid && !c.connector.opts.txPooler {
+		err = c.poolerDetected(fmt.Sprintf("was opened on backend pid %d but its statements now run on backend pid %d", pid, ranOn))
+	}
 	if inTx {
 		end := "RELEASE SAVEPOINT lockhooks_read"
 		if err != nil {
@@ -998,7 +1075,32 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 	if err != nil {
 		return nil, c.observe(err)
 	}
-	return held[pid], nil
+	return held, nil
+}
+
+// queryOwnLocks reads the granted advisory locks of backend pid, and the
+// pid of the backend that answers.
+func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, err error) {
+	rows, err := queryDirect(ctx, c.inner, `SELECT pg_backend_pid(), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
+FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.pid = `+strconv.Itoa(int(pid))+` AND l.locktype = 'advisory' AND l.granted`+c.afterDiscard(), nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer rows.Close()
+	held = map[lockKey]bool{}
+	dest := make([]driver.Value, 5)
+	for {
+		if err := rows.Next(dest); err != nil {
+			if err == io.EOF {
+				return held, ranOn, nil
+			}
+			return nil, 0, err
+		}
+		ranOn = int32(asInt64(dest[0]))
+		if dest[1] != nil {
+			held[advisoryKeyOf(asInt64(dest[1]), asInt64(dest[2]), asInt64(dest[3]), dest[4])] = true
+		}
+	}
 }
 
 // park withdraws c, which holds session locks, instead of closing it.
@@ -1055,7 +1157,7 @@ type heldView struct {
 func (c *conn) view() heldView {
 	c.pin.mu.Lock()
 	defer c.pin.mu.Unlock()
-	v := heldView{pid: c.pid.Load(), session: map[lockKey]int{}, approx: map[lockKey]bool{}, xact: map[lockKey]int{}, lost: c.pin.lost != nil, parked: c.pin.parked}
+	v := heldView{pid: c.lockPID(), session: map[lockKey]int{}, approx: map[lockKey]bool{}, xact: map[lockKey]int{}, lost: c.pin.lost != nil, parked: c.pin.parked}
 	for k, l := range c.pin.held {
 		v.session[k] = l.count
 		if l.approx {

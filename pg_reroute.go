@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql/driver"
 	"fmt"
-	"io"
 	"time"
 )
 
@@ -53,7 +52,16 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s): the parked connection that held it released it meanwhile", ErrNotLockOwner, sharedSuffix(k), k)
 	}
 	q, args := k.unlockQuery()
-	v, err := h.queryValue(ctx, q, args...)
+	var v driver.Value
+	var err error
+	if h.connector.opts.txPooler {
+		var answer *staticRows
+		if answer, err = h.runOnHolder(ctx, q, args); err == nil && len(answer.row) == 1 {
+			v = answer.row[0]
+		}
+	} else {
+		v, err = h.queryValue(ctx, q, args...)
+	}
 	if err != nil {
 		if h.connectionBroken(err) {
 			return h.lostError(h.loseLocks(err), err)
@@ -66,6 +74,7 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 	}
 	h.connector.tel.unlockRerouted(ctx)
 	h.forgetLock(k)
+	h.releaseHolder(ctx)
 	if approx {
 		// The count may be off: pg_locks says whether the key is still held.
 		h.reconcile(ctx, site, nil, false)
@@ -78,22 +87,4 @@ func sharedSuffix(k lockKey) string {
 		return "_shared"
 	}
 	return ""
-}
-
-// unlockResult is the answer of a rerouted unlock: one row, true, in a
-// column named as the statement named it.
-type unlockResult struct {
-	done bool
-	name string
-}
-
-func (r *unlockResult) Columns() []string { return []string{r.name} }
-func (r *unlockResult) Close() error      { return nil }
-func (r *unlockResult) Next(dest []driver.Value) error {
-	if r.done {
-		return io.EOF
-	}
-	r.done = true
-	dest[0] = true
-	return nil
 }

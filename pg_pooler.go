@@ -1,0 +1,272 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
+)
+
+// ErrTransactionPooler is wrapped by the error returned when a session
+// advisory lock goes through a transaction-mode pooler (PgBouncer with
+// pool_mode = transaction, and the poolers of hosted Postgres built the
+// same way) on a database not opened with [WithTransactionPooler]: the
+// pooler hands the server connection holding the lock to other clients
+// after each transaction, so the lock is stranded there.
+var ErrTransactionPooler = errors.New("lockhooks: session advisory lock through a transaction-mode pooler")
+
+// WithTransactionPooler says the DSN goes through a transaction-mode pooler
+// (PgBouncer pool_mode = transaction, RDS Proxy, Supabase's and Neon's
+// poolers). Only an open transaction keeps a server connection assigned to
+// one client there, so each connection that takes a session advisory lock
+// gets a holder connection of its own whose transaction stays open while it
+// holds anything; the lock and unlock statements run there and return its
+// results. The application's own statements keep their meaning: they run
+// on the connection as before, autocommit commits at once, and a
+// migration's CREATE INDEX CONCURRENTLY still runs outside a transaction.
+//
+// The cost: one more client connection per lock-holding connection, and one
+// open transaction, which holds back vacuum's horizon, per lock holder for
+// as long as it holds. Watch idle_in_transaction_session_timeout and the
+// pooler's idle_transaction_timeout: a holder killed by either is a lost
+// lock, reported as any other (ErrLockLost).
+//
+// A statement that mixes a session-lock call with other work (a DO block,
+// a call in FROM or WHERE, a session and a transaction-level call together)
+// cannot be split between the holder and the connection, and is refused.
+// Transaction-level locks (Lock, pg_advisory_xact_lock inside a
+// transaction) need no holder and work through such a pooler as they are.
+func WithTransactionPooler() Option {
+	return func(o *options) { o.txPooler = true }
+}
+
+// holderConn keeps a connection's session locks in transaction-pooler mode:
+// an inner connection of its own, inside a transaction while it holds
+// anything.
+type holderConn struct {
+	inner driver.Conn
+	inTx  bool
+}
+
+// lockPID returns the backend pid whose pg_locks rows are this
+// connection's session locks: its holder's in transaction-pooler mode.
+func (c *conn) lockPID() int32 {
+	if pid := c.holderPID.Load(); pid != 0 {
+		return pid
+	}
+	return c.pid.Load()
+}
+
+// onHolder reports whether a statement's advisory calls must run on the
+// holder (transaction-pooler mode, session-level calls), and refuses what
+// cannot be split.
+func (c *conn) onHolder(adv *sqlscan.Advisory) (bool, error) {
+	if !c.connector.opts.txPooler || adv.DiscardAll {
+		return false, nil
+	}
+	session, xact := 0, 0
+	for _, call := range adv.Calls {
+		if call.Func&sqlscan.FnXact != 0 {
+			xact++
+		} else {
+			session++
+		}
+	}
+	switch {
+	case session == 0 && !adv.Uncertain:
+		return false, nil
+	case session == 0 || adv.Uncertain || !adv.TargetList || xact > 0:
+		return false, fmt.Errorf("lockhooks: through a transaction-mode pooler (WithTransactionPooler), session advisory locks are held on a connection of their own, and this statement mixes an advisory call with other work that cannot be split from it; take the lock in a statement of its own (SELECT pg_advisory_lock($1)), or use transaction-level locks (lockhooks.Lock)")
+	}
+	return true, nil
+}
+
+// runOnHolder runs a session-lock statement on c's holder, in a savepoint
+// so that a failed lock (a deadlock, a lock_timeout) does not abort the
+// transaction that keeps the other locks, and returns its one row.
+func (c *conn) runOnHolder(ctx context.Context, query string, args []driver.NamedValue) (*staticRows, error) {
+	h, err := c.holder(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := execDirect(ctx, h.inner, "SAVEPOINT lockhooks_lock"); err != nil {
+		return nil, c.holderFailed(err)
+	}
+	rows, err := queryDirect(ctx, h.inner, query, args)
+	var answer *staticRows
+	if err == nil {
+		answer, err = readStaticRow(rows)
+	}
+	if err != nil {
+		if !isServerError(err) {
+			return nil, c.holderFailed(err)
+		}
+		if rerr := execDirect(ctx, h.inner, "ROLLBACK TO SAVEPOINT lockhooks_lock"); rerr != nil {
+			return nil, c.holderFailed(rerr)
+		}
+		return nil, err
+	}
+	if err := execDirect(ctx, h.inner, "RELEASE SAVEPOINT lockhooks_lock"); err != nil {
+		return nil, c.holderFailed(err)
+	}
+	return answer, nil
+}
+
+// holder returns c's holder, opening it and its transaction if needed.
+func (c *conn) holder(ctx context.Context) (*holderConn, error) {
+	h := c.hold
+	if h == nil {
+		inner, err := c.connector.inner.Connect(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("lockhooks: opening the connection that holds session locks through the transaction pooler: %w", err)
+		}
+		h = &holderConn{inner: inner}
+		c.hold = h
+	}
+	if !h.inTx {
+		if err := execDirect(ctx, h.inner, "BEGIN"); err != nil {
+			return nil, c.holderFailed(err)
+		}
+		h.inTx = true
+		rows, err := queryDirect(ctx, h.inner, "SELECT pg_backend_pid()", nil)
+		var row *staticRows
+		if err == nil {
+			row, err = readStaticRow(rows)
+		}
+		if err != nil {
+			return nil, c.holderFailed(err)
+		}
+		c.holderPID.Store(int32(asInt64(row.row[0])))
+	}
+	return h, nil
+}
+
+// holderFailed drops a holder whose statement failed outside the server's
+// control: its transaction, and the locks it kept, are gone.
+func (c *conn) holderFailed(err error) error {
+	if h := c.hold; h != nil {
+		h.inner.Close()
+		c.hold = nil
+	}
+	c.holderPID.Store(0)
+	return c.lostError(c.loseLocks(err), err)
+}
+
+// releaseHolder ends the holder's transaction once c holds nothing: the
+// pooler may then give its server connection to others. Session locks
+// survive COMMIT, so it unlocks everything first.
+func (c *conn) releaseHolder(ctx context.Context) {
+	h := c.hold
+	if h == nil || !h.inTx {
+		return
+	}
+	c.pin.mu.Lock()
+	empty := len(c.pin.held) == 0
+	c.pin.mu.Unlock()
+	if !empty {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	err := execDirect(ctx, h.inner, "SELECT pg_advisory_unlock_all()")
+	if err == nil {
+		err = execDirect(ctx, h.inner, "COMMIT")
+	}
+	if err != nil {
+		h.inner.Close() // the pooler drops a server connection whose client left mid-transaction
+		c.hold = nil
+	} else {
+		h.inTx = false
+	}
+	c.holderPID.Store(0)
+}
+
+// closeHolder closes c's holder, releasing what it holds.
+func (c *conn) closeHolder() {
+	c.releaseHolderUnconditionally()
+	if h := c.hold; h != nil {
+		h.inner.Close()
+		c.hold = nil
+	}
+}
+
+// releaseHolderUnconditionally ends the holder's transaction whatever the
+// tracking says (the connection is being closed).
+func (c *conn) releaseHolderUnconditionally() {
+	h := c.hold
+	if h == nil || !h.inTx {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	if execDirect(ctx, h.inner, "SELECT pg_advisory_unlock_all()") == nil && execDirect(ctx, h.inner, "COMMIT") == nil {
+		h.inTx = false
+	}
+	c.holderPID.Store(0)
+}
+
+// execDirect runs a statement of lockhooks' own on a raw driver connection.
+func execDirect(ctx context.Context, c driver.Conn, query string) error {
+	rows, err := queryDirect(ctx, c, query, nil)
+	if err != nil {
+		return err
+	}
+	return rows.Close()
+}
+
+// readStaticRow reads the first row of rows and closes them.
+func readStaticRow(rows driver.Rows) (*staticRows, error) {
+	defer rows.Close()
+	r := &staticRows{cols: rows.Columns()}
+	dest := make([]driver.Value, len(r.cols))
+	if err := rows.Next(dest); err != nil {
+		if err == io.EOF {
+			return r, nil
+		}
+		return nil, err
+	}
+	for i, v := range dest {
+		if b, ok := v.([]byte); ok {
+			dest[i] = append([]byte(nil), b...) // the driver may reuse its buffer
+		}
+	}
+	r.row = dest
+	return r, rows.Close()
+}
+
+// staticRows is a statement's answer that lockhooks gives itself: a
+// rerouted unlock's, or one run on a holder.
+type staticRows struct {
+	cols []string
+	row  []driver.Value
+	done bool
+}
+
+// values returns the row (nil for a nil answer).
+func (r *staticRows) values() []driver.Value {
+	if r == nil {
+		return nil
+	}
+	return r.row
+}
+
+func (r *staticRows) Columns() []string { return r.cols }
+func (r *staticRows) Close() error      { return nil }
+func (r *staticRows) Next(dest []driver.Value) error {
+	if r.done || r.row == nil {
+		return io.EOF
+	}
+	r.done = true
+	copy(dest, r.row)
+	return nil
+}
+
+// poolerDetected is the error for a connection found on a backend other
+// than the one it was opened on, or whose lock is not where it was taken.
+func (c *conn) poolerDetected(what string) error {
+	return fmt.Errorf("%w: %v %s; this database's DSN goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which gives the server connection to other clients after each transaction, so a session lock stays behind on it: open the database with lockhooks.WithTransactionPooler(), or use transaction-level locks (lockhooks.Lock)",
+		ErrTransactionPooler, c, what)
+}
