@@ -5,9 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
-	"time"
 
 	"go.opentelemetry.io/otel/trace"
 )
@@ -106,37 +104,9 @@ func lockhooksConn(ctx context.Context, db *sql.DB) (*sql.Conn, *conn, error) {
 	return sc, c, nil
 }
 
-// Polling bounds for AcquireAdvisoryLock through a transaction pooler.
-const (
-	poolerPollMin = 5 * time.Millisecond
-	poolerPollMax = 250 * time.Millisecond
-)
-
-// lockOnServer takes the Postgres session lock on l's connection. Through a
-// transaction pooler (WithTransactionPooler) a waiting pg_advisory_lock
-// would keep one of the pooler's few server connections busy for as long
-// as it waits, one per waiting replica, and the holder's own work could
-// find none left: there it polls with pg_try_advisory_lock instead, with a
-// growing, jittered delay (5 ms to 250 ms), holding a server connection
-// only for each try.
+// lockOnServer takes the Postgres session lock on l's connection (through
+// a transaction pooler the holder polls; see runPlanOnHolder).
 func (l *AdvisoryLock) lockOnServer(ctx context.Context, try bool) (bool, error) {
-	if !try && l.c.connector.opts.txPooler {
-		delay := poolerPollMin
-		for {
-			got, err := l.lockOnServer(ctx, true)
-			if err != nil || got {
-				return got, err
-			}
-			t := time.NewTimer(delay/2 + rand.N(delay/2+1))
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return false, fmt.Errorf("lockhooks: acquiring advisory lock %d: %w", l.key, ctx.Err())
-			case <-t.C:
-			}
-			delay = min(2*delay, poolerPollMax)
-		}
-	}
 	if !try {
 		if _, err := l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
 			return false, fmt.Errorf("lockhooks: acquiring advisory lock %d: %w", l.key, err)

@@ -262,7 +262,7 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 		return nil, err
 	}
 	if plan.onHolder {
-		answer, err := c.runOnHolder(ctx, st.text, args)
+		answer, err := c.runPlanOnHolder(ctx, plan, st.text, args)
 		if err = c.afterTracked(ctx, plan, answer.values(), err); err != nil {
 			return nil, err
 		}
@@ -287,7 +287,7 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 		return nil, err
 	}
 	if plan.onHolder {
-		answer, err := c.runOnHolder(ctx, st.text, args)
+		answer, err := c.runPlanOnHolder(ctx, plan, st.text, args)
 		if err = c.afterTracked(ctx, plan, answer.values(), err); err != nil {
 			return nil, err
 		}

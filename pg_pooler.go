@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"time"
 
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
@@ -76,9 +78,12 @@ func (c *conn) onHolder(adv *sqlscan.Advisory) (bool, error) {
 		}
 	}
 	switch {
-	case session == 0 && !adv.Uncertain:
+	case session == 0:
+		// Transaction-level calls run in the application's transaction; a
+		// text that only mentions advisory locks (pg_locks WHERE locktype =
+		// 'advisory') is no lock statement.
 		return false, nil
-	case session == 0 || adv.Uncertain || !adv.TargetList || xact > 0:
+	case adv.Uncertain || !adv.TargetList || xact > 0:
 		return false, fmt.Errorf("lockhooks: through a transaction-mode pooler (WithTransactionPooler), session advisory locks are held on a connection of their own, and this statement mixes an advisory call with other work that cannot be split from it; take the lock in a statement of its own (SELECT pg_advisory_lock($1)), or use transaction-level locks (lockhooks.Lock)")
 	}
 	return true, nil
@@ -113,6 +118,46 @@ func (c *conn) runOnHolder(ctx context.Context, query string, args []driver.Name
 		return nil, c.holderFailed(err)
 	}
 	return answer, nil
+}
+
+// Polling bounds for a blocking lock through a transaction pooler.
+const (
+	poolerPollMin = 5 * time.Millisecond
+	poolerPollMax = 250 * time.Millisecond
+)
+
+// runPlanOnHolder runs a statement's session-lock calls on c's holder. A
+// lone blocking pg_advisory_lock polls with pg_try_advisory_lock instead of
+// waiting on the server: a waiting statement would keep one of the pooler's
+// few server connections busy for as long as it waits (one per waiting
+// replica), and the holder's own work could find none left. Between tries
+// the holder's transaction ends, so it keeps no server connection either.
+func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query string, args []driver.NamedValue) (*staticRows, error) {
+	adv := plan.st.advisory
+	if !adv.Simple || adv.Calls[0].Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 || !plan.known[0] {
+		return c.runOnHolder(ctx, query, args)
+	}
+	k := plan.keys[0]
+	try, tryArgs := k.tryQuery()
+	delay := poolerPollMin
+	for {
+		answer, err := c.runOnHolder(ctx, try, tryArgs)
+		if err != nil {
+			return nil, err
+		}
+		if got, _ := answer.row[0].(bool); got {
+			return &staticRows{cols: []string{adv.Calls[0].Column}, row: []driver.Value{nil}}, nil // pg_advisory_lock returns void
+		}
+		c.releaseHolder(ctx)
+		t := time.NewTimer(delay/2 + rand.N(delay/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, poolerPollMax)
+	}
 }
 
 // holder returns c's holder, opening it and its transaction if needed.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -23,15 +25,30 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // twoReplicas opens one fresh database twice through lockhooks+pgx, as two
-// replicas of a service would.
-func twoReplicas(t *testing.T) [2]*sql.DB {
+// replicas of a service would; through PgBouncer in transaction mode with
+// WithTransactionPooler when pooled.
+func twoReplicas(t *testing.T, pooled bool) [2]*sql.DB {
 	t.Helper()
 	dsn := pgtest.DSN(t)
+	var dbs [2]*sql.DB
+	if pooled {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dsn = pgtest.SharedPooler(t).DSNFor(strings.TrimPrefix(u.Path, "/"))
+		for i := range dbs {
+			if dbs[i], err = lockhooks.Open("pgx", dsn, lockhooks.WithTransactionPooler()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { dbs[i].Close() })
+		}
+		return dbs
+	}
 	name, err := lockhooks.Register("pgx")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dbs [2]*sql.DB
 	for i := range dbs {
 		if dbs[i], err = sql.Open(name, dsn); err != nil {
 			t.Fatal(err)
@@ -39,6 +56,13 @@ func twoReplicas(t *testing.T) [2]*sql.DB {
 		t.Cleanup(func() { dbs[i].Close() })
 	}
 	return dbs
+}
+
+// modes runs fn straight to Postgres and through PgBouncer in transaction
+// mode (WithTransactionPooler).
+func modes(t *testing.T, fn func(t *testing.T, pooled bool)) {
+	t.Run("direct", func(t *testing.T) { fn(t, false) })
+	t.Run("pgbouncer-transaction-mode", func(t *testing.T) { fn(t, true) })
 }
 
 // noAdvisoryLocksLeft fails t if any advisory lock is held.
@@ -55,13 +79,17 @@ func noAdvisoryLocksLeft(t *testing.T, db *sql.DB) {
 
 // goose's Postgres session locker (pg_try_advisory_lock on a *sql.Conn,
 // pg_advisory_unlock checked) runs unchanged through lockhooks, from two
-// replicas at once: exactly one applies the migrations.
-func TestGooseSessionLockerThroughLockhooks(t *testing.T) {
+// replicas at once: exactly one applies the migrations. Also through
+// PgBouncer in transaction mode, where goose needs its table locker
+// without lockhooks.
+func TestGooseSessionLockerThroughLockhooks(t *testing.T) { modes(t, testGoose) }
+
+func testGoose(t *testing.T, pooled bool) {
 	fsys := fstest.MapFS{
 		"00001_accounts.sql": {Data: []byte("-- +goose Up\nCREATE TABLE accounts (id int PRIMARY KEY);\nSELECT pg_sleep(0.3);\n-- +goose Down\nDROP TABLE accounts;\n")},
 		"00002_index.sql":    {Data: []byte("-- +goose Up\nCREATE INDEX ON accounts (id);\n-- +goose Down\nSELECT 1;\n")},
 	}
-	dbs := twoReplicas(t)
+	dbs := twoReplicas(t, pooled)
 	ctx := context.Background()
 	applied := make([]int, len(dbs))
 	var wg sync.WaitGroup
@@ -90,15 +118,18 @@ func TestGooseSessionLockerThroughLockhooks(t *testing.T) {
 }
 
 // golang-migrate's postgres driver (pg_advisory_lock on its own *sql.Conn)
-// runs unchanged through lockhooks, from two replicas at once.
-func TestGolangMigrateThroughLockhooks(t *testing.T) {
+// runs unchanged through lockhooks, from two replicas at once; also through
+// PgBouncer in transaction mode.
+func TestGolangMigrateThroughLockhooks(t *testing.T) { modes(t, testMigrate) }
+
+func testMigrate(t *testing.T, pooled bool) {
 	fsys := fstest.MapFS{
 		"migrations/1_accounts.up.sql":   {Data: []byte("CREATE TABLE accounts (id int PRIMARY KEY); SELECT pg_sleep(0.3);")},
 		"migrations/1_accounts.down.sql": {Data: []byte("DROP TABLE accounts;")},
 		"migrations/2_index.up.sql":      {Data: []byte("CREATE INDEX ON accounts (id);")},
 		"migrations/2_index.down.sql":    {Data: []byte("SELECT 1;")},
 	}
-	dbs := twoReplicas(t)
+	dbs := twoReplicas(t, pooled)
 	results := make([]error, len(dbs))
 	ms := make([]*migrate.Migrate, len(dbs))
 	var wg sync.WaitGroup
