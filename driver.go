@@ -72,6 +72,7 @@ type options struct {
 	blockerThreshold  time.Duration
 	statementSpans    bool
 	verifyOnReturn    bool
+	slowLockLog       time.Duration
 
 	// testReleaseBeforeCommit, set only by tests, breaks the lockset rule on
 	// purpose: locks are released before COMMIT, and the hook runs between.
@@ -194,6 +195,7 @@ func resolveOptions(opts []Option, inner ...any) (*options, error) {
 		parkedWarning:     defaultParkedWarning,
 		busyTimeout:       defaultBusyTimeout,
 		blockerThreshold:  defaultBlockerThreshold,
+		slowLockLog:       defaultSlowLockLog,
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -456,6 +458,8 @@ type connector struct {
 	dsn      string                // "" when the inner connector was given
 	sqlite   sqliteDSN             // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
+	events   *eventRing // recent events, for DebugHandler
+	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
 
 	liveMu sync.Mutex
 	live   map[*conn]struct{} // every open wrapped connection
@@ -474,6 +478,8 @@ func newConnector(inner driver.Connector, d *Driver, o *options) *connector {
 		observe = c.pins.observe
 	}
 	c.tel = newTelemetry(o, observe)
+	c.events, c.waits = newEventRing(eventCapacity), newWaitWatch(c)
+	c.tel.events, c.tel.watch = c.events, c.waits
 	return c
 }
 
@@ -540,6 +546,7 @@ func (c *connector) Close() error {
 		c.pins.close()
 	}
 	c.tel.close()
+	c.waits.close()
 	if cl, ok := c.inner.(io.Closer); ok {
 		return cl.Close()
 	}
