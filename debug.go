@@ -335,7 +335,12 @@ func (c *connector) debugState(ctx context.Context) debugDatabase {
 			}
 		}
 		if b := blocked[wt.PID]; wt.PID != 0 && b != nil {
-			wt.Blockers, wt.WaitEvent = b.blockers, b.waitEvent
+			wt.WaitEvent = b.waitEvent
+			for _, x := range b.blockers {
+				if x.Conn == 0 || !slicesContainsConn(wt.Holders, x.Conn) {
+					wt.Blockers = append(wt.Blockers, x) // not already shown as a holder
+				}
+			}
 			shown[wt.PID] = true
 		}
 		d.Waiters = append(d.Waiters, wt)
@@ -355,7 +360,6 @@ func (c *connector) debugState(ctx context.Context) debugDatabase {
 	d.Events, d.Counters = c.events.snapshot()
 	d.Counters["waits_started"] = c.waits.started.Load()
 	d.Counters["waits_in_progress"] = int64(len(waits))
-	d.Counters["slow_waits"] = c.waits.slow.Load()
 	d.Counters["wait_milliseconds_total"] = c.waits.waitNS.Load() / int64(time.Millisecond)
 	d.Counters["open_connections"] = int64(len(conns))
 	if c.pins != nil {
@@ -407,11 +411,11 @@ func buildGraph(waiters []debugWaiter, conns []*conn) debugGraph {
 		return id
 	}
 	connNode := func(id uint64) string {
-		label := "conn #" + strconv.FormatUint(id, 10)
+		detail := ""
 		if pid := pids[id]; pid != 0 {
-			label += " · pid " + strconv.Itoa(int(pid))
+			detail = "pid " + strconv.Itoa(int(pid))
 		}
-		return node("conn-"+strconv.FormatUint(id, 10), label, "", false)
+		return node("conn-"+strconv.FormatUint(id, 10), "conn #"+strconv.FormatUint(id, 10), detail, false)
 	}
 	seen := map[[2]string]bool{}
 	edge := func(from, to, label string) {
@@ -443,11 +447,11 @@ func buildGraph(waiters []debugWaiter, conns []*conn) debugGraph {
 				edge(from, connNode(b.Conn), what)
 				continue
 			}
-			label := "pid " + strconv.Itoa(int(b.PID))
+			detail := b.State
 			if b.ApplicationName != "" {
-				label += " · " + b.ApplicationName
+				detail = b.ApplicationName
 			}
-			edge(from, node("pid-"+strconv.Itoa(int(b.PID)), label, b.State, true), what)
+			edge(from, node("pid-"+strconv.Itoa(int(b.PID)), "pid "+strconv.Itoa(int(b.PID)), detail, true), what)
 		}
 	}
 	// An edge u→v lies on a cycle when u is reachable from v.
@@ -484,8 +488,8 @@ func buildGraph(waiters []debugWaiter, conns []*conn) debugGraph {
 
 // Geometry of the drawn graph.
 const (
-	graphNodeW = 150.0
-	graphNodeH = 36.0
+	graphNodeW = 160.0
+	graphNodeH = 40.0
 )
 
 // layoutGraph places the nodes on a circle (two side by side) and clips

@@ -60,9 +60,10 @@ var debugTemplate = template.Must(template.New("locks").Funcs(template.FuncMap{
 		}
 		return fmt.Sprintf("%.1fs", s)
 	},
-	"half": func(v float64) float64 { return v / 2 },
-	"sub":  func(a, b float64) float64 { return a - b },
-	"add":  func(a, b float64) float64 { return a + b },
+	"half":  func(v float64) float64 { return v / 2 },
+	"short": func(s string, n int) string { return truncate(s, n) },
+	"sub":   func(a, b float64) float64 { return a - b },
+	"add":   func(a, b float64) float64 { return a + b },
 }).Parse(debugHTML))
 
 const debugHTML = `<!DOCTYPE html>
@@ -84,19 +85,23 @@ th { background: #f5f5f7; font-weight: 600; }
 code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; }
 .state-parked { color: #8a5a00; font-weight: 600; }
 .blockers { margin: 4px 0 0; padding-left: 16px; }
-svg.graph { width: 100%; height: auto; max-height: 420px; border: 1px solid #eee; background: #fcfcfd; }
+svg.graph { max-width: 100%; height: auto; border: 1px solid #eee; background: #fcfcfd; }
+svg .edge-label { font: 11px system-ui, sans-serif; fill: #444; }
+svg .edge-label.cycle { fill: #d00; font-weight: 600; }
+table.counters { width: auto; }
 svg .node rect { fill: #eef4ff; stroke: #3b6fd8; }
 svg .node.external rect { fill: #fff4e5; stroke: #c77700; }
 svg .node text { font: 12px system-ui, sans-serif; fill: #1d1d1f; }
+svg .node text.detail { font-size: 10.5px; fill: #555; }
 svg .edge { stroke: #555; stroke-width: 1.6; }
 svg .edge.cycle { stroke: #d00; stroke-width: 2.6; }
 .cycle-banner { background: #ffecec; color: #a30000; padding: 6px 8px; border-radius: 4px; }
 @media (max-width: 720px) {
-  table, thead, tbody, tr, th, td { display: block; width: auto; }
-  thead { display: none; }
-  tr { border: 1px solid #ddd; border-radius: 4px; margin: 0 0 8px; padding: 4px; }
-  td { border: none; padding: 2px 4px; }
-  td::before { content: attr(data-label) ": "; font-weight: 600; color: #555; }
+  table.cards, table.cards thead, table.cards tbody, table.cards tr, table.cards th, table.cards td { display: block; width: auto; }
+  table.cards thead { display: none; }
+  table.cards tr { border: 1px solid #ddd; border-radius: 4px; margin: 0 0 8px; padding: 4px; }
+  table.cards td { border: none; padding: 2px 4px; }
+  table.cards td::before { content: attr(data-label) ": "; font-weight: 600; color: #555; font-family: system-ui, sans-serif; }
 }
 </style>
 </head>
@@ -117,7 +122,7 @@ svg .edge.cycle { stroke: #d00; stroke-width: 2.6; }
 
 <h3>Held locks ({{len $db.Held}})</h3>
 {{if $db.Held}}
-<table class="held"><thead><tr><th>kind</th><th>mode / scope</th><th>lock</th><th>connection</th><th>state</th><th>held for</th><th>taken at</th><th>count</th></tr></thead>
+<table class="held cards"><thead><tr><th>kind</th><th>mode / scope</th><th>lock</th><th>connection</th><th>state</th><th>held for</th><th>taken at</th><th>count</th></tr></thead>
 <tbody>
 {{range $db.Held}}<tr class="held-lock" data-conn="{{.Conn}}" data-key="{{.Key}}">
 <td data-label="kind">{{.Kind}}</td>
@@ -134,7 +139,7 @@ svg .edge.cycle { stroke: #d00; stroke-width: 2.6; }
 
 <h3>Waiting ({{len $db.Waiters}})</h3>
 {{if $db.Waiters}}
-<table class="waiters"><thead><tr><th>kind</th><th>waits for</th><th>connection</th><th>waiting for</th><th>asked at</th><th>held by</th></tr></thead>
+<table class="waiters cards"><thead><tr><th>kind</th><th>waits for</th><th>connection</th><th>waiting for</th><th>asked at</th><th>held by</th></tr></thead>
 <tbody>
 {{range $db.Waiters}}<tr class="waiter" data-conn="{{.Conn}}">
 <td data-label="kind">{{.Kind}}{{if .Mode}} ({{.Mode}}){{end}}</td>
@@ -154,15 +159,16 @@ svg .edge.cycle { stroke: #d00; stroke-width: 2.6; }
 <h3>Wait-for graph</h3>
 {{if $db.Graph.Edges}}
 {{if $db.Graph.Cycle}}<p class="cycle-banner">In-process cycle: these connections wait for each other; they are stuck until a context or timeout ends one of the waits.</p>{{end}}
-<svg class="graph" viewBox="0 0 {{$db.Graph.W}} {{$db.Graph.H}}" role="img" aria-label="wait-for graph of database {{$db.Index}}">
+<svg class="graph" width="{{$db.Graph.W}}" height="{{$db.Graph.H}}" viewBox="0 0 {{$db.Graph.W}} {{$db.Graph.H}}" role="img" aria-label="wait-for graph of database {{$db.Index}}">
 {{range $db.Graph.Edges}}<line class="edge{{if .InCycle}} cycle{{end}}" data-from="{{.From}}" data-to="{{.To}}" x1="{{.X1}}" y1="{{.Y1}}" x2="{{.X2}}" y2="{{.Y2}}" marker-end="{{if .InCycle}}url(#lh-arrow-cycle){{else}}url(#lh-arrow){{end}}"><title>{{.From}} waits for {{.To}}: {{.Label}}</title></line>
-{{end}}{{range $db.Graph.Nodes}}<g class="node{{if .External}} external{{end}}" data-id="{{.ID}}"><rect x="{{sub .X 75}}" y="{{sub .Y 18}}" width="150" height="36" rx="6"/><text x="{{.X}}" y="{{add .Y 4}}" text-anchor="middle">{{.Label}}</text><title>{{.Label}}{{if .Detail}} ({{.Detail}}){{end}}</title></g>
+<text class="edge-label{{if .InCycle}} cycle{{end}}" x="{{half (add .X1 .X2)}}" y="{{sub (half (add .Y1 .Y2)) 6}}" text-anchor="middle">{{.Label}}</text>
+{{end}}{{range $db.Graph.Nodes}}<g class="node{{if .External}} external{{end}}" data-id="{{.ID}}"><rect x="{{sub .X 80}}" y="{{sub .Y 20}}" width="160" height="40" rx="6"/><text x="{{.X}}" y="{{if .Detail}}{{sub .Y 3}}{{else}}{{add .Y 4}}{{end}}" text-anchor="middle">{{.Label}}</text>{{if .Detail}}<text class="detail" x="{{.X}}" y="{{add .Y 12}}" text-anchor="middle">{{short .Detail 24}}</text>{{end}}<title>{{.Label}}{{if .Detail}} ({{.Detail}}){{end}}</title></g>
 {{end}}</svg>
 {{else}}<p class="empty">No waits.</p>{{end}}
 
 <h3>Recent events ({{len $db.Events}})</h3>
 {{if $db.Events}}
-<table class="events"><thead><tr><th>time</th><th>event</th><th>what</th></tr></thead><tbody>
+<table class="events cards"><thead><tr><th>time</th><th>event</th><th>what</th></tr></thead><tbody>
 {{range $db.Events}}<tr class="event"><td data-label="time">{{clock .Time}}</td><td data-label="event">{{.Kind}}</td><td data-label="what" class="mono">{{.Message}}</td></tr>
 {{end}}</tbody></table>
 {{else}}<p class="empty">No events.</p>{{end}}
@@ -175,7 +181,10 @@ svg .edge.cycle { stroke: #d00; stroke-width: 2.6; }
 {{else}}<p class="empty">No database was given to lockhooks.DebugHandler.</p>
 {{end}}
 <p class="meta">Statement text is shown; bound arguments never are. Serve this page only behind your service's own authentication.</p>
-{{if gt .RefreshMS 0}}<script nonce="{{.Nonce}}">setTimeout(function () { location.reload(); }, {{.RefreshMS}});</script>{{end}}
+{{if gt .RefreshMS 0}}<script nonce="{{.Nonce}}">
+document.documentElement.setAttribute("data-reload", "scheduled");
+setTimeout(function () { location.reload(); }, {{.RefreshMS}});
+</script>{{end}}
 </body>
 </html>
 `

@@ -83,7 +83,6 @@ type waitWatch struct {
 	stop, done chan struct{}
 
 	started atomic.Int64 // waits begun
-	slow    atomic.Int64 // waits reported as slow
 	waitNS  atomic.Int64 // total time waited, in nanoseconds
 }
 
@@ -301,7 +300,6 @@ func (ww *waitWatch) run() {
 // report writes the "still waiting" line of a slow wait, and its last
 // line if the wait ended meanwhile.
 func (ww *waitWatch) report(v waitView) {
-	ww.slow.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
 	holders, blockers, err := ww.c.holdersOf(ctx, v)
 	cancel()
