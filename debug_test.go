@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -479,4 +480,47 @@ func TestWaitTrackingAllocatesNothing(t *testing.T) {
 	if with != without {
 		t.Errorf("a tracked wait allocates %v times, an untracked one %v", with, without)
 	}
+}
+
+// The events the page lists come from the report points: a parked lock
+// whose unlock is rerouted, an unlock nobody can honour, a holder whose
+// backend is terminated.
+func TestDebugHandlerPostgresEvents(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	srv := httptest.NewServer(DebugHandler(e.wrapped))
+	defer srv.Close()
+
+	mustExec(t, e.wrapped, "SELECT pg_advisory_lock(9101)") // parked
+	rep, _ := debugJSON(t, srv)
+	if h := rep.Databases[0].Held; len(h) != 1 || h[0].Key != "9101" || h[0].State != "parked" || h[0].PID == 0 {
+		t.Errorf("held: %+v", h)
+	}
+	if ok, err := unlock(t, e.wrapped, 9101); !ok || err != nil { // rerouted
+		t.Fatal(ok, err)
+	}
+	if _, err := unlock(t, e.wrapped, 9101); !errors.Is(err, ErrNotLockOwner) { // refused
+		t.Fatalf("second unlock: %v", err)
+	}
+	l, err := AcquireAdvisoryLock(ctx, e.wrapped, 9102)
+	if err != nil {
+		t.Fatal(err)
+	}
+	terminate(t, e.raw, pidOf(t, l.Conn()))
+	<-l.Lost() // after the log and the count
+	rep, body := debugJSON(t, srv)
+	d := rep.Databases[0]
+	kinds := map[string]int{}
+	for _, ev := range d.Events {
+		kinds[ev.Kind]++
+	}
+	for _, k := range []string{eventUnlockRerouted, eventUnlockRefused, eventLockLost} {
+		if kinds[k] != 1 || d.Counters[k] != 1 {
+			t.Errorf("event %s: %d listed, counter %d:\n%s", k, kinds[k], d.Counters[k], body)
+		}
+	}
+	if page := getDebug(t, srv.URL); !strings.Contains(page, "unlock_rerouted") || !strings.Contains(page, "lock_lost") {
+		t.Error("the page does not list the events")
+	}
+	l.Release(ctx)
 }
