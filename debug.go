@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,9 +37,13 @@ import (
 //
 // The page is HTML that reloads itself every 2 seconds (?refresh=N sets N
 // seconds, 0 turns it off); ?format=json returns the same data as JSON.
-// Statement text is shown, bound arguments never are. Keys are shown as
-// numbers: a key made by [LockID] is a hash, and lockhooks does not see
-// the name; lockset namespaces and ids are shown as given to [Lock].
+// Statement text is shown, bound arguments never are. Lockset namespaces
+// and ids are shown as given to [Lock]; on Postgres, where Lock takes
+// advisory keys derived from them, a held key is named too, for locks
+// taken after the page was first shown (recording names before anyone
+// looks would cost every Lock). A key the program made with [LockID]
+// itself is shown as a number: LockID sees no database, so lockhooks never
+// sees the name.
 //
 // Nothing is registered on any mux: mount the handler yourself, behind
 // your service's own authentication, for the page shows statement text,
@@ -131,6 +136,7 @@ func (h *debugHandler) resolve(ctx context.Context, i int) (*connector, error) {
 			return fmt.Errorf("lockhooks: DebugHandler shows databases opened through lockhooks; this one's connections are %T", dc)
 		}
 		c = w.state().connector
+		c.names.on.Store(true)
 		return nil
 	})
 	if err != nil {
@@ -296,6 +302,13 @@ func (c *connector) debugState(ctx context.Context) debugDatabase {
 		}
 		return d.Held[i].Key < d.Held[j].Key
 	})
+	for i := range d.Held {
+		if h := &d.Held[i]; h.Kind == "advisory" && h.Namespace == "" {
+			if k, err := strconv.ParseInt(h.Key, 10, 64); err == nil {
+				h.Name = c.names.name(lockKey{k1: k}) // a key of Lock on Postgres
+			}
+		}
+	}
 
 	// Waits, and who holds what they wait for.
 	waits := c.waits.list()
@@ -320,19 +333,9 @@ func (c *connector) debugState(ctx context.Context) debugDatabase {
 	for _, v := range waits {
 		wt := debugWaiter{Kind: v.kind, Mode: v.mode, Scope: v.scope, Namespace: v.namespace, Keys: v.keys,
 			Since: v.start, WaitSeconds: secondsSince(now, v.start), Site: v.site, Statement: truncate(v.query, 500),
-			Holders: []debugHolder{}, Blockers: []pgBlocker{}}
+			Holders: c.inProcessHolders(v, edges), Blockers: []pgBlocker{}}
 		if v.conn != nil {
 			wt.Conn, wt.PID = v.conn.id, v.conn.pid.Load()
-			for _, e := range edges {
-				if e.waiter == v.conn {
-					wt.Holders = append(wt.Holders, e.holderInfo())
-				}
-			}
-			if c.pins != nil {
-				for _, k := range v.advKeys {
-					wt.Holders = append(wt.Holders, c.pinHolders(k, v.conn)...)
-				}
-			}
 		}
 		if b := blocked[wt.PID]; wt.PID != 0 && b != nil {
 			wt.WaitEvent = b.waitEvent
@@ -540,6 +543,45 @@ func clipToBox(x, y, tx, ty float64) (float64, float64) {
 		t = math.Min(t, hh/math.Abs(dy))
 	}
 	return math.Round(x + dx*t), math.Round(y + dy*t)
+}
+
+// keyNames remembers the (namespace, id) each Postgres advisory key of
+// Lock was derived from, so that the debug page can name the keys it
+// shows. It records nothing until DebugHandler first shows the database,
+// so a service that never looks pays nothing; it forgets everything when
+// it reaches keyNamesCapacity.
+type keyNames struct {
+	on atomic.Bool
+	mu sync.Mutex
+	m  map[int64]string
+}
+
+// keyNamesCapacity bounds keyNames.
+const keyNamesCapacity = 4096
+
+// note records the names of Lock's keys (canonical ids) in namespace.
+func (n *keyNames) note(namespace string, ids []string) {
+	if !n.on.Load() {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.m == nil || len(n.m)+len(ids) > keyNamesCapacity {
+		n.m = make(map[int64]string)
+	}
+	for _, id := range ids {
+		n.m[LockID(namespace+"\x00"+id)] = namespace + " / " + describeID(id)
+	}
+}
+
+// name returns the name of key k, if known.
+func (n *keyNames) name(k lockKey) string {
+	if k.pair || !n.on.Load() {
+		return ""
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.m[k.k1]
 }
 
 // noteUnlock records the outcome of an unlock rerouteUnlock handled.

@@ -524,3 +524,29 @@ func TestDebugHandlerPostgresEvents(t *testing.T) {
 	}
 	l.Release(ctx)
 }
+
+// On Postgres, Lock's keys are advisory keys derived from (namespace, id):
+// the page names them, once it has been opened.
+func TestDebugHandlerPostgresLocksetNames(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	srv := httptest.NewServer(DebugHandler(e.wrapped))
+	defer srv.Close()
+	debugJSON(t, srv) // the first look turns the names on
+	tx, err := e.wrapped.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := Lock(ctx, tx, "<orders>", 17); err != nil {
+		t.Fatal(err)
+	}
+	rep, _ := debugJSON(t, srv)
+	h := rep.Databases[0].Held
+	if len(h) != 1 || h[0].Scope != "transaction" || h[0].Name != "<orders> / 17" || h[0].Key != fmt.Sprint(LockID("<orders>\x00"+string(intKey(17)))) {
+		t.Errorf("held: %+v", h)
+	}
+	if page := getDebug(t, srv.URL); !strings.Contains(page, "(&lt;orders&gt; / 17)") {
+		t.Error("the page does not name the key")
+	}
+}

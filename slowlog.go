@@ -475,19 +475,7 @@ type pgBlocker struct {
 // lock tables and the advisory-lock tracking, and, on Postgres, the
 // backends pg_blocking_pids names.
 func (c *connector) holdersOf(ctx context.Context, v waitView) ([]debugHolder, []pgBlocker, error) {
-	var holders []debugHolder
-	if v.conn != nil {
-		for _, e := range c.inProcessEdges() {
-			if e.waiter == v.conn {
-				holders = append(holders, e.holderInfo())
-			}
-		}
-		if c.pins != nil {
-			for _, k := range v.advKeys {
-				holders = append(holders, c.pinHolders(k, v.conn)...)
-			}
-		}
-	}
+	holders := c.inProcessHolders(v, c.inProcessEdges())
 	if c.opts.dialect != Postgres || v.conn == nil || v.conn.pid.Load() == 0 {
 		return holders, nil, nil
 	}
@@ -497,6 +485,26 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) ([]debugHolder, [
 		return holders, nil, err
 	}
 	return holders, blocked[pid].blockers, nil
+}
+
+// inProcessHolders returns the holders in this process of what v waits
+// for: from the lock tables' edges, and from the advisory-lock tracking.
+func (c *connector) inProcessHolders(v waitView, edges []inProcessEdge) []debugHolder {
+	holders := []debugHolder{}
+	if v.conn == nil {
+		return holders
+	}
+	for _, e := range edges {
+		if e.waiter == v.conn {
+			holders = append(holders, e.holderInfo())
+		}
+	}
+	if c.pins != nil {
+		for _, k := range v.advKeys {
+			holders = append(holders, c.pinHolders(k, v.conn)...)
+		}
+	}
+	return holders
 }
 
 // pinHolders returns the connections other than except that hold k or a

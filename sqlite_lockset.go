@@ -510,6 +510,7 @@ func advisoryKeys(namespace string, keys []string) []int64 {
 // a session lock.
 func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []string, try bool) (bool, error) {
 	ks := advisoryKeys(namespace, keys)
+	c.connector.names.note(namespace, keys)
 	if !try {
 		if _, err := c.queryRow(ctx, "SELECT "+calls("pg_advisory_xact_lock", ks), nil); err != nil {
 			return false, err
