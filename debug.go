@@ -594,14 +594,26 @@ func (c *connector) noteUnlock(from *conn, k lockKey, err error) {
 	}
 }
 
-// held calls fn for each held key; t.mu is held meanwhile.
+// heldEntry is a copy of one held key of a lockTable.
+type heldEntry[K comparable] struct {
+	key   K
+	h     holderInfo
+	count int
+}
+
+// held calls fn for each held key, after copying them under t.mu (call
+// sites are symbolised outside the table's lock).
 func (t *lockTable[K]) held(fn func(key K, h holderInfo, count int)) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	var out []heldEntry[K]
 	for k, e := range t.entries {
 		if e.count > 0 {
-			fn(k, holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}, e.count)
+			out = append(out, heldEntry[K]{k, holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}, e.count})
 		}
+	}
+	t.mu.Unlock()
+	for _, x := range out {
+		fn(x.key, x.h, x.count)
 	}
 }
 
@@ -612,19 +624,28 @@ type waiterInfo struct {
 	site  callers
 }
 
-// waits calls fn for each waiter and the holder it waits for; t.mu is held
-// meanwhile.
+// waits calls fn for each waiter and the holder it waits for, after
+// copying them under t.mu.
 func (t *lockTable[K]) waits(fn func(key K, h holderInfo, w waiterInfo)) {
+	type edge struct {
+		key K
+		h   holderInfo
+		w   waiterInfo
+	}
+	var out []edge
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	for k, e := range t.entries {
 		if e.count == 0 {
 			continue
 		}
 		h := holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}
 		for _, w := range e.waiters {
-			fn(k, h, waiterInfo{owner: w.owner, since: w.since, site: w.site})
+			out = append(out, edge{k, h, waiterInfo{owner: w.owner, since: w.since, site: w.site}})
 		}
+	}
+	t.mu.Unlock()
+	for _, x := range out {
+		fn(x.key, x.h, x.w)
 	}
 }
 
@@ -632,52 +653,60 @@ func (t *lockTable[K]) waits(fn func(key K, h holderInfo, w waiterInfo)) {
 type writerHolder struct {
 	owner any
 	since time.Time
-	stmt  string // the autocommit statement holding it, or
-	where string // where its transaction began
+	stmt  string  // the autocommit statement holding it, or
+	site  callers // where its transaction began
+	where string  // stmt or site, as text
 }
 
 // writerWaiterInfo describes a waiter for the SQLite writer lock.
 type writerWaiterInfo struct {
 	owner any
 	since time.Time
+	stmt  string
+	site  callers
 	where string // the statement, or where its transaction begins
+}
+
+// describe returns the statement, or symbolises the call site.
+func describeWriter(stmt string, site *callers) string {
+	if stmt != "" {
+		return "statement " + strconv.Quote(truncate(stmt, 120))
+	}
+	return site.String()
 }
 
 // holder returns the writer lock's holder, if it is held.
 func (w *writerLock) holder() (writerHolder, bool) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if !w.held {
+		w.mu.Unlock()
 		return writerHolder{}, false
 	}
-	h := writerHolder{owner: w.owner, since: w.since, stmt: w.stmt}
-	if w.stmt == "" {
-		h.where = w.site.String()
+	h := writerHolder{owner: w.owner, since: w.since, stmt: w.stmt, site: w.site}
+	w.mu.Unlock()
+	if h.stmt == "" {
+		h.where = h.site.String()
 	}
 	return h, true
 }
 
-// waits calls fn for each waiter of the writer lock; w.mu is held
-// meanwhile.
+// waits calls fn for each waiter of the writer lock, after copying them
+// under w.mu.
 func (w *writerLock) waits(fn func(h writerHolder, wt writerWaiterInfo)) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if !w.held || len(w.waiters) == 0 {
+		w.mu.Unlock()
 		return
 	}
-	h := writerHolder{owner: w.owner, since: w.since, stmt: w.stmt}
-	if w.stmt != "" {
-		h.where = "statement " + strconv.Quote(truncate(w.stmt, 120))
-	} else {
-		h.where = w.site.String()
+	h := writerHolder{owner: w.owner, since: w.since, stmt: w.stmt, site: w.site}
+	waiters := make([]writerWaiterInfo, len(w.waiters))
+	for i, x := range w.waiters {
+		waiters[i] = writerWaiterInfo{owner: x.owner, since: x.since, stmt: x.stmt, site: x.site}
 	}
-	for _, x := range w.waiters {
-		info := writerWaiterInfo{owner: x.owner, since: x.since}
-		if x.stmt != "" {
-			info.where = "statement " + strconv.Quote(truncate(x.stmt, 120))
-		} else {
-			info.where = x.site.String()
-		}
-		fn(h, info)
+	w.mu.Unlock()
+	h.where = describeWriter(h.stmt, &h.site)
+	for _, x := range waiters {
+		x.where = describeWriter(x.stmt, &x.site)
+		fn(h, x)
 	}
 }

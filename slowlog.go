@@ -222,17 +222,21 @@ type waitView struct {
 	keys      string
 	namespace string
 	advKeys   []lockKey
+	pcs       callers
 }
 
-// viewLocked copies w; ww.mu is held.
+// viewLocked copies w; ww.mu is held. The stack is symbolised later, by
+// symbolise, outside the lock every wait takes.
 func viewLocked(w *lockWait) waitView {
-	v := waitView{w: w, kind: w.kind, mode: w.mode, scope: w.scope, start: w.start, conn: w.conn,
-		site: w.site, query: w.query, keys: w.keys, namespace: w.namespace, advKeys: w.advKeys}
-	if v.site == "" && w.pcs.n > 0 {
-		pcs := w.pcs
-		v.site = pcs.String()
+	return waitView{w: w, kind: w.kind, mode: w.mode, scope: w.scope, start: w.start, conn: w.conn,
+		site: w.site, query: w.query, keys: w.keys, namespace: w.namespace, advKeys: w.advKeys, pcs: w.pcs}
+}
+
+// symbolise fills site from the stack; ww.mu is not held.
+func (v *waitView) symbolise() {
+	if v.site == "" && v.pcs.n > 0 {
+		v.site = v.pcs.String()
 	}
-	return v
 }
 
 // list returns the waits in progress, oldest first.
@@ -241,10 +245,13 @@ func (ww *waitWatch) list() []waitView {
 		return nil
 	}
 	ww.mu.Lock()
-	defer ww.mu.Unlock()
 	var out []waitView
 	for w := ww.head; w != nil; w = w.next {
 		out = append(out, viewLocked(w))
+	}
+	ww.mu.Unlock()
+	for i := range out {
+		out[i].symbolise()
 	}
 	return out
 }
@@ -300,6 +307,7 @@ func (ww *waitWatch) run() {
 // report writes the "still waiting" line of a slow wait, and its last
 // line if the wait ended meanwhile.
 func (ww *waitWatch) report(v waitView) {
+	v.symbolise()
 	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
 	holders, blockers, err := ww.c.holdersOf(ctx, v)
 	cancel()
@@ -336,6 +344,7 @@ func (ww *waitWatch) logEnd(w *lockWait, outcome string, waited time.Duration, h
 	ww.mu.Lock()
 	v := viewLocked(w)
 	ww.mu.Unlock()
+	v.symbolise()
 	args := append(v.logArgs(), "waited", waited.Round(time.Millisecond).String(), "outcome", outcome, "holder", holder)
 	ww.logger.Warn("lockhooks: slow lock wait: ended", args...)
 }
