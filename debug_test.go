@@ -550,3 +550,75 @@ func TestDebugHandlerPostgresLocksetNames(t *testing.T) {
 		t.Error("the page does not name the key")
 	}
 }
+
+// Postgres row locks: a SELECT … FOR UPDATE that waits for a row another
+// connection of this database locked is a "row" waiter whose blocker is
+// that connection; an UPDATE waiting for the same row, which lockhooks
+// does not time, is listed from the server's view, as kind "server".
+func TestDebugHandlerPostgresRowWaits(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	srv := httptest.NewServer(DebugHandler(e.wrapped))
+	defer srv.Close()
+	mustExec(t, e.wrapped, "CREATE TABLE items (id int PRIMARY KEY, v int)")
+	mustExec(t, e.wrapped, "INSERT INTO items VALUES (1, 0)")
+	holder, err := e.wrapped.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback()
+	var v int
+	if err := holder.QueryRowContext(ctx, "SELECT v FROM items WHERE id = $1 FOR UPDATE", 1).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 2)
+	go func() {
+		tx, err := e.wrapped.BeginTx(waitCtx, nil)
+		if err == nil {
+			err = tx.QueryRowContext(waitCtx, "SELECT v FROM items WHERE id = $1 FOR UPDATE", 1).Scan(new(int))
+			tx.Rollback()
+		}
+		errs <- err
+	}()
+	go func() {
+		_, err := e.wrapped.ExecContext(waitCtx, "UPDATE items SET v = v + $1 WHERE id = 1", 424242)
+		errs <- err
+	}()
+	var row, server debugWaiter
+	waitFor(t, 10*time.Second, "both waiters with their blockers", func() bool {
+		rep, _ := debugJSON(t, srv)
+		row, server = debugWaiter{}, debugWaiter{}
+		for _, w := range rep.Databases[0].Waiters {
+			switch {
+			case w.Kind == "row" && len(w.Blockers) > 0:
+				row = w
+			case w.Kind == "server" && len(w.Blockers) > 0:
+				server = w
+			}
+		}
+		return row.Conn != 0 && server.Conn != 0
+	})
+	if row.Mode != "for_no_key_update" || !strings.Contains(row.Statement, "FOR NO KEY UPDATE") || row.Blockers[0].Conn == 0 {
+		t.Errorf("row waiter: %+v", row)
+	}
+	if !strings.Contains(server.Statement, "UPDATE items") || strings.Contains(server.Statement, "424242") || !strings.HasPrefix(server.WaitEvent, "Lock/") {
+		t.Errorf("server waiter: %+v", server)
+	}
+	rep, body := debugJSON(t, srv)
+	if strings.Contains(body, "424242") {
+		t.Errorf("an argument is shown:\n%s", body)
+	}
+	holderNode := fmt.Sprintf("conn-%d", row.Blockers[0].Conn)
+	found := false
+	for _, edge := range rep.Databases[0].Graph.Edges {
+		found = found || edge.From == fmt.Sprintf("conn-%d", row.Conn) && edge.To == holderNode
+	}
+	if !found {
+		t.Errorf("no edge from the row waiter to %s: %+v", holderNode, rep.Databases[0].Graph.Edges)
+	}
+	cancel()
+	<-errs
+	<-errs
+}
