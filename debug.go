@@ -436,7 +436,7 @@ func buildGraph(waiters []debugWaiter, conns []*conn) debugGraph {
 		what := w.Kind
 		switch {
 		case w.Namespace != "":
-			what += " " + w.Namespace + "/" + w.Keys
+			what += " " + w.Namespace + " / " + w.Keys
 		case w.Keys != "":
 			what += " " + w.Keys
 		}
@@ -502,7 +502,7 @@ func layoutGraph(g *debugGraph) {
 	if n == 0 {
 		return
 	}
-	radius := math.Max(130, float64(n)*graphNodeW/(2*math.Pi)*1.2)
+	radius := math.Max(180, float64(n)*graphNodeW/(2*math.Pi)*1.2)
 	if n == 1 {
 		radius = 0
 	}

@@ -86,7 +86,7 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
 .state-parked { color: #8a5a00; font-weight: 600; }
 .blockers { margin: 4px 0 0; padding-left: 16px; }
 svg.graph { max-width: 100%; height: auto; border: 1px solid #eee; background: #fcfcfd; }
-svg .edge-label { font: 11px system-ui, sans-serif; fill: #444; }
+svg .edge-label { font: 11px system-ui, sans-serif; fill: #444; paint-order: stroke; stroke: #fcfcfd; stroke-width: 4px; stroke-linejoin: round; }
 svg .edge-label.cycle { fill: #d00; font-weight: 600; }
 table.counters { width: auto; }
 svg .node rect { fill: #eef4ff; stroke: #3b6fd8; }

@@ -637,7 +637,7 @@ type inProcessEdge struct {
 func (e inProcessEdge) holderInfo() debugHolder {
 	h := debugHolder{Site: e.hsite, Since: e.hsince, Key: e.key}
 	if e.ns != "" {
-		h.Key = e.ns + "/" + e.key
+		h.Key = e.ns + " / " + e.key
 	}
 	if e.holder != nil {
 		h.Conn, h.PID = e.holder.id, e.holder.pid.Load()
