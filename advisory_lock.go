@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	"go.opentelemetry.io/otel/trace"
@@ -132,7 +133,11 @@ func (l *AdvisoryLock) acquireInProcess(ctx context.Context, try bool) (*Advisor
 		}
 		return l, true, nil
 	}
-	if err := names.lock(ctx, l.key, l, &site); err != nil {
+	_, w := l.c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(strconv.FormatInt(l.key, 10)))
+	w.setWaiter(l.c, siteOf(ctx), nil, "", nil)
+	err := names.lock(ctx, l.key, l, &site)
+	w.end(ctx, "", err)
+	if err != nil {
 		l.conn.Close()
 		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %d: %w", l.key, err)
 	}

@@ -74,6 +74,7 @@ type options struct {
 	verifyOnReturn    bool
 	txPooler          bool
 	lockOrder         *lockOrder // WithLockOrderCheck; nil: off
+	slowLockLog       time.Duration
 
 	// testReleaseBeforeCommit, set only by tests, breaks the lockset rule on
 	// purpose: locks are released before COMMIT, and the hook runs between.
@@ -196,6 +197,7 @@ func resolveOptions(opts []Option, inner ...any) (*options, error) {
 		parkedWarning:     defaultParkedWarning,
 		busyTimeout:       defaultBusyTimeout,
 		blockerThreshold:  defaultBlockerThreshold,
+		slowLockLog:       defaultSlowLockLog,
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -459,6 +461,9 @@ type connector struct {
 	dsn      string                // "" when the inner connector was given
 	sqlite   sqliteDSN             // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
+	events   *eventRing // recent events, for DebugHandler
+	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
+	names    keyNames   // Lock's advisory keys and their names, once DebugHandler showed the database
 
 	liveMu sync.Mutex
 	live   map[*conn]struct{} // every open wrapped connection
@@ -477,6 +482,8 @@ func newConnector(inner driver.Connector, d *Driver, o *options) *connector {
 		observe = c.pins.observe
 	}
 	c.tel = newTelemetry(o, observe)
+	c.events, c.waits = newEventRing(eventCapacity), newWaitWatch(c)
+	c.tel.events, c.tel.watch = c.events, c.waits
 	return c
 }
 
@@ -543,6 +550,7 @@ func (c *connector) Close() error {
 		c.pins.close()
 	}
 	c.tel.close()
+	c.waits.close()
 	if cl, ok := c.inner.(io.Closer); ok {
 		return cl.Close()
 	}

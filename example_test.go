@@ -4,9 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 
@@ -262,4 +264,50 @@ func ExampleWithLockOrderCheck() {
 	// <nil>
 	// lock-order cycle [lockset "jobs" lockset "accounts"]
 	// <nil>
+}
+
+// DebugHandler shows who holds which lock and who waits for whom, as HTML
+// or, with ?format=json, as JSON. Mount it behind your service's own
+// authentication:
+//
+//	mux.Handle("/debug/locks", requireAdmin(lockhooks.DebugHandler(db)))
+//
+// Here the handler is called directly.
+func ExampleDebugHandler() {
+	path, remove := tempDB()
+	defer remove()
+	db, err := lockhooks.Open("sqlite", path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	key := lockhooks.LockID("nightly-report")
+	l, err := lockhooks.AcquireAdvisoryLock(ctx, db, key)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Release(ctx)
+
+	rec := httptest.NewRecorder()
+	lockhooks.DebugHandler(db).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/locks?format=json", nil))
+	var page struct {
+		Databases []struct {
+			Held []struct {
+				Kind, Scope, Key string
+				Count            int
+			}
+			Waiters []json.RawMessage
+		}
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &page); err != nil {
+		log.Fatal(err)
+	}
+	for _, h := range page.Databases[0].Held {
+		fmt.Println(h.Kind, h.Scope, h.Key == fmt.Sprint(key), h.Count)
+	}
+	fmt.Println("waiting:", len(page.Databases[0].Waiters))
+	// Output:
+	// advisory session true 1
+	// waiting: 0
 }

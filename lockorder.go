@@ -226,7 +226,15 @@ func (c *conn) take(l txLock) {
 		}
 		p.site = new(stack)
 		p.site.capture()
-		g.taken(p, c.order.session, t.held.list[:n])
+		c.noteLockOrder(g.taken(p, c.order.session, t.held.list[:n]))
+	}
+}
+
+// noteLockOrder puts lock-order reports among the database's recent events
+// (the /debug/locks page).
+func (c *conn) noteLockOrder(reports []LockOrderReport) {
+	for _, r := range reports {
+		c.connector.events.add(eventLockOrder, r.String())
 	}
 }
 
@@ -246,7 +254,7 @@ func (c *conn) takeSession(l txLock) {
 	if c.tx.inner != nil {
 		tx = c.tx.held.list
 	}
-	c.connector.opts.lockOrder.taken(&l, c.order.session, tx)
+	c.noteLockOrder(c.connector.opts.lockOrder.taken(&l, c.order.session, tx))
 	c.order.session = append(c.order.session, l)
 }
 
@@ -406,8 +414,9 @@ type orderEdge struct {
 }
 
 // taken records that l is being taken while the session locks and
-// transaction locks are held, and reports what that reveals.
-func (g *lockOrder) taken(l *txLock, session, tx []txLock) {
+// transaction locks are held, reports what that reveals to the handler,
+// and returns the reports.
+func (g *lockOrder) taken(l *txLock, session, tx []txLock) []LockOrderReport {
 	var reports []LockOrderReport
 	seen, warned := false, false
 	for _, held := range [2][]txLock{session, tx} {
@@ -442,6 +451,7 @@ func (g *lockOrder) taken(l *txLock, session, tx []txLock) {
 	for _, r := range reports {
 		g.handler(r)
 	}
+	return reports
 }
 
 // descending reports l's ids when they go below an id h took earlier in

@@ -149,6 +149,7 @@ func (p *pinning) warnParked() {
 		if h.pin.parked && !h.pin.warned && time.Since(h.pin.parkedAt) > threshold {
 			h.pin.warned = true
 			for k, l := range h.pin.held {
+				p.c.events.add(eventLongHold, fmt.Sprintf("session advisory lock %s held by parked %v for %v, taken at %s", k, h, time.Since(l.since).Round(time.Millisecond), l.site))
 				p.c.opts.logger.Warn("lockhooks: a session advisory lock is still held by a connection withdrawn from the pool; unlock it with pg_advisory_unlock through this database",
 					"key", k.String(), "backend_pid", h.pid.Load(), "held_for", time.Since(l.since).Round(time.Millisecond).String(),
 					"taken_at", l.site, "connection", h.id)
@@ -311,6 +312,7 @@ func (c *conn) markLost(why string, cause error, report bool) error {
 
 	if report {
 		c.connector.tel.lockLost(context.Background(), "advisory", n)
+		c.connector.events.add(eventLockLost, lost.Error())
 		c.connector.opts.logger.Error("lockhooks: advisory lock lost", "connection", c.id, "backend_pid", c.pid.Load(),
 			"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "parked", parked, "cause", cause.Error())
 	}

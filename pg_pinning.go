@@ -547,7 +547,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 	}
 	c.warnSelfWait(adv, plan.keys, plan.known, plan.site)
-	plan.wait = c.startAdvisoryWait(ctx, adv, args)
+	plan.wait = c.startAdvisoryWait(ctx, adv, args, plan.site)
 	c.pin.mu.Lock()
 	c.pin.busy++
 	c.pin.gen++
@@ -688,7 +688,9 @@ func (c *conn) checkUnlocks(adv *sqlscan.Advisory, keys []lockKey, site string) 
 	c.pin.mu.Unlock()
 	for _, k := range unheld {
 		if h := c.connector.pins.holderOf(k, c); h != nil {
-			return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, in a statement with other advisory calls: the lock is held by %v, and an unlock inside a larger statement cannot be sent there; unlock it in a statement of its own", ErrNotLockOwner, sharedSuffix(k), k, c, h)
+			err := fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, in a statement with other advisory calls: the lock is held by %v, and an unlock inside a larger statement cannot be sent there; unlock it in a statement of its own", ErrNotLockOwner, sharedSuffix(k), k, c, h)
+			c.connector.events.add(eventUnlockRefused, err.Error())
+			return err
 		}
 		c.connector.opts.logger.Warn("lockhooks: an unlock of a key this connection does not hold, inside a statement with other advisory calls; Postgres answers false for it",
 			"key", k.String(), "connection", c.String(), "at", site)

@@ -12,7 +12,8 @@ import (
 // bounded context of its own: the caller's deadline must not cut a
 // statement on the holder, which would make the driver close it and lose
 // every other lock it holds.
-func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) error {
+func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) (err error) {
+	defer func() { p.c.noteUnlock(from, k, err) }()
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -189,6 +189,7 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 			return &RetryError{Attempts: attempt, Err: err, Exhausted: true}
 		}
 		wait := cfg.backoff(attempt)
+		noteRetry(ctx, db, attempt, err)
 		if cfg.onRetry != nil {
 			cfg.onRetry(RetryEvent{Attempt: attempt, Err: err, Wait: wait})
 		}

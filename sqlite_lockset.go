@@ -39,6 +39,7 @@ type lockEntry struct {
 // lockWaiter is one goroutine waiting for a key.
 type lockWaiter struct {
 	owner   any
+	since   time.Time // when it began waiting
 	site    callers
 	span    trace.SpanContext
 	granted chan struct{} // closed when the lock is handed to this waiter
@@ -63,7 +64,7 @@ func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, site *callers
 		t.mu.Unlock()
 		return nil
 	}
-	w := &lockWaiter{owner: owner, span: span, granted: make(chan struct{})}
+	w := &lockWaiter{owner: owner, since: time.Now(), span: span, granted: make(chan struct{})}
 	if site != nil {
 		w.site = *site
 	}
@@ -395,6 +396,9 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 	if c.connector.opts.dialect == Postgres {
 		_, w := c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
 			AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
+		var site callers
+		site.capture()
+		w.setWaiter(c, "", &site, "", nil)
 		c.watchBlockers(ctx, w)
 		ok, err = c.locksetPostgres(ctx, namespace, keys, try)
 		outcome := ""
@@ -442,6 +446,7 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 		AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
 	var site callers
 	site.capture()
+	w.setWaiter(t.c, "", &site, "", nil)
 	taken := 0
 	for _, k := range keys {
 		key := locksetKey{namespace, k}
@@ -506,6 +511,7 @@ func advisoryKeys(namespace string, keys []string) []int64 {
 // a session lock.
 func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []string, try bool) (bool, error) {
 	ks := advisoryKeys(namespace, keys)
+	c.connector.names.note(namespace, keys)
 	if !try {
 		if _, err := c.queryRow(ctx, "SELECT "+calls("pg_advisory_xact_lock", ks), nil); err != nil {
 			return false, err
@@ -575,6 +581,7 @@ type writerLock struct {
 
 type writerWaiter struct {
 	owner   any
+	since   time.Time // when it began waiting
 	granted chan struct{}
 	stmt    string
 	site    callers
@@ -596,7 +603,7 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 		w.mu.Unlock()
 		return nil
 	}
-	wt := &writerWaiter{owner: owner, granted: make(chan struct{}), stmt: stmt, span: span}
+	wt := &writerWaiter{owner: owner, since: time.Now(), granted: make(chan struct{}), stmt: stmt, span: span}
 	if stmt == "" {
 		wt.site.capture()
 	}
@@ -606,6 +613,7 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 
 	// Contended: time the wait, linked to the holder.
 	_, wait := tel.startWait(ctx, "sqlite_writer", "exclusive", "transaction")
+	wait.setWaiter(ownerConn(owner), "", &wt.site, stmt, nil)
 	wait.holder(holderSpan, holderSince, holder, 0)
 	defer func() { wait.end(ctx, "", err) }()
 
@@ -638,8 +646,10 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 	if err != nil {
 		return err
 	}
-	return fmt.Errorf("%w: waited %v; the holder has held it for %v, %s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
+	err = fmt.Errorf("%w: waited %v; the holder has held it for %v, %s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
 		ErrWriterLockTimeout, timeout, time.Since(w.since).Round(time.Millisecond), w.holderLocked())
+	tel.events.add(eventWriterTimeout, err.Error())
+	return err
 }
 
 // holderLocked describes what holds the lock; w.mu is held.

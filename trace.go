@@ -106,6 +106,9 @@ type telemetry struct {
 	serialization  metric.Int64Counter
 	reg            metric.Registration
 	base           metric.MeasurementOption // db.system.name
+
+	watch  *waitWatch // the waits in progress (debug page, slow-wait log)
+	events *eventRing // recent events and counters (debug page)
 }
 
 // newTelemetry creates the tracer and instruments; observe is called at
@@ -200,10 +203,13 @@ func (t *telemetry) countError(ctx context.Context, err error) {
 	switch sqlState(err) {
 	case "40P01":
 		t.add(ctx, t.deadlocks, 1)
+		t.events.add(eventDeadlock, err.Error())
 	case "55P03":
 		t.add(ctx, t.timeouts, 1)
+		t.events.count(countLockTimeout, 1)
 	case "40001":
 		t.add(ctx, t.serialization, 1)
+		t.events.count(countSerialization, 1)
 	}
 }
 
@@ -226,6 +232,7 @@ type lockWait struct {
 	mode  string
 	scope string
 	stop  chan struct{} // stops the blockers lookup
+	waitInfo
 }
 
 // startWait begins timing an acquisition of a lock of kind.
@@ -238,6 +245,7 @@ func (t *telemetry) startWait(ctx context.Context, kind, mode, scope string, att
 			w.span = nil
 		}
 	}
+	t.watch.add(w, attrs)
 	return ctx, w
 }
 
@@ -275,6 +283,7 @@ func (w *lockWait) end(ctx context.Context, outcome string, err error) {
 	if outcome == "" {
 		outcome = outcomeOf(err)
 	}
+	w.t.watch.remove(w, outcome)
 	if h := w.t.wait; h != nil && h.Enabled(ctx) {
 		h.Record(ctx, time.Since(w.start).Seconds(), w.t.base, metric.WithAttributes(
 			AttrLockKind.String(w.kind), AttrLockMode.String(w.mode), AttrLockScope.String(w.scope), AttrLockOutcome.String(outcome)))
@@ -474,7 +483,7 @@ func querySummary(text string) string {
 
 // startAdvisoryWait times a statement's advisory-lock acquisitions, naming
 // the holder when another connection of this database holds a key.
-func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, args []driver.NamedValue) *lockWait {
+func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, args []driver.NamedValue, site string) *lockWait {
 	var acquire *sqlscan.AdvisoryCall
 	var keys []string
 	var resolved []lockKey
@@ -503,6 +512,7 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, arg
 		scope = "transaction"
 	}
 	_, w := c.connector.tel.startWait(ctx, "advisory", mode, scope, AttrLockKeys.String(strings.Join(keys, ", ")))
+	w.setWaiter(c, site, nil, "", resolved)
 	if !w.recording() {
 		return w
 	}
@@ -532,6 +542,7 @@ func (c *conn) startRowLockWait(ctx context.Context, st statement) *lockWait {
 	}
 	_, w := c.connector.tel.startWait(ctx, "row", mode, "transaction",
 		AttrLockNoWait.Bool(st.locks&sqlscan.NoWait != 0), AttrLockSkipLocked.Bool(st.locks&sqlscan.SkipLocked != 0))
+	w.setWaiter(c, "", nil, st.text, nil)
 	c.watchBlockers(ctx, w)
 	return w
 }

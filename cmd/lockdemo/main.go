@@ -4,6 +4,7 @@
 //	go run ./cmd/lockdemo                      # embedded SQLite in a temp dir, no server needed
 //	go run ./cmd/lockdemo -postgres DSN        # the same against PostgreSQL
 //	go run ./cmd/lockdemo -trace-out spans.jsonl -otlp localhost:4318
+//	go run ./cmd/lockdemo -serve :8080         # serve lockhooks.DebugHandler at /debug/locks meanwhile
 //
 // It exits with status 0 only if every lockhooks column shows the promised
 // result.
@@ -15,7 +16,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -33,6 +36,8 @@ type config struct {
 	transfers int
 	traceOut  string
 	otlp      string
+	serve     string
+	serveFor  time.Duration
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -44,6 +49,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.transfers, "transfers", 200, "transfers per worker in the bank-transfer scenario")
 	fs.StringVar(&cfg.traceOut, "trace-out", "", "write lockhooks' spans to this file as JSON lines")
 	fs.StringVar(&cfg.otlp, "otlp", "", "also export lockhooks' spans to this OTLP/HTTP endpoint (host:port)")
+	fs.StringVar(&cfg.serve, "serve", "", "serve the live lock page (lockhooks.DebugHandler) on this address, e.g. :8080, while the scenarios run and afterwards until interrupted")
+	fs.DurationVar(&cfg.serveFor, "serve-for", 0, "with -serve: stop serving after this long instead of at an interrupt")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: lockdemo [flags]\n\nRuns locking scenarios twice, on the raw driver and through lockhooks, and prints what each got.\nWithout -postgres it uses an embedded SQLite file in a temporary directory.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -65,6 +72,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer tel.shutdown(context.Background())
 
 	d := &demo{cfg: cfg, out: stdout, tel: tel}
+	if cfg.serve != "" {
+		url, stop, err := d.serve(cfg.serve)
+		if err != nil {
+			fmt.Fprintln(stderr, "lockdemo:", err)
+			return 1
+		}
+		defer stop()
+		fmt.Fprintf(stdout, "Live lock page: %s\n\n", url)
+	}
 	if cfg.postgres == "" {
 		dir, err := os.MkdirTemp("", "lockdemo-")
 		if err != nil {
@@ -105,10 +121,34 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if !ok {
 		fmt.Fprintln(stdout, "\nlockhooks did not keep every promise.")
+	} else {
+		fmt.Fprintln(stdout, "\nEvery lockhooks column shows the promised result.")
+	}
+	if cfg.serve != "" {
+		d.keepServing(stdout, stderr)
+	}
+	if !ok {
 		return 1
 	}
-	fmt.Fprintln(stdout, "\nEvery lockhooks column shows the promised result.")
 	return 0
+}
+
+// keepServing runs the showcase, for the live page, until an interrupt or
+// -serve-for.
+func (d *demo) keepServing(stdout, stderr io.Writer) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	until := "until interrupted (Ctrl-C)"
+	if d.cfg.serveFor > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.cfg.serveFor)
+		defer cancel()
+		until = "for " + d.cfg.serveFor.String()
+	}
+	fmt.Fprintf(stdout, "\nServing the live lock page %s; a showcase holds a lock and waits for it every few seconds.\n", until)
+	if err := d.showcase(ctx); err != nil {
+		fmt.Fprintln(stderr, "lockdemo: showcase:", err)
+	}
 }
 
 // result is one scenario's row in the final table.

@@ -20,6 +20,7 @@ type demo struct {
 	out        io.Writer
 	tel        *telemetry
 	sqlitePath string // "" on Postgres
+	live       *live  // the databases -serve shows; nil without -serve
 }
 
 func (d *demo) postgres() bool { return d.sqlitePath == "" }
@@ -34,14 +35,19 @@ func (d *demo) ph(n int) string {
 
 // open opens the demo database, raw or through lockhooks.
 func (d *demo) open(wrapped bool) (*sql.DB, error) {
-	if d.postgres() {
-		if wrapped {
-			return lockhooks.Open("pgx", d.cfg.postgres, d.tel.options()...)
-		}
-		return sql.Open("pgx", d.cfg.postgres)
-	}
 	if wrapped {
-		return lockhooks.Open("sqlite", d.sqlitePath, d.tel.options()...)
+		driver, dsn := "sqlite", d.sqlitePath
+		if d.postgres() {
+			driver, dsn = "pgx", d.cfg.postgres
+		}
+		db, err := lockhooks.Open(driver, dsn, d.tel.options()...)
+		if err == nil && d.live != nil {
+			d.live.add(db)
+		}
+		return db, err
+	}
+	if d.postgres() {
+		return sql.Open("pgx", d.cfg.postgres)
 	}
 	// What people do by hand: WAL and a busy timeout.
 	return sql.Open("sqlite", d.sqlitePath+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
@@ -79,7 +85,7 @@ func (d *demo) bankTransfers(ctx context.Context) result {
 		if err != nil {
 			return 0, 0, err
 		}
-		defer db.Close()
+		defer d.close(db)
 		if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS demo_accounts"); err != nil {
 			return 0, 0, err
 		}
@@ -183,7 +189,7 @@ func (d *demo) advisoryLeak(ctx context.Context) result {
 		if err != nil {
 			return 0, err
 		}
-		defer db.Close()
+		defer d.close(db)
 		for _, q := range []string{"DROP TABLE IF EXISTS demo_counter", "CREATE TABLE demo_counter (n INTEGER NOT NULL)", "INSERT INTO demo_counter VALUES (0)"} {
 			if _, err := db.ExecContext(ctx, q); err != nil {
 				return 0, err
@@ -241,7 +247,7 @@ func (d *demo) advisoryLeakPostgres(ctx context.Context) result {
 		if err != nil {
 			return false, 0, err
 		}
-		defer db.Close()
+		defer d.close(db)
 		if _, err := db.ExecContext(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
 			return false, 0, err
 		}
@@ -291,7 +297,7 @@ func (d *demo) foreignKeys(ctx context.Context) result {
 		if err != nil {
 			return 0, err
 		}
-		defer db.Close()
+		defer d.close(db)
 		for _, q := range []string{
 			"DROP TABLE IF EXISTS demo_child", "DROP TABLE IF EXISTS demo_parent",
 			"CREATE TABLE demo_parent (id int PRIMARY KEY, n int NOT NULL DEFAULT 0)",

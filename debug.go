@@ -1,0 +1,715 @@
+package lockhooks
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DebugHandler returns an http.Handler that shows, for each of dbs (opened
+// through lockhooks), who holds which lock and who waits for whom inside
+// this process, the way net/http/pprof shows goroutines:
+//
+//   - held locks: kind, mode, scope, namespace and key, connection and
+//     backend pid, state (in use or parked), since when, the call site that
+//     took it, and how many times it is held;
+//   - waits in progress: what each waits for, since when, from which call
+//     site, and who holds it: the holder in this process, and on Postgres
+//     the backends pg_blocking_pids names (pid, application_name, state,
+//     transaction age, statement text), read on a side connection with a
+//     short timeout each time the page loads;
+//   - the wait-for graph, drawn as SVG, with in-process cycles highlighted;
+//   - the last events (lost locks, rerouted and refused unlocks, deadlocks,
+//     writer-lock timeouts, long-held parked locks, slow waits, and the
+//     retries and lock-order reports of the packages that make them) and
+//     the counters behind the metrics.
+//
+// The page is HTML that reloads itself every 2 seconds (?refresh=N sets N
+// seconds, 0 turns it off); ?format=json returns the same data as JSON.
+// Statement text is shown, bound arguments never are. Lockset namespaces
+// and ids are shown as given to [Lock]; on Postgres, where Lock takes
+// advisory keys derived from them, a held key is named too, for locks
+// taken after the page was first shown (recording names before anyone
+// looks would cost every Lock). A key the program made with [LockID]
+// itself is shown as a number: LockID sees no database, so lockhooks never
+// sees the name.
+//
+// Nothing is registered on any mux: mount the handler yourself, behind
+// your service's own authentication, for the page shows statement text,
+// call sites and application names:
+//
+//	mux.Handle("/debug/locks", requireAdmin(lockhooks.DebugHandler(db)))
+//
+// The first request resolves each database through one connection of its
+// pool (kept only for the lookup); later requests use no pool connection.
+func DebugHandler(dbs ...*sql.DB) http.Handler {
+	return &debugHandler{dbs: dbs, conns: make([]*connector, len(dbs))}
+}
+
+// debugHandler serves DebugHandler.
+type debugHandler struct {
+	dbs []*sql.DB
+
+	mu    sync.Mutex
+	conns []*connector // resolved once per database
+}
+
+// debugResolveTimeout bounds the wait for a pool connection when the
+// handler first resolves a database.
+const debugResolveTimeout = 2 * time.Second
+
+// debugRefresh is the page's default reload interval.
+const debugRefresh = 2 * time.Second
+
+func (h *debugHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	report := h.report(r.Context())
+	if r.URL.Query().Get("format") == "json" {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(report); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+		return
+	}
+	refresh := debugRefresh
+	if s := r.URL.Query().Get("refresh"); s != "" {
+		if n, err := strconv.ParseFloat(s, 64); err == nil && n >= 0 && n < 86400 {
+			refresh = time.Duration(n * float64(time.Second))
+		}
+	}
+	nonce := newNonce()
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; script-src 'nonce-"+nonce+"'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := renderDebugHTML(w, report, refresh, nonce); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}
+
+// newNonce returns a fresh CSP nonce for the page's one script.
+func newNonce() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawStdEncoding.EncodeToString(b[:])
+}
+
+// resolve returns the connector of database i.
+func (h *debugHandler) resolve(ctx context.Context, i int) (*connector, error) {
+	h.mu.Lock()
+	c := h.conns[i]
+	h.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	db := h.dbs[i]
+	if db == nil {
+		return nil, errors.New("lockhooks: DebugHandler was given a nil *sql.DB")
+	}
+	ctx, cancel := context.WithTimeout(ctx, debugResolveTimeout)
+	defer cancel()
+	sc, err := db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lockhooks: DebugHandler needs one pool connection the first time it shows a database: %w", err)
+	}
+	defer sc.Close()
+	err = sc.Raw(func(dc any) error {
+		w, ok := dc.(connCore)
+		if !ok {
+			return fmt.Errorf("lockhooks: DebugHandler shows databases opened through lockhooks; this one's connections are %T", dc)
+		}
+		c = w.state().connector
+		c.names.on.Store(true)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	h.conns[i] = c
+	h.mu.Unlock()
+	return c, nil
+}
+
+// debugReport is the page's data, and the JSON of ?format=json.
+type debugReport struct {
+	Generated time.Time       `json:"generated"`
+	Databases []debugDatabase `json:"databases"`
+}
+
+// debugDatabase is what one database shows.
+type debugDatabase struct {
+	Index    int              `json:"index"`
+	Dialect  string           `json:"dialect,omitempty"`
+	Error    string           `json:"error,omitempty"` // the database could not be shown
+	Notes    []string         `json:"notes,omitempty"` // what could not be read this time
+	Held     []debugHeld      `json:"held"`
+	Waiters  []debugWaiter    `json:"waiters"`
+	Graph    debugGraph       `json:"graph"`
+	Events   []debugEvent     `json:"events"`
+	Counters map[string]int64 `json:"counters"`
+}
+
+// debugHeld is one held lock.
+type debugHeld struct {
+	Kind        string    `json:"kind"`  // advisory | lockset | sqlite_writer
+	Mode        string    `json:"mode"`  // exclusive | shared
+	Scope       string    `json:"scope"` // session | transaction
+	Namespace   string    `json:"namespace,omitempty"`
+	Key         string    `json:"key"`
+	Name        string    `json:"name,omitempty"` // the name the key was made from, where lockhooks saw it
+	Conn        uint64    `json:"conn"`
+	PID         int32     `json:"pid,omitempty"`
+	State       string    `json:"state"` // in use | parked
+	Since       time.Time `json:"since,omitzero"`
+	HeldSeconds float64   `json:"held_seconds,omitempty"`
+	Site        string    `json:"site,omitempty"` // where it was taken
+	Statement   string    `json:"statement,omitempty"`
+	Count       int       `json:"count"` // re-entrant acquisitions
+}
+
+// debugWaiter is one wait in progress.
+type debugWaiter struct {
+	Kind        string        `json:"kind"` // advisory | row | lockset | sqlite_writer | server
+	Mode        string        `json:"mode,omitempty"`
+	Scope       string        `json:"scope,omitempty"`
+	Namespace   string        `json:"namespace,omitempty"`
+	Keys        string        `json:"keys,omitempty"`
+	Conn        uint64        `json:"conn,omitempty"`
+	PID         int32         `json:"pid,omitempty"`
+	Since       time.Time     `json:"since,omitzero"`
+	WaitSeconds float64       `json:"wait_seconds"`
+	Site        string        `json:"site,omitempty"`      // where the wait was asked for
+	Statement   string        `json:"statement,omitempty"` // statement text, never its arguments
+	WaitEvent   string        `json:"wait_event,omitempty"`
+	Holders     []debugHolder `json:"holders"`
+	Blockers    []pgBlocker   `json:"blockers"`
+}
+
+// debugGraph is the wait-for graph: an edge from a waiter to what it
+// waits for.
+type debugGraph struct {
+	Nodes []debugNode `json:"nodes"`
+	Edges []debugEdge `json:"edges"`
+	Cycle bool        `json:"cycle"` // an in-process cycle: these waits end only by timeout
+	W, H  int         `json:"-"`
+}
+
+// debugNode is a connection of the database, or a backend outside it.
+type debugNode struct {
+	ID       string  `json:"id"` // "conn-N" or "pid-N"
+	Label    string  `json:"label"`
+	Detail   string  `json:"detail,omitempty"`
+	External bool    `json:"external"`
+	X, Y     float64 `json:"-"`
+}
+
+// debugEdge is one wait-for relation.
+type debugEdge struct {
+	From    string  `json:"from"`
+	To      string  `json:"to"`
+	Label   string  `json:"label"`
+	InCycle bool    `json:"in_cycle"`
+	X1, Y1  float64 `json:"-"`
+	X2, Y2  float64 `json:"-"`
+}
+
+// report gathers every database's state.
+func (h *debugHandler) report(ctx context.Context) debugReport {
+	rep := debugReport{Generated: time.Now().UTC()}
+	for i := range h.dbs {
+		c, err := h.resolve(ctx, i)
+		if err != nil {
+			rep.Databases = append(rep.Databases, debugDatabase{Index: i, Error: err.Error(),
+				Held: []debugHeld{}, Waiters: []debugWaiter{}, Events: []debugEvent{}, Counters: map[string]int64{}})
+			continue
+		}
+		d := c.debugState(ctx)
+		d.Index = i
+		rep.Databases = append(rep.Databases, d)
+	}
+	return rep
+}
+
+// debugState reads one database's locks, waits, events and counters.
+// Locks are read briefly under their own mutexes; the one query (who
+// blocks whom, on Postgres) runs after, on a side connection.
+func (c *connector) debugState(ctx context.Context) debugDatabase {
+	now := time.Now()
+	d := debugDatabase{Dialect: string(c.opts.dialect), Held: []debugHeld{}, Waiters: []debugWaiter{}}
+	conns := c.openConns()
+	sort.Slice(conns, func(i, j int) bool { return conns[i].id < conns[j].id })
+
+	// Held locks.
+	if c.pins != nil {
+		for _, oc := range conns {
+			oc.pin.mu.Lock()
+			state := "in use"
+			if oc.pin.parked {
+				state = "parked"
+			}
+			pid := oc.lockPID()
+			if oc.holderPID.Load() != 0 {
+				state += ", pooler holder"
+			}
+			for k, l := range oc.pin.held {
+				d.Held = append(d.Held, debugHeld{Kind: "advisory", Mode: modeOf(k), Scope: "session", Key: k.exclusive().String(),
+					Conn: oc.id, PID: pid, State: state, Since: l.since, HeldSeconds: secondsSince(now, l.since), Site: l.site, Count: l.count})
+			}
+			for k, n := range oc.pin.xact {
+				d.Held = append(d.Held, debugHeld{Kind: "advisory", Mode: modeOf(k), Scope: "transaction", Key: k.exclusive().String(),
+					Conn: oc.id, PID: pid, State: state, Count: n})
+			}
+			oc.pin.mu.Unlock()
+		}
+	}
+	c.named.held(func(key int64, h holderInfo, count int) {
+		d.Held = append(d.Held, debugHeldRow("advisory", "session", "", strconv.FormatInt(key, 10), h, count, now))
+	})
+	c.locksets.held(func(key locksetKey, h holderInfo, count int) {
+		d.Held = append(d.Held, debugHeldRow("lockset", "transaction", key.namespace, describeID(key.id), h, count, now))
+	})
+	if wh, ok := c.writer.holder(); ok {
+		row := debugHeld{Kind: "sqlite_writer", Mode: "exclusive", Scope: "transaction", Key: "writer", State: "in use",
+			Since: wh.since, HeldSeconds: secondsSince(now, wh.since), Count: 1}
+		if wh.stmt != "" {
+			row.Scope, row.Statement = "statement", truncate(wh.stmt, 500)
+		} else {
+			row.Site = wh.where
+		}
+		if oc := ownerConn(wh.owner); oc != nil {
+			row.Conn = oc.id
+		}
+		d.Held = append(d.Held, row)
+	}
+	sort.SliceStable(d.Held, func(i, j int) bool {
+		if d.Held[i].Conn != d.Held[j].Conn {
+			return d.Held[i].Conn < d.Held[j].Conn
+		}
+		return d.Held[i].Key < d.Held[j].Key
+	})
+	for i := range d.Held {
+		if h := &d.Held[i]; h.Kind == "advisory" && h.Namespace == "" {
+			if k, err := strconv.ParseInt(h.Key, 10, 64); err == nil {
+				h.Name = c.names.name(lockKey{k1: k}) // a key of Lock on Postgres
+			}
+		}
+	}
+
+	// Waits, and who holds what they wait for.
+	waits := c.waits.list()
+	edges := c.inProcessEdges()
+	var blocked map[int32]*blockedBackend
+	if c.opts.dialect == Postgres {
+		var pids []int32
+		for _, oc := range conns {
+			if p := oc.pid.Load(); p != 0 {
+				pids = append(pids, p)
+			}
+		}
+		bctx, cancel := context.WithTimeout(ctx, blockerLookupTimeout)
+		var err error
+		blocked, err = c.blockersOf(bctx, pids)
+		cancel()
+		if err != nil {
+			d.Notes = append(d.Notes, err.Error())
+		}
+	}
+	shown := map[int32]bool{}
+	for _, v := range waits {
+		wt := debugWaiter{Kind: v.kind, Mode: v.mode, Scope: v.scope, Namespace: v.namespace, Keys: v.keys,
+			Since: v.start, WaitSeconds: secondsSince(now, v.start), Site: v.site, Statement: truncate(v.query, 500),
+			Holders: c.inProcessHolders(v, edges), Blockers: []pgBlocker{}}
+		if v.conn != nil {
+			wt.Conn, wt.PID = v.conn.id, v.conn.pid.Load()
+		}
+		if b := blocked[wt.PID]; wt.PID != 0 && b != nil {
+			wt.WaitEvent = b.waitEvent
+			for _, x := range b.blockers {
+				if x.Conn == 0 || !slicesContainsConn(wt.Holders, x.Conn) {
+					wt.Blockers = append(wt.Blockers, x) // not already shown as a holder
+				}
+			}
+			shown[wt.PID] = true
+		}
+		d.Waiters = append(d.Waiters, wt)
+	}
+	// Connections the server shows blocked in a statement lockhooks does
+	// not time as a lock wait (an UPDATE waiting for a row, say).
+	for _, oc := range conns {
+		pid := oc.pid.Load()
+		if b := blocked[pid]; pid != 0 && b != nil && !shown[pid] {
+			d.Waiters = append(d.Waiters, debugWaiter{Kind: "server", Conn: oc.id, PID: pid, Statement: truncate(b.query, 500),
+				WaitEvent: b.waitEvent, Holders: []debugHolder{}, Blockers: b.blockers})
+		}
+	}
+	d.Graph = buildGraph(d.Waiters, conns)
+
+	// Events and counters.
+	d.Events, d.Counters = c.events.snapshot()
+	d.Counters["waits_started"] = c.waits.started.Load()
+	d.Counters["waits_in_progress"] = int64(len(waits))
+	d.Counters["wait_milliseconds_total"] = c.waits.waitNS.Load() / int64(time.Millisecond)
+	d.Counters["open_connections"] = int64(len(conns))
+	if c.pins != nil {
+		held, parked := c.pins.observe()
+		d.Counters["held_session_locks"], d.Counters["parked_connections"] = held, parked
+	}
+	return d
+}
+
+// debugHeldRow is a held in-process lock, as the page shows it.
+func debugHeldRow(kind, scope, namespace, key string, h holderInfo, count int, now time.Time) debugHeld {
+	row := debugHeld{Kind: kind, Mode: "exclusive", Scope: scope, Namespace: namespace, Key: key, State: "in use",
+		Since: h.since, HeldSeconds: secondsSince(now, h.since), Site: h.site.String(), Count: count}
+	if oc := ownerConn(h.owner); oc != nil {
+		row.Conn, row.PID = oc.id, oc.pid.Load()
+	}
+	return row
+}
+
+func modeOf(k lockKey) string {
+	if k.shared {
+		return "shared"
+	}
+	return "exclusive"
+}
+
+func secondsSince(now, t time.Time) float64 {
+	if t.IsZero() {
+		return 0
+	}
+	return math.Round(now.Sub(t).Seconds()*1000) / 1000
+}
+
+// buildGraph draws the wait-for graph of the waiters: nodes on a circle,
+// an edge from each waiter to each holder or blocking backend; an edge
+// between connections of this process that lies on a cycle is marked.
+func buildGraph(waiters []debugWaiter, conns []*conn) debugGraph {
+	g := debugGraph{Nodes: []debugNode{}, Edges: []debugEdge{}}
+	pids := map[uint64]int32{}
+	for _, oc := range conns {
+		pids[oc.id] = oc.pid.Load()
+	}
+	index := map[string]int{}
+	node := func(id, label, detail string, external bool) string {
+		if _, ok := index[id]; !ok {
+			index[id] = len(g.Nodes)
+			g.Nodes = append(g.Nodes, debugNode{ID: id, Label: label, Detail: detail, External: external})
+		}
+		return id
+	}
+	connNode := func(id uint64) string {
+		detail := ""
+		if pid := pids[id]; pid != 0 {
+			detail = "pid " + strconv.Itoa(int(pid))
+		}
+		return node("conn-"+strconv.FormatUint(id, 10), "conn #"+strconv.FormatUint(id, 10), detail, false)
+	}
+	seen := map[[2]string]bool{}
+	edge := func(from, to, label string) {
+		if from == to || seen[[2]string{from, to}] {
+			return
+		}
+		seen[[2]string{from, to}] = true
+		g.Edges = append(g.Edges, debugEdge{From: from, To: to, Label: label})
+	}
+	for _, w := range waiters {
+		if w.Conn == 0 {
+			continue
+		}
+		from := connNode(w.Conn)
+		what := w.Kind
+		switch {
+		case w.Namespace != "":
+			what += " " + w.Namespace + " / " + w.Keys
+		case w.Keys != "":
+			what += " " + w.Keys
+		}
+		for _, h := range w.Holders {
+			if h.Conn != 0 {
+				edge(from, connNode(h.Conn), what)
+			}
+		}
+		for _, b := range w.Blockers {
+			if b.Conn != 0 {
+				edge(from, connNode(b.Conn), what)
+				continue
+			}
+			detail := b.State
+			if b.ApplicationName != "" {
+				detail = b.ApplicationName
+			}
+			edge(from, node("pid-"+strconv.Itoa(int(b.PID)), "pid "+strconv.Itoa(int(b.PID)), detail, true), what)
+		}
+	}
+	// An edge u→v lies on a cycle when u is reachable from v.
+	adj := map[string][]string{}
+	for _, e := range g.Edges {
+		adj[e.From] = append(adj[e.From], e.To)
+	}
+	reaches := func(from, to string) bool {
+		seen := map[string]bool{from: true}
+		stack := []string{from}
+		for len(stack) > 0 {
+			n := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if n == to {
+				return true
+			}
+			for _, m := range adj[n] {
+				if !seen[m] {
+					seen[m] = true
+					stack = append(stack, m)
+				}
+			}
+		}
+		return false
+	}
+	for i := range g.Edges {
+		if reaches(g.Edges[i].To, g.Edges[i].From) {
+			g.Edges[i].InCycle, g.Cycle = true, true
+		}
+	}
+	layoutGraph(&g)
+	return g
+}
+
+// Geometry of the drawn graph.
+const (
+	graphNodeW = 160.0
+	graphNodeH = 40.0
+)
+
+// layoutGraph places the nodes on a circle (two side by side) and clips
+// the edges to the nodes' boxes.
+func layoutGraph(g *debugGraph) {
+	n := len(g.Nodes)
+	if n == 0 {
+		return
+	}
+	radius := math.Max(180, float64(n)*graphNodeW/(2*math.Pi)*1.2)
+	if n == 1 {
+		radius = 0
+	}
+	g.W = int(2*radius + graphNodeW + 20)
+	g.H = int(2*radius*0.6 + graphNodeH + 40)
+	if n == 2 {
+		g.H = int(graphNodeH + 60)
+	}
+	cx, cy := float64(g.W)/2, float64(g.H)/2
+	pos := map[string]int{}
+	for i := range g.Nodes {
+		a := math.Pi + 2*math.Pi*float64(i)/float64(n)
+		g.Nodes[i].X = math.Round(cx + radius*math.Cos(a))
+		g.Nodes[i].Y = math.Round(cy + radius*0.6*math.Sin(a))
+		pos[g.Nodes[i].ID] = i
+	}
+	for i := range g.Edges {
+		a, b := g.Nodes[pos[g.Edges[i].From]], g.Nodes[pos[g.Edges[i].To]]
+		x1, y1 := clipToBox(a.X, a.Y, b.X, b.Y)
+		x2, y2 := clipToBox(b.X, b.Y, a.X, a.Y)
+		g.Edges[i].X1, g.Edges[i].Y1, g.Edges[i].X2, g.Edges[i].Y2 = x1, y1, x2, y2
+	}
+}
+
+// clipToBox returns where the segment from the centre (x, y) of a node
+// towards (tx, ty) leaves the node's box, plus a margin.
+func clipToBox(x, y, tx, ty float64) (float64, float64) {
+	dx, dy := tx-x, ty-y
+	if dx == 0 && dy == 0 {
+		return x, y
+	}
+	hw, hh := graphNodeW/2+4, graphNodeH/2+4
+	t := math.Inf(1)
+	if dx != 0 {
+		t = math.Min(t, hw/math.Abs(dx))
+	}
+	if dy != 0 {
+		t = math.Min(t, hh/math.Abs(dy))
+	}
+	return math.Round(x + dx*t), math.Round(y + dy*t)
+}
+
+// keyNames remembers the (namespace, id) each Postgres advisory key of
+// Lock was derived from, so that the debug page can name the keys it
+// shows. It records nothing until DebugHandler first shows the database,
+// so a service that never looks pays nothing; it forgets everything when
+// it reaches keyNamesCapacity.
+type keyNames struct {
+	on atomic.Bool
+	mu sync.Mutex
+	m  map[int64]string
+}
+
+// keyNamesCapacity bounds keyNames.
+const keyNamesCapacity = 4096
+
+// note records the names of Lock's keys (canonical ids) in namespace.
+func (n *keyNames) note(namespace string, ids []string) {
+	if !n.on.Load() {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.m == nil || len(n.m)+len(ids) > keyNamesCapacity {
+		n.m = make(map[int64]string)
+	}
+	for _, id := range ids {
+		n.m[LockID(namespace+"\x00"+id)] = namespace + " / " + describeID(id)
+	}
+}
+
+// name returns the name of key k, if known.
+func (n *keyNames) name(k lockKey) string {
+	if k.pair || !n.on.Load() {
+		return ""
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.m[k.k1]
+}
+
+// noteUnlock records the outcome of an unlock rerouteUnlock handled.
+func (c *connector) noteUnlock(from *conn, k lockKey, err error) {
+	switch {
+	case err == nil:
+		c.events.add(eventUnlockRerouted, fmt.Sprintf("pg_advisory_unlock%s(%s) sent on %v ran on the parked connection that held the lock", sharedSuffix(k), k, from))
+	case errors.Is(err, ErrNotLockOwner):
+		c.events.add(eventUnlockRefused, err.Error())
+	}
+}
+
+// heldEntry is a copy of one held key of a lockTable.
+type heldEntry[K comparable] struct {
+	key   K
+	h     holderInfo
+	count int
+}
+
+// held calls fn for each held key, after copying them under t.mu (call
+// sites are symbolised outside the table's lock).
+func (t *lockTable[K]) held(fn func(key K, h holderInfo, count int)) {
+	t.mu.Lock()
+	var out []heldEntry[K]
+	for k, e := range t.entries {
+		if e.count > 0 {
+			out = append(out, heldEntry[K]{k, holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}, e.count})
+		}
+	}
+	t.mu.Unlock()
+	for _, x := range out {
+		fn(x.key, x.h, x.count)
+	}
+}
+
+// waiterInfo describes one waiter of a lockTable.
+type waiterInfo struct {
+	owner any
+	since time.Time
+	site  callers
+}
+
+// waits calls fn for each waiter and the holder it waits for, after
+// copying them under t.mu.
+func (t *lockTable[K]) waits(fn func(key K, h holderInfo, w waiterInfo)) {
+	type edge struct {
+		key K
+		h   holderInfo
+		w   waiterInfo
+	}
+	var out []edge
+	t.mu.Lock()
+	for k, e := range t.entries {
+		if e.count == 0 {
+			continue
+		}
+		h := holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}
+		for _, w := range e.waiters {
+			out = append(out, edge{k, h, waiterInfo{owner: w.owner, since: w.since, site: w.site}})
+		}
+	}
+	t.mu.Unlock()
+	for _, x := range out {
+		fn(x.key, x.h, x.w)
+	}
+}
+
+// writerHolder describes the holder of the SQLite writer lock.
+type writerHolder struct {
+	owner any
+	since time.Time
+	stmt  string  // the autocommit statement holding it, or
+	site  callers // where its transaction began
+	where string  // stmt or site, as text
+}
+
+// writerWaiterInfo describes a waiter for the SQLite writer lock.
+type writerWaiterInfo struct {
+	owner any
+	since time.Time
+	stmt  string
+	site  callers
+	where string // the statement, or where its transaction begins
+}
+
+// describe returns the statement, or symbolises the call site.
+func describeWriter(stmt string, site *callers) string {
+	if stmt != "" {
+		return "statement " + strconv.Quote(truncate(stmt, 120))
+	}
+	return site.String()
+}
+
+// holder returns the writer lock's holder, if it is held.
+func (w *writerLock) holder() (writerHolder, bool) {
+	w.mu.Lock()
+	if !w.held {
+		w.mu.Unlock()
+		return writerHolder{}, false
+	}
+	h := writerHolder{owner: w.owner, since: w.since, stmt: w.stmt, site: w.site}
+	w.mu.Unlock()
+	if h.stmt == "" {
+		h.where = h.site.String()
+	}
+	return h, true
+}
+
+// waits calls fn for each waiter of the writer lock, after copying them
+// under w.mu.
+func (w *writerLock) waits(fn func(h writerHolder, wt writerWaiterInfo)) {
+	w.mu.Lock()
+	if !w.held || len(w.waiters) == 0 {
+		w.mu.Unlock()
+		return
+	}
+	h := writerHolder{owner: w.owner, since: w.since, stmt: w.stmt, site: w.site}
+	waiters := make([]writerWaiterInfo, len(w.waiters))
+	for i, x := range w.waiters {
+		waiters[i] = writerWaiterInfo{owner: x.owner, since: x.since, stmt: x.stmt, site: x.site}
+	}
+	w.mu.Unlock()
+	h.where = describeWriter(h.stmt, &h.site)
+	for _, x := range waiters {
+		x.where = describeWriter(x.stmt, &x.site)
+		fn(h, x)
+	}
+}
