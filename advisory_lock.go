@@ -66,7 +66,11 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 		if try {
 			return nil, false, nil // another acquirer of this process holds or awaits it
 		}
-		if err := turns.lock(ctx, key, l, &site); err != nil {
+		_, w := c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(strconv.FormatInt(key, 10)))
+		w.setWaiter(c, siteOf(ctx), nil, "", nil)
+		err := turns.lock(ctx, key, l, &site)
+		w.end(ctx, "", err)
+		if err != nil {
 			return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %d (waiting behind another acquirer in this process): %w", key, err)
 		}
 		if l.conn, l.c, err = lockhooksConn(ctx, db); err != nil {

@@ -493,7 +493,10 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) ([]debugHolder, [
 	if err != nil {
 		return holders, nil, err
 	}
-	return holders, blocked[pid].blockers, nil
+	if b := blocked[pid]; b != nil {
+		return holders, b.blockers, nil
+	}
+	return holders, nil, nil // not waiting on the server (an in-process queue)
 }
 
 // inProcessHolders returns the holders in this process of what v waits
@@ -646,10 +649,15 @@ func (e inProcessEdge) holderInfo() debugHolder {
 }
 
 // inProcessEdges lists who waits for whom in the in-process lock tables:
-// SQLite's advisory locks, locksets and writer lock.
+// SQLite's advisory locks, Postgres AcquireAdvisoryLock's queue, locksets
+// and the writer lock.
 func (c *connector) inProcessEdges() []inProcessEdge {
 	var out []inProcessEdge
 	c.named.waits(func(key int64, h holderInfo, w waiterInfo) {
+		out = append(out, inProcessEdge{kind: "advisory", key: strconv.FormatInt(key, 10), waiter: ownerConn(w.owner), since: w.since,
+			wsite: w.site.String(), holder: ownerConn(h.owner), hsite: h.site.String(), hsince: h.since})
+	})
+	c.turns.waits(func(key int64, h holderInfo, w waiterInfo) { // AcquireAdvisoryLock's in-process queue (Postgres)
 		out = append(out, inProcessEdge{kind: "advisory", key: strconv.FormatInt(key, 10), waiter: ownerConn(w.owner), since: w.since,
 			wsite: w.site.String(), holder: ownerConn(h.owner), hsite: h.site.String(), hsince: h.since})
 	})
