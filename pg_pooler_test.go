@@ -275,3 +275,34 @@ func TestPoolerTransactionLevelLocks(t *testing.T) {
 		tx2.Rollback()
 	}
 }
+
+// BenchmarkTransactionPooler: statements through PgBouncer in transaction
+// mode when no lock is held, raw pgx against lockhooks without and with
+// WithTransactionPooler (the option must cost nothing then).
+func BenchmarkTransactionPooler(b *testing.B) {
+	dsn := pgtest.PoolerDSN(b)
+	for _, c := range []struct {
+		name string
+		open func() (*sql.DB, error)
+	}{
+		{"driver=raw", func() (*sql.DB, error) { return sql.Open("pgx", dsn) }},
+		{"driver=lockhooks/pooler=undeclared", func() (*sql.DB, error) { return Open("pgx", dsn) }},
+		{"driver=lockhooks/pooler=declared", func() (*sql.DB, error) { return Open("pgx", dsn, WithTransactionPooler()) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			db, err := c.open()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer db.Close()
+			db.SetMaxOpenConns(1)
+			ctx := context.Background()
+			var v int
+			for b.Loop() {
+				if err := db.QueryRowContext(ctx, "SELECT 1").Scan(&v); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
