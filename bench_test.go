@@ -316,3 +316,32 @@ func BenchmarkVerifyOnReturn(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAdvisoryLockUnlock is a session lock and its unlock on one
+// connection, raw pgx against lockhooks: lockhooks reads pg_locks after
+// each (one round trip each), which is how a transaction-mode pooler in
+// front of the database is caught (ErrTransactionPooler).
+func BenchmarkAdvisoryLockUnlock(b *testing.B) {
+	dsn := pgtest.DSN(b)
+	for _, how := range []string{viaRaw, viaLockhooks} {
+		b.Run("driver="+how, func(b *testing.B) {
+			db := openVia(b, how, "pgx", dsn)
+			defer db.Close()
+			ctx := context.Background()
+			c, err := db.Conn(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			var ok bool
+			for b.Loop() {
+				if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1)", int64(1)); err != nil {
+					b.Fatal(err)
+				}
+				if err := c.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", int64(1)).Scan(&ok); err != nil || !ok {
+					b.Fatal(ok, err)
+				}
+			}
+		})
+	}
+}

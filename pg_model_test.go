@@ -468,6 +468,11 @@ func (m *model) check(when string) {
 			v := w.view()
 			seen[v.pid] = true
 			if v.lost {
+				// Reported lost: its backend must be gone (or going), so it
+				// holds nothing; otherwise the report was false.
+				if held := serverLocks(m.t, m.e.raw, v.pid); len(held) > 0 {
+					problems = append(problems, fmt.Sprintf("%v was reported lost, but its backend still holds %s", w, describeKeys(held)))
+				}
 				continue
 			}
 			server, tracked := serverLocks(m.t, m.e.raw, v.pid), keysOf(v)

@@ -479,6 +479,8 @@ type advisoryPlan struct {
 	// onHolder: the statement runs on the connection's holder
 	// (WithTransactionPooler).
 	onHolder bool
+	// approx: a key of the statement had a count that may be off before it.
+	approx bool
 }
 
 // beforeAdvisory runs before a statement on the slow path. It may answer
@@ -520,7 +522,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		plan.exact = plan.exact && plan.known[i]
 	}
 	if c.anyApprox(plan.keys, plan.known) {
-		plan.verify = true
+		plan.verify, plan.approx = true, true
 	}
 	if plan.onHolder, err = c.onHolder(adv); err != nil {
 		return plan, nil, err
@@ -568,20 +570,24 @@ func takesOrFreesSession(adv *sqlscan.Advisory) bool {
 
 // checkLanded compares the session locks pg_locks shows for this backend
 // after an exactly known statement with what the statement must have left
-// (expected, apart from the try-locks in pending): a lock taken elsewhere,
-// or an unlock that released nothing here, means the statement ran on
-// another backend than the connection's, which a transaction-mode pooler
-// does.
-func (c *conn) checkLanded(expected map[lockKey]int, pending map[lockKey]int) error {
+// (expected, apart from the try-locks in pending), for the keys the
+// statement named: one it took that is not there, or one it released that
+// still is, means the statement ran on another backend than the
+// connection's, which a transaction-mode pooler does.
+func (c *conn) checkLanded(plan advisoryPlan, expected, pending map[lockKey]int) error {
 	got := c.view().session
-	for k := range expected {
-		if _, ok := got[k]; !ok {
-			return c.poolerDetected(fmt.Sprintf("took advisory lock %s, but pg_locks shows it on no backend of this connection (pid %d)", k, c.pid.Load()))
+	for i, call := range plan.st.advisory.Calls {
+		k := plan.keys[i]
+		if call.Func&(sqlscan.FnXact|sqlscan.FnUnlockAll) != 0 || pending[k] != 0 {
+			continue
 		}
-	}
-	for k := range got {
-		if _, ok := expected[k]; !ok && pending[k] == 0 {
-			return c.poolerDetected(fmt.Sprintf("unlocked advisory lock %s, but its backend (pid %d) still holds it", k, c.pid.Load()))
+		_, want := expected[k]
+		_, have := got[k]
+		switch {
+		case want && !have:
+			return c.poolerDetected(fmt.Sprintf("took advisory lock %s, but pg_locks does not show it on this connection's backend (pid %d)", k, c.pid.Load()))
+		case !want && have:
+			return c.poolerDetected(fmt.Sprintf("unlocked advisory lock %s, but this connection's backend (pid %d) still holds it", k, c.pid.Load()))
 		}
 	}
 	return nil
@@ -752,8 +758,8 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	if plan.verify || len(pending) > 0 {
 		expected := c.view().session
 		verr = c.reconcile(ctx, plan.site, pending, !plan.exact)
-		if verr == nil && plan.exact && !c.connector.opts.txPooler {
-			verr = c.checkLanded(expected, pending)
+		if verr == nil && plan.exact && !plan.approx && !c.connector.opts.txPooler {
+			verr = c.checkLanded(plan, expected, pending)
 		}
 		if errors.Is(verr, ErrTransactionPooler) {
 			c.markLost(verr.Error(), verr, true)

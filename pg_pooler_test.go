@@ -232,10 +232,21 @@ func TestPoolerHolderKilledByIdleTimeoutIsLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	holder := l.c.holderPID.Load()
+	if holder == 0 {
+		t.Fatal("no holder connection")
+	}
+	waitFor(t, 20*time.Second, "the server to end the idle holder", func() bool { return !backendAlive(t, e.raw, holder) })
+	gone := time.Now()
 	select {
 	case <-l.Lost():
 	case <-time.After(20 * time.Second):
 		t.Fatal("the killed holder was not reported lost")
+	}
+	// Within one check interval (50 ms here), give or take the loaded CI
+	// machine's scheduling: a bound of ten intervals.
+	if d := time.Since(gone); d > 10*50*time.Millisecond {
+		t.Errorf("the loss was reported %v after the holder's backend ended", d)
 	}
 	if !errors.Is(l.Err(), ErrLockLost) || !strings.Contains(e.log.String(), "advisory lock lost") {
 		t.Fatalf("Err() = %v; log:\n%s", l.Err(), e.log)
