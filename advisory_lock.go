@@ -21,6 +21,8 @@ type AdvisoryLock struct {
 	conn *sql.Conn
 	c    *conn // the wrapper's state of conn
 
+	turn any // the owner of this key's turn in the in-process queue (Postgres)
+
 	mu       sync.Mutex
 	released bool
 }
@@ -55,6 +57,7 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 		return nil, false, err
 	}
 	l := &AdvisoryLock{key: key, db: db, conn: sc, c: c}
+	l.turn = l
 	if c.connector.opts.dialect == SQLite {
 		return l.acquireInProcess(ctx, try)
 	}
@@ -73,18 +76,27 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 		if err != nil {
 			return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %d (waiting behind another acquirer in this process): %w", key, err)
 		}
-		if l.conn, l.c, err = lockhooksConn(ctx, db); err != nil {
+		// l owns the turn; the lock itself is taken on a connection of its
+		// own, and held by a new value (l stays the turn's owner, read by
+		// the debug page, and is never written again).
+		sc, c, err = lockhooksConn(ctx, db)
+		if err != nil {
 			turns.unlock(key, l)
 			return nil, false, err
 		}
+		l = &AdvisoryLock{key: key, db: db, conn: sc, c: c, turn: l}
 	}
 	got, err := l.lockOnServer(ctx, try)
 	if err != nil || !got {
 		l.conn.Close()
-		turns.unlock(key, l)
+		turns.unlock(key, l.turn)
 		return nil, false, err
 	}
-	l.c.connector.pins.track(l)
+	if !l.c.connector.pins.track(l) {
+		l.conn.Close() // db.Close ran meanwhile: the lock goes with the connection
+		turns.unlock(key, l.turn)
+		return nil, false, fmt.Errorf("%w: advisory lock %d: the database was closed while it was acquired", ErrLockLost, key)
+	}
 	return l, true, nil
 }
 
@@ -188,11 +200,16 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		l.c.connector.named.unlock(l.key, l)
 		return nil
 	}
-	defer l.c.connector.turns.unlock(l.key, l) // the next acquirer of this process, after the unlock
+	defer l.c.connector.turns.unlock(l.key, l.turn) // the next acquirer of this process, after the unlock
 	defer l.c.connector.pins.untrack(l)
 	if err := l.Err(); err != nil {
 		return err
 	}
+	// The unlock must run even when ctx is done (defer l.Release(ctx) after
+	// a cancelled request): a skipped unlock would leave the lock on a
+	// parked connection, and the next acquirer waiting behind it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.connector.opts.lockCheckTimeout)
+	defer cancel()
 	var ok bool
 	err := l.conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
 	if errors.Is(err, sql.ErrConnDone) {

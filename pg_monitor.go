@@ -144,18 +144,30 @@ func (p *pinning) warnParked() {
 	if threshold <= 0 {
 		return
 	}
+	type longHold struct {
+		h     *conn
+		k     lockKey
+		since time.Time
+		site  string
+	}
+	var found []longHold
 	for _, h := range p.snapshot() {
 		h.pin.mu.Lock()
 		if h.pin.parked && !h.pin.warned && time.Since(h.pin.parkedAt) > threshold {
 			h.pin.warned = true
 			for k, l := range h.pin.held {
-				p.c.events.add(eventLongHold, fmt.Sprintf("session advisory lock %s held by parked %v for %v, taken at %s", k, h, time.Since(l.since).Round(time.Millisecond), l.site))
-				p.c.opts.logger.Warn("lockhooks: a session advisory lock is still held by a connection withdrawn from the pool; unlock it with pg_advisory_unlock through this database",
-					"key", k.String(), "backend_pid", h.pid.Load(), "held_for", time.Since(l.since).Round(time.Millisecond).String(),
-					"taken_at", l.site, "connection", h.id)
+				found = append(found, longHold{h, k, l.since, l.site})
 			}
 		}
 		h.pin.mu.Unlock()
+	}
+	// Logged after the mutexes are released: the application's handler may
+	// be slow.
+	for _, f := range found {
+		held := time.Since(f.since).Round(time.Millisecond)
+		p.c.events.add(eventLongHold, fmt.Sprintf("session advisory lock %s held by parked %v for %v, taken at %s", f.k, f.h, held, f.site))
+		p.c.opts.logger.Warn("lockhooks: a session advisory lock is still held by a connection withdrawn from the pool; unlock it with pg_advisory_unlock through this database",
+			"key", f.k.String(), "backend_pid", f.h.pid.Load(), "held_for", held.String(), "taken_at", f.site, "connection", f.h.id)
 	}
 }
 

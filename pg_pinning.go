@@ -195,6 +195,12 @@ func (p *pinning) snapshot() []*conn {
 func (p *pinning) register(c *conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	c.pin.mu.Lock()
+	live := len(c.pin.held) > 0 && c.pin.lost == nil && !c.pin.closed
+	c.pin.mu.Unlock()
+	if !live {
+		return // emptied, lost or closed meanwhile by another goroutine
+	}
 	p.holders[c] = struct{}{}
 	if p.stop == nil && !p.closed {
 		p.stop, p.done = make(chan struct{}), make(chan struct{})
@@ -232,11 +238,16 @@ func (p *pinning) holderOf(k lockKey, except *conn) *conn {
 	return inUse
 }
 
-// track notes an AdvisoryLock handed out, for db.Close.
-func (p *pinning) track(l *AdvisoryLock) {
+// track notes an AdvisoryLock handed out, for db.Close; false once
+// db.Close has run.
+func (p *pinning) track(l *AdvisoryLock) bool {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
 	p.locks[l] = struct{}{}
-	p.mu.Unlock()
+	return true
 }
 
 // untrack forgets a released AdvisoryLock.
@@ -334,7 +345,7 @@ func (p *pinning) close() {
 	}
 	for _, l := range locks {
 		l.conn.Close() // database/sql closes it: the database is closed
-		p.c.turns.unlock(l.key, l)
+		p.c.turns.unlock(l.key, l.turn)
 	}
 	if len(released) > 0 {
 		sort.Strings(released)
@@ -513,7 +524,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	plan.verify = !plan.exact && !adv.DiscardAll
 	for i, call := range adv.Calls {
 		k, ok := keyOf(call, args)
-		if !ok && call.Func&sqlscan.FnUnlockAll == 0 && adv.TargetList {
+		if !ok && call.Func&sqlscan.FnUnlockAll == 0 && adv.TargetList && !adv.Uncertain {
 			if k, ok = c.evalKey(ctx, call, args); ok {
 				plan.verify = true
 			}
@@ -526,6 +537,11 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	}
 	if plan.onHolder, err = c.onHolder(adv); err != nil {
 		return plan, nil, err
+	}
+	if c.connector.opts.txPooler {
+		if err := c.splitConflict(adv, plan.keys, plan.known); err != nil {
+			return plan, nil, err
+		}
 	}
 	if err := c.refuseUselessXact(ctx, adv); err != nil {
 		return plan, nil, err
@@ -568,31 +584,6 @@ func takesOrFreesSession(adv *sqlscan.Advisory) bool {
 	return false
 }
 
-// checkLanded compares the session locks pg_locks shows for this backend
-// after an exactly known statement with what the statement must have left
-// (expected, apart from the try-locks in pending), for the keys the
-// statement named: one it took that is not there, or one it released that
-// still is, means the statement ran on another backend than the
-// connection's, which a transaction-mode pooler does.
-func (c *conn) checkLanded(plan advisoryPlan, expected, pending map[lockKey]int) error {
-	got := c.view().session
-	for i, call := range plan.st.advisory.Calls {
-		k := plan.keys[i]
-		if call.Func&(sqlscan.FnXact|sqlscan.FnUnlockAll) != 0 || pending[k] != 0 {
-			continue
-		}
-		_, want := expected[k]
-		_, have := got[k]
-		switch {
-		case want && !have:
-			return c.poolerDetected(fmt.Sprintf("took advisory lock %s, but pg_locks does not show it on this connection's backend (pid %d)", k, c.pid.Load()))
-		case !want && have:
-			return c.poolerDetected(fmt.Sprintf("unlocked advisory lock %s, but this connection's backend (pid %d) still holds it", k, c.pid.Load()))
-		}
-	}
-	return nil
-}
-
 // afterDiscard returns a comment that makes lockhooks' own query texts
 // new after each DISCARD ALL, so a driver that caches prepared statements
 // by text (pgx) prepares them again instead of using ones the server
@@ -616,20 +607,28 @@ func (c *conn) anyApprox(keys []lockKey, known []bool) bool {
 	return false
 }
 
-// refuseUselessXact refuses a lone autocommit statement whose only effect
-// is transaction-level locks: they are released as soon as it ends. A
-// transaction the statement text opened (BEGIN on a *sql.Conn), or one
-// that several statements in one text make, is followed instead.
+// refuseUselessXact follows transaction-level locks outside a database/sql
+// transaction: when a statement calls them, the server says whether the
+// connection is in a transaction block (a BEGIN sent before lockhooks
+// followed the connection). Outside one, a lone statement whose only
+// effect is transaction-level locks is refused: they are released as soon
+// as it ends, so it protects nothing. A transaction the statement text
+// opens, or one that several statements in one text make, is followed.
 func (c *conn) refuseUselessXact(ctx context.Context, adv *sqlscan.Advisory) error {
-	if !adv.TargetList || c.inTx() {
+	if c.inTx() || adv.Statements > 1 {
 		return nil
 	}
+	xact, all := false, true
 	for _, call := range adv.Calls {
-		if call.Func&sqlscan.FnXact == 0 {
-			return nil
+		if call.Func&sqlscan.FnXact != 0 {
+			xact = true
+		} else {
+			all = false
 		}
 	}
-	// BEGIN may have been sent before lockhooks followed this connection.
+	if !xact {
+		return nil
+	}
 	inBlock, err := c.inTransactionBlock(ctx)
 	if err != nil {
 		return err
@@ -640,6 +639,9 @@ func (c *conn) refuseUselessXact(ctx context.Context, adv *sqlscan.Advisory) err
 		c.updateActiveLocked()
 		c.pin.mu.Unlock()
 		return nil
+	}
+	if !all || !adv.TargetList {
+		return nil // other effects too; its own transaction-level locks end with it
 	}
 	return fmt.Errorf("lockhooks: %s outside a transaction is released as soon as the statement ends, so it protects nothing; call it inside a transaction (db.BeginTx), or use a session lock (lockhooks.AcquireAdvisoryLock)", adv.Calls[0].Func.Name())
 }
@@ -657,8 +659,10 @@ func (c *conn) inTransactionBlock(ctx context.Context) (bool, error) {
 		return true, c.execOwn(ctx, "RELEASE SAVEPOINT lockhooks_probe")
 	case "25P01":
 		return false, nil
+	case "25P02":
+		return true, nil // an aborted block is a block
 	default:
-		return true, nil
+		return false, fmt.Errorf("lockhooks: checking whether %v is in a transaction block: %w", c, err)
 	}
 }
 
@@ -714,7 +718,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		if err != nil && c.connectionBroken(err) {
 			return c.lostError(c.loseLocks(err), err)
 		}
-		c.followTxControl(plan.st.text)
+		c.followTxControl(plan.st.text, false, err != nil)
 		return err
 	}
 	defer func() {
@@ -731,12 +735,15 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 			}
 			return err
 		}
-		if !adv.Simple || !plan.exact {
-			// A failed statement of several calls may have taken some.
+		// A failed statement of several calls may have taken some; a
+		// blocking lock cancelled (57014) may have been granted just before.
+		if !adv.Simple || !plan.exact || sqlState(err) == "57014" {
 			c.reconcile(ctx, plan.site, nil, true)
-			c.connector.pins.settle(c)
 		}
-		c.followTxControl(plan.st.text)
+		c.connector.pins.settle(c)
+		if c.connector.opts.txPooler {
+			c.releaseHolder(ctx)
+		}
 		return err
 	}
 	if adv.DiscardAll {
@@ -752,18 +759,18 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		pending = c.apply(ctx, plan, results)
 	}
 	if adv.Statements > 1 {
-		c.followTxControl(plan.st.text)
+		c.followTxControl(plan.st.text, true, false)
 	}
 	var verr error
 	if plan.verify || len(pending) > 0 {
-		expected := c.view().session
-		verr = c.reconcile(ctx, plan.site, pending, !plan.exact)
-		if verr == nil && plan.exact && !plan.approx && !c.connector.opts.txPooler {
-			verr = c.checkLanded(plan, expected, pending)
-		}
-		if errors.Is(verr, ErrTransactionPooler) {
+		switch verr = c.reconcile(ctx, plan.site, pending, !plan.exact); {
+		case errors.Is(verr, ErrTransactionPooler):
+			// The statement ran on another backend than the connection's:
+			// its locks cannot be trusted.
 			c.markLost(verr.Error(), verr, true)
-		} else {
+		case verr != nil && c.connectionBroken(verr):
+			verr = c.lostError(c.loseLocks(verr), verr)
+		default:
 			verr = nil // a failed read was logged; the next one catches up
 		}
 	}
@@ -866,17 +873,22 @@ func (c *conn) forgetLocked(k lockKey) {
 
 // followTxControl follows the transaction blocks that statement text opens
 // and closes, outside database/sql transactions: the transaction-level locks
-// of a block end with it.
-func (c *conn) followTxControl(text string) {
+// of a block end with it. It reads the text of statements on connections
+// lockhooks follows (active), or always for advisory texts. A failed
+// statement opens no block, but a failed COMMIT still ends one.
+func (c *conn) followTxControl(text string, always, failed bool) {
 	if c.tx.inner != nil {
 		return
 	}
 	c.pin.mu.Lock()
-	if !c.pin.active.Load() && !c.pin.textTx {
+	if !always && !c.pin.active.Load() && !c.pin.textTx {
 		c.pin.mu.Unlock()
 		return
 	}
 	effect := sqlscan.TxControl(text)
+	if failed && effect != sqlscan.TxEnd {
+		effect = sqlscan.TxNone
+	}
 	switch effect {
 	case sqlscan.TxNone:
 		c.pin.mu.Unlock()
@@ -1009,7 +1021,9 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 	server, err := c.readAdvisoryLocks(ctx)
 	if err != nil {
 		c.pin.mu.Lock()
-		if inTx {
+		if sqlState(err) == "25P01" {
+			c.pin.textTx = false // the block lockhooks believed open is not
+		} else if inTx {
 			c.pin.recheck = true // an aborted transaction: read once it ends
 		}
 		c.updateActiveLocked()
@@ -1071,6 +1085,11 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) {
 	if _, err := c.backendPID(ctx); err != nil {
 		return nil, err
+	}
+	if c.connector.opts.txPooler && c.holderPID.Load() == 0 {
+		// Session locks live only on a holder; the backend this connection
+		// met at connect serves other clients now.
+		return map[lockKey]bool{}, nil
 	}
 	pid := c.lockPID()
 	inTx := c.inTx()

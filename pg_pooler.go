@@ -83,16 +83,63 @@ func (c *conn) onHolder(adv *sqlscan.Advisory) (bool, error) {
 		// text that only mentions advisory locks (pg_locks WHERE locktype =
 		// 'advisory') is no lock statement.
 		return false, nil
-	case adv.Uncertain || !adv.TargetList || xact > 0:
-		return false, fmt.Errorf("lockhooks: through a transaction-mode pooler (WithTransactionPooler), session advisory locks are held on a connection of their own, and this statement mixes an advisory call with other work that cannot be split from it; take the lock in a statement of its own (SELECT pg_advisory_lock($1)), or use transaction-level locks (lockhooks.Lock)")
+	case adv.Uncertain || !adv.TargetList || xact > 0 || (!adv.Simple && blocking(adv)):
+		return false, fmt.Errorf("lockhooks: through a transaction-mode pooler (WithTransactionPooler), session advisory locks are held on a connection of their own, and this statement mixes an advisory call with other work that cannot be split from it (or waits for several locks at once); take the lock in a statement of its own (SELECT pg_advisory_lock($1)), or use transaction-level locks (lockhooks.Lock)")
 	}
 	return true, nil
+}
+
+// blocking reports whether a statement has a call that waits for a lock.
+func blocking(adv *sqlscan.Advisory) bool {
+	for _, call := range adv.Calls {
+		if call.Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll|sqlscan.FnXact) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// splitConflict refuses, through a transaction pooler, a session lock on a
+// key this connection holds as a transaction-level lock, and the reverse:
+// the two run on different backends there, which would wait for each
+// other, where one backend's own locks never conflict.
+func (c *conn) splitConflict(adv *sqlscan.Advisory, keys []lockKey, known []bool) error {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	for i, call := range adv.Calls {
+		if !known[i] || call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 {
+			continue
+		}
+		k := keys[i]
+		shared, excl := k, k.exclusive()
+		shared.shared = true
+		var other bool
+		if call.Func&sqlscan.FnXact != 0 {
+			other = c.pin.held[shared] != nil || c.pin.held[excl] != nil
+		} else {
+			other = c.pin.xact[shared] > 0 || c.pin.xact[excl] > 0
+		}
+		if other {
+			return fmt.Errorf("lockhooks: through a transaction-mode pooler (WithTransactionPooler), %s(%s) on %v would wait for this connection's own lock on the same key, held on another server connection (session locks live on a holder connection there); do not mix session and transaction-level locks on one key", call.Func.Name(), k, c)
+		}
+	}
+	return nil
 }
 
 // runOnHolder runs a session-lock statement on c's holder, in a savepoint
 // so that a failed lock (a deadlock, a lock_timeout) does not abort the
 // transaction that keeps the other locks, and returns its one row.
+//
+// Holder statements are short (a try, an unlock; a blocking lock polls), and
+// run with a bounded context of their own: a caller's cancellation in the
+// middle of one would make the driver close the holder, and every other
+// lock on it would be lost. The caller's context is checked first.
 func (c *conn) runOnHolder(ctx context.Context, query string, args []driver.NamedValue) (*staticRows, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
+	defer cancel()
 	h, err := c.holder(ctx)
 	if err != nil {
 		return nil, err

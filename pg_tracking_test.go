@@ -612,3 +612,53 @@ func TestCloseDuringReroutes(t *testing.T) {
 	}
 	assertNothingLeft(t, e.raw, e.app)
 }
+
+// Found by review: inputs where the tracking once diverged or a direct
+// connection was taken for a pooler.
+func TestReviewFoundInputs(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	t.Run("a count the text cannot show, then an unlock", func(t *testing.T) {
+		c := otherConn(t, e.wrapped)
+		mustExec(t, c, "SELECT pg_advisory_lock(1) FROM generate_series(1, 2)") // taken twice; pg_locks shows it once
+		if _, err := c.ExecContext(ctx, "SELECT pg_advisory_unlock(1)"); err != nil {
+			t.Fatalf("unlock after an unreadable count: %v", err)
+		}
+		w := trackedConn(t, c)
+		assertTracked(t, e.raw, w)
+		if w.view().lost {
+			t.Fatal("a direct connection was reported lost")
+		}
+		mustExec(t, c, "SELECT pg_advisory_unlock_all()")
+	})
+	t.Run("BEGIN and an xact lock in one text on a fresh connection", func(t *testing.T) {
+		c := otherConn(t, e.wrapped)
+		mustExec(t, c, "BEGIN; SELECT pg_advisory_xact_lock(2)")
+		w := trackedConn(t, c)
+		assertTracked(t, e.raw, w)
+		mustExec(t, c, "COMMIT")
+		assertTracked(t, e.raw, w)
+		if w.holdsLocks() {
+			t.Fatal("a transaction-level lock was kept as a session lock")
+		}
+	})
+	t.Run("Release with a cancelled context", func(t *testing.T) {
+		l, err := AcquireAdvisoryLock(ctx, e.wrapped, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := l.Release(done); err != nil {
+			t.Fatalf("Release(cancelled ctx): %v", err)
+		}
+		if n := heldCount(t, e.raw, 3); n != 0 {
+			t.Fatalf("%d holders after Release with a cancelled context", n)
+		}
+		l, err = AcquireAdvisoryLock(ctx, e.wrapped, 3)
+		if err != nil {
+			t.Fatalf("the next acquire: %v", err)
+		}
+		l.Release(ctx)
+	})
+}

@@ -164,6 +164,11 @@ func ParseAdvisory(src string) Advisory {
 			if fn, ok := advisoryFunc(&s, t); ok {
 				if call, ok := parseCall(&s, fn); ok {
 					a.Calls = append(a.Calls, call)
+					for i := range min(call.NArgs, 2) {
+						if call.Args[i].Kind == ArgExpr && mentionsAdvisory(call.Args[i].Text) {
+							a.Uncertain = true // a call inside a key: its effect is not counted
+						}
+					}
 				} else {
 					a.Uncertain = true // a call whose arguments cannot be read
 				}
@@ -276,7 +281,7 @@ func parseCall(s *Scanner, fn AdvisoryFunc) (AdvisoryCall, bool) {
 // parseArg classifies one argument's text.
 func parseArg(text string) Arg {
 	written := text
-	if i := strings.Index(text, "::"); i > 0 {
+	if i := strings.Index(text, "::"); i > 0 && isTypeName(text[i+2:]) {
 		text = strings.TrimSpace(text[:i]) // a cast: $1::bigint, 42::int8
 	}
 	if strings.HasPrefix(text, "(") && strings.HasSuffix(text, ")") {
@@ -291,6 +296,22 @@ func parseArg(text string) Arg {
 		return Arg{Kind: ArgLiteral, Value: v}
 	}
 	return Arg{Kind: ArgExpr, Text: written}
+}
+
+// isTypeName reports whether s is a lone type name ("bigint", "int8",
+// "integer"), so that "x::type" casts x and nothing follows the cast.
+func isTypeName(s string) bool {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c == '_' || c == ' ' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // targetList reports whether src is "SELECT item, item, … [;]" where each
