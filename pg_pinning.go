@@ -700,6 +700,7 @@ func (c *conn) checkUnlocks(adv *sqlscan.Advisory, keys []lockKey, site string) 
 		if h := c.connector.pins.holderOf(k, c); h != nil {
 			err := fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, in a statement with other advisory calls: the lock is held by %v, and an unlock inside a larger statement cannot be sent there; unlock it in a statement of its own", ErrNotLockOwner, sharedSuffix(k), k, c, h)
 			c.connector.events.add(eventUnlockRefused, err.Error())
+			c.connector.tel.unlockRefused(context.Background())
 			return err
 		}
 		c.connector.opts.logger.Warn("lockhooks: an unlock of a key this connection does not hold, inside a statement with other advisory calls; Postgres answers false for it",

@@ -614,6 +614,13 @@ func TestParkedLockWarningAndRerouteMetric(t *testing.T) {
 	if got := counterValue(t, e.metrics, "lockhooks.advisory.unlocks_rerouted"); got != 1 {
 		t.Errorf("unlocks_rerouted = %d, want 1", got)
 	}
+	// An unlock of a key no connection holds is refused, and counted.
+	if _, err := unlock(t, e.wrapped, 42); !errors.Is(err, ErrNotLockOwner) {
+		t.Fatalf("second unlock: %v, want ErrNotLockOwner", err)
+	}
+	if got := counterValue(t, e.metrics, "lockhooks.advisory.unlocks_refused"); got != 1 {
+		t.Errorf("unlocks_refused = %d, want 1", got)
+	}
 }
 
 // collect returns the metric named name.

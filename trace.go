@@ -101,6 +101,7 @@ type telemetry struct {
 
 	wait, hold     metric.Float64Histogram
 	rerouted, lost metric.Int64Counter
+	refused        metric.Int64Counter
 	deadlocks      metric.Int64Counter
 	timeouts       metric.Int64Counter
 	serialization  metric.Int64Counter
@@ -154,6 +155,7 @@ func newTelemetry(o *options, observe func() (held, parked int64)) *telemetry {
 		return c
 	}
 	t.rerouted = counter("lockhooks.advisory.unlocks_rerouted", "{unlock}", "Advisory unlocks run on the parked connection that held the lock instead of the connection they were sent on.")
+	t.refused = counter("lockhooks.advisory.unlocks_refused", "{unlock}", "Advisory unlocks refused with ErrNotLockOwner: no connection of this database held the lock, or one in use did.")
 	t.lost = counter("lockhooks.lock.lost", "{lock}", "Locks lost because the connection holding them died.")
 	t.deadlocks = counter("lockhooks.lock.deadlocks", "{error}", "Statements that failed with deadlock_detected (40P01).")
 	t.timeouts = counter("lockhooks.lock.timeouts", "{error}", "Statements that failed with lock_not_available (55P03): lock_timeout or NOWAIT.")
@@ -197,6 +199,9 @@ func (t *telemetry) lockLost(ctx context.Context, kind string, n int) {
 
 // unlockRerouted counts one rerouted unlock.
 func (t *telemetry) unlockRerouted(ctx context.Context) { t.add(ctx, t.rerouted, 1) }
+
+// unlockRefused counts one unlock refused with ErrNotLockOwner.
+func (t *telemetry) unlockRefused(ctx context.Context) { t.add(ctx, t.refused, 1) }
 
 // countError counts the lock-related failures of a statement.
 func (t *telemetry) countError(ctx context.Context, err error) {

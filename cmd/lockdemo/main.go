@@ -4,7 +4,7 @@
 //	go run ./cmd/lockdemo                      # embedded SQLite in a temp dir, no server needed
 //	go run ./cmd/lockdemo -postgres DSN        # the same against PostgreSQL
 //	go run ./cmd/lockdemo -trace-out spans.jsonl -otlp localhost:4318
-//	go run ./cmd/lockdemo -serve :8080         # serve lockhooks.DebugHandler at /debug/locks meanwhile
+//	go run ./cmd/lockdemo -serve :8080         # serve lockhooks.DebugHandler at /debug/locks and metrics at /metrics meanwhile
 //
 // It exits with status 0 only if every lockhooks column shows the promised
 // result.
@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -49,7 +50,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.transfers, "transfers", 200, "transfers per worker in the bank-transfer scenario")
 	fs.StringVar(&cfg.traceOut, "trace-out", "", "write lockhooks' spans to this file as JSON lines")
 	fs.StringVar(&cfg.otlp, "otlp", "", "also export lockhooks' spans to this OTLP/HTTP endpoint (host:port)")
-	fs.StringVar(&cfg.serve, "serve", "", "serve the live lock page (lockhooks.DebugHandler) on this address, e.g. :8080, while the scenarios run and afterwards until interrupted")
+	fs.StringVar(&cfg.serve, "serve", "", "serve the live lock page (lockhooks.DebugHandler) at /debug/locks and lockhooks' metrics for Prometheus at /metrics on this address, e.g. :8080, while the scenarios run and afterwards until interrupted")
 	fs.DurationVar(&cfg.serveFor, "serve-for", 0, "with -serve: stop serving after this long instead of at an interrupt")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: lockdemo [flags]\n\nRuns locking scenarios twice, on the raw driver and through lockhooks, and prints what each got.\nWithout -postgres it uses an embedded SQLite file in a temporary directory.\n\nFlags:\n")
@@ -79,7 +80,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		defer stop()
-		fmt.Fprintf(stdout, "Live lock page: %s\n\n", url)
+		fmt.Fprintf(stdout, "Live lock page: %s\nPrometheus metrics: %s\n\n", url, strings.TrimSuffix(url, debugPath)+metricsPath)
 	}
 	if cfg.postgres == "" {
 		dir, err := os.MkdirTemp("", "lockdemo-")

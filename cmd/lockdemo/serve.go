@@ -14,8 +14,12 @@ import (
 	"github.com/lockhooks/lockhooks"
 )
 
-// debugPath is where -serve mounts lockhooks.DebugHandler.
-const debugPath = "/debug/locks"
+// debugPath is where -serve mounts lockhooks.DebugHandler, metricsPath
+// where it serves lockhooks' metrics in the Prometheus format.
+const (
+	debugPath   = "/debug/locks"
+	metricsPath = "/metrics"
+)
 
 // live is the set of lockhooks databases the demo has open, shown by
 // -serve's page while the scenarios run.
@@ -61,6 +65,7 @@ func (d *demo) serve(addr string) (string, func(), error) {
 	d.live = &live{}
 	mux := http.NewServeMux()
 	mux.Handle(debugPath, d.live)
+	mux.Handle(metricsPath, d.tel.metrics)
 	mux.Handle("/{$}", http.RedirectHandler(debugPath, http.StatusFound))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)

@@ -88,6 +88,20 @@ func TestDemoServe(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(body), "lockhooks: locks") {
 		t.Errorf("%s: %s\n%s", url, resp.Status, body)
 	}
+	// Beside it, lockhooks' metrics in the Prometheus format, with the
+	// names the dashboards in dashboards/ use.
+	if m := regexp.MustCompile(`Prometheus metrics: (http://\S+)`).FindStringSubmatch(out.String()); m == nil || m[1] != strings.TrimSuffix(url, "/debug/locks")+"/metrics" {
+		t.Errorf("metrics URL %v, page %s", m, url)
+	}
+	resp, err = http.Get(strings.TrimSuffix(url, "/debug/locks") + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !regexp.MustCompile(`(?m)^lockhooks_lock_wait_duration_seconds_bucket\{db_system_name="sqlite",lockhooks_lock_kind="`).Match(body) {
+		t.Errorf("/metrics: %s\n%s", resp.Status, body)
+	}
 	if c := <-code; c != 0 {
 		t.Fatalf("exit %d\n%s\n%s", c, out.String(), errOut.String())
 	}

@@ -2,24 +2,35 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/otlptranslator"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/lockhooks/lockhooks"
 )
 
 // telemetry collects lockhooks' lock-wait spans for the summary table and
-// exports them where the flags say.
+// exports them where the flags say; lockhooks' metrics go to a Prometheus
+// exporter that -serve serves at /metrics.
 type telemetry struct {
-	tp   *sdktrace.TracerProvider
-	file *os.File
+	tp      *sdktrace.TracerProvider
+	mp      *sdkmetric.MeterProvider
+	metrics http.Handler // the Prometheus exposition of mp
+	file    *os.File
 
 	mu    sync.Mutex
 	waits []wait
@@ -54,13 +65,27 @@ func newTelemetry(ctx context.Context, cfg config) (*telemetry, error) {
 		opts = append(opts, sdktrace.WithBatcher(exp))
 	}
 	t.tp = sdktrace.NewTracerProvider(opts...)
+
+	// The demo's own MeterProvider, read by the OpenTelemetry Prometheus
+	// exporter into a registry of its own. The translation strategy is
+	// explicit: the dashboards in dashboards/ use its names
+	// (lockhooks_lock_wait_duration_seconds_bucket, ..._total).
+	reg := prometheus.NewRegistry()
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg),
+		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes))
+	if err != nil {
+		return nil, err
+	}
+	t.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp),
+		sdkmetric.WithResource(resource.NewSchemaless(attribute.String("service.name", "lockdemo"))))
+	t.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	return t, nil
 }
 
-// options are the lockhooks options that send spans here. The demo has no
-// request spans of its own, so lockhooks starts root spans.
+// options are the lockhooks options that send spans and metrics here. The
+// demo has no request spans of its own, so lockhooks starts root spans.
 func (t *telemetry) options() []lockhooks.Option {
-	return []lockhooks.Option{lockhooks.WithTracerProvider(t.tp), lockhooks.WithRootSpans(true)}
+	return []lockhooks.Option{lockhooks.WithTracerProvider(t.tp), lockhooks.WithMeterProvider(t.mp), lockhooks.WithRootSpans(true)}
 }
 
 // OnStart implements sdktrace.SpanProcessor.
@@ -114,6 +139,7 @@ func (t *telemetry) count() int {
 // shutdown flushes the exporters.
 func (t *telemetry) shutdown(ctx context.Context) {
 	t.tp.Shutdown(ctx)
+	t.mp.Shutdown(ctx)
 	if t.file != nil {
 		t.file.Close()
 	}
