@@ -1,0 +1,178 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql/driver"
+	"strconv"
+	"strings"
+
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
+)
+
+// Advisory-lock keys: how a call's key is named and resolved from
+// literals, bound arguments and expressions.
+
+// lockKey identifies one advisory lock: a bigint key or a pair of int4 keys
+// (separate key spaces), in exclusive or shared mode.
+type lockKey struct {
+	pair   bool
+	k1     int64 // the bigint key, or the first int4 key
+	k2     int64 // the second int4 key
+	shared bool
+}
+
+func (k lockKey) String() string {
+	s := strconv.FormatInt(k.k1, 10)
+	if k.pair {
+		s = "(" + s + ", " + strconv.FormatInt(k.k2, 10) + ")"
+	}
+	if k.shared {
+		s += " (shared)"
+	}
+	return s
+}
+
+// exclusive returns k in exclusive mode.
+func (k lockKey) exclusive() lockKey { k.shared = false; return k }
+
+// tryQuery returns the statement that tries to take k once.
+func (k lockKey) tryQuery() (string, []driver.NamedValue) {
+	fn := "pg_try_advisory_lock"
+	if k.shared {
+		fn += "_shared"
+	}
+	if k.pair {
+		return "SELECT " + fn + "($1::int4, $2::int4)", []driver.NamedValue{{Ordinal: 1, Value: k.k1}, {Ordinal: 2, Value: k.k2}}
+	}
+	return "SELECT " + fn + "($1::bigint)", []driver.NamedValue{{Ordinal: 1, Value: k.k1}}
+}
+
+// unlockQuery returns the statement that releases k once.
+func (k lockKey) unlockQuery() (string, []driver.NamedValue) {
+	fn := "pg_advisory_unlock"
+	if k.shared {
+		fn += "_shared"
+	}
+	if k.pair {
+		return "SELECT " + fn + "($1::int4, $2::int4)", []driver.NamedValue{{Ordinal: 1, Value: k.k1}, {Ordinal: 2, Value: k.k2}}
+	}
+	return "SELECT " + fn + "($1::bigint)", []driver.NamedValue{{Ordinal: 1, Value: k.k1}}
+}
+
+// keyOf resolves a call's key from literals and bound arguments.
+func keyOf(call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
+	k := lockKey{shared: call.Func&sqlscan.FnShared != 0, pair: call.NArgs == 2}
+	if call.NArgs != 1 && call.NArgs != 2 {
+		return k, false
+	}
+	var vals [2]int64
+	for i := range call.NArgs {
+		a := call.Args[i]
+		switch a.Kind {
+		case sqlscan.ArgLiteral:
+			vals[i] = a.Value
+		case sqlscan.ArgParam:
+			v, ok := argInt(args, a.Param)
+			if !ok {
+				return k, false
+			}
+			vals[i] = v
+		default:
+			return k, false
+		}
+	}
+	k.k1, k.k2 = vals[0], vals[1]
+	return k, true
+}
+
+// evalKey resolves a call's key, asking the server to evaluate arguments
+// that are expressions (hashtext('name')). A volatile expression may
+// evaluate differently in the statement itself, so keys found this way are
+// checked against pg_locks after the statement.
+func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
+	k := lockKey{shared: call.Func&sqlscan.FnShared != 0, pair: call.NArgs == 2}
+	if call.NArgs != 1 && call.NArgs != 2 {
+		return k, false
+	}
+	typ := "bigint"
+	if k.pair {
+		typ = "int4"
+	}
+	exprs := make([]string, call.NArgs)
+	for i := range call.NArgs {
+		a := call.Args[i]
+		switch a.Kind {
+		case sqlscan.ArgLiteral:
+			exprs[i] = strconv.FormatInt(a.Value, 10)
+		case sqlscan.ArgParam:
+			exprs[i] = "$" + strconv.Itoa(a.Param)
+		default:
+			exprs[i] = "(" + a.Text + ")"
+		}
+		exprs[i] += "::" + typ
+	}
+	row, err := c.queryRow(ctx, "SELECT "+strings.Join(exprs, ", ")+c.afterDiscard(), args)
+	if err != nil || len(row) != call.NArgs {
+		return k, false
+	}
+	k.k1 = asInt64(row[0])
+	if k.pair {
+		k.k2 = asInt64(row[1])
+	}
+	return k, true
+}
+
+// argInt returns bound argument n (1-based) as an integer.
+func argInt(args []driver.NamedValue, n int) (int64, bool) {
+	for _, a := range args {
+		if a.Ordinal != n {
+			continue
+		}
+		v := a.Value
+		if valuer, ok := v.(driver.Valuer); ok {
+			var err error
+			if v, err = valuer.Value(); err != nil {
+				return 0, false
+			}
+		}
+		if n, isInt, fits := integerValue(v); isInt {
+			return n, fits
+		}
+		if x, ok := v.(string); ok {
+			if n, err := strconv.ParseInt(x, 10, 64); err == nil {
+				return n, true
+			}
+		}
+		return 0, false
+	}
+	return 0, false
+}
+
+// integerValue converts a value of any of Go's integer types to int64:
+// isInt reports whether v has an integer type, fits whether its value
+// fits an int64.
+func integerValue(v any) (n int64, isInt, fits bool) {
+	switch x := v.(type) {
+	case int64:
+		return x, true, true
+	case int:
+		return int64(x), true, true
+	case int32:
+		return int64(x), true, true
+	case int16:
+		return int64(x), true, true
+	case int8:
+		return int64(x), true, true
+	case uint32:
+		return int64(x), true, true
+	case uint16:
+		return int64(x), true, true
+	case uint8:
+		return int64(x), true, true
+	case uint:
+		return int64(x), true, uint64(x) <= 1<<63-1
+	case uint64:
+		return int64(x), true, x <= 1<<63-1
+	}
+	return 0, false, false
+}

@@ -1,0 +1,194 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql/driver"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+)
+
+// Reading the truth: pg_locks for one connection's backend, and making
+// the tracking equal to it.
+
+// reconcile makes the tracking equal to pg_locks for this backend. Keys the
+// server no longer shows are forgotten; keys it shows that the connection
+// did not know are learnt (pending[k] times for a try-lock of this
+// statement whose outcome the text could not tell, negative for
+// transaction-level ones; once otherwise). Counts the server cannot show
+// are never lowered: after a statement whose effect the text did not show
+// (uncertain), keys held before and after are marked approximate. Inside a
+// transaction, keys the transaction took as transaction-level locks are not
+// session locks, and the connection is read again once the transaction
+// ends. The caller settles c afterwards; the error is the read's.
+func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]int, uncertain bool) error {
+	ctx, cancel := context.WithTimeout(ctx, c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	inTx := c.inTx()
+	server, err := c.readAdvisoryLocks(ctx)
+	if err != nil {
+		c.pin.mu.Lock()
+		if sqlState(err) == "25P01" {
+			c.pin.textTx = false // the block lockhooks believed open is not
+		} else if inTx {
+			c.pin.recheck = true // an aborted transaction: read once it ends
+		}
+		c.updateActiveLocked()
+		c.pin.mu.Unlock()
+		if !inTx {
+			c.connector.opts.logger.Warn("lockhooks: cannot read pg_locks to track advisory locks", "connection", c.String(), "error", err)
+		}
+		return err
+	}
+	now := time.Now()
+	c.pin.mu.Lock()
+	for k, l := range c.pin.held {
+		if !server[k] {
+			delete(c.pin.held, k)
+			c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
+		}
+	}
+	for k := range c.pin.xact {
+		if !server[k] {
+			delete(c.pin.xact, k) // released by ROLLBACK TO SAVEPOINT
+		}
+	}
+	for k := range server {
+		n := pending[k]
+		switch {
+		case n < 0:
+			if c.pin.xact == nil {
+				c.pin.xact = make(map[lockKey]int)
+			}
+			c.pin.xact[k] -= n
+		case c.pin.held[k] != nil:
+			if uncertain {
+				c.pin.held[k].approx = true
+			}
+		case inTx && c.pin.xact[k] > 0:
+			// the transaction's own lock (a session lock on the same key
+			// taken by a statement lockhooks cannot read is found at the end)
+		default:
+			if c.pin.held == nil {
+				c.pin.held = make(map[lockKey]*heldLock)
+			}
+			c.pin.held[k] = &heldLock{count: max(n, 1), since: now, site: site}
+		}
+	}
+	if inTx {
+		c.pin.recheck = true
+	}
+	c.pin.gen++
+	c.updateActiveLocked()
+	c.pin.mu.Unlock()
+	return nil
+}
+
+// readAdvisoryLocks reads the advisory locks pg_locks shows for this
+// connection's backend, on the connection itself.
+//
+// Inside a transaction the read runs in a savepoint, so that its failure
+// cannot abort the application's transaction.
+func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) {
+	if _, err := c.backendPID(ctx); err != nil {
+		return nil, err
+	}
+	if c.connector.opts.txPooler && c.holderPID.Load() == 0 {
+		// Session locks live only on a holder; the backend this connection
+		// met at connect serves other clients now.
+		return map[lockKey]bool{}, nil
+	}
+	pid := c.lockPID()
+	inTx := c.inTx()
+	if inTx {
+		if err := c.execOwn(ctx, "SAVEPOINT lockhooks_read"); err != nil {
+			return nil, err
+		}
+	}
+	held, ranOn, err := c.queryOwnLocks(ctx, pid)
+	if err == nil && ranOn != pid && !c.connector.opts.txPooler {
+		err = c.poolerDetected(fmt.Sprintf("was opened on backend pid %d but its statements now run on backend pid %d", pid, ranOn))
+	}
+	if inTx {
+		end := "RELEASE SAVEPOINT lockhooks_read"
+		if err != nil {
+			end = "ROLLBACK TO SAVEPOINT lockhooks_read"
+		}
+		if endErr := c.execOwn(ctx, end); endErr != nil && err == nil {
+			err = endErr
+		}
+	}
+	if err != nil {
+		return nil, c.observe(err)
+	}
+	return held, nil
+}
+
+// queryOwnLocks reads the granted advisory locks of backend pid, and the
+// pid of the backend that answers.
+func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, err error) {
+	rows, err := queryDirect(ctx, c.inner, `SELECT pg_backend_pid(), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
+FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.pid = `+strconv.Itoa(int(pid))+` AND l.locktype = 'advisory' AND l.granted`+c.afterDiscard(), nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer rows.Close()
+	held = map[lockKey]bool{}
+	dest := make([]driver.Value, 5)
+	for {
+		if err := rows.Next(dest); err != nil {
+			if err == io.EOF {
+				return held, ranOn, nil
+			}
+			return nil, 0, err
+		}
+		ranOn = int32(asInt64(dest[0]))
+		if dest[1] != nil {
+			held[advisoryKeyOf(asInt64(dest[1]), asInt64(dest[2]), asInt64(dest[3]), dest[4])] = true
+		}
+	}
+}
+
+// verifyOnReturn reads pg_locks for a connection returned to the pool that
+// lockhooks believes holds nothing (WithVerifyOnReturn): locks taken where
+// no statement text showed them (a server-side function) are learnt, and
+// the connection is then parked instead of pooled.
+func (c *conn) verifyOnReturn() {
+	ctx, cancel := context.WithTimeout(context.Background(), c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	server, err := c.readAdvisoryLocks(ctx)
+	if err != nil || len(server) == 0 {
+		return
+	}
+	c.reconcile(ctx, "unknown (found in pg_locks when the connection was returned to the pool)", nil, true)
+	c.connector.pins.settle(c)
+}
+
+// heldView is what the tracking says a connection holds: session locks
+// with their counts and the current transaction's locks (for tests).
+type heldView struct {
+	pid     int32
+	session map[lockKey]int
+	approx  map[lockKey]bool // session keys whose count may be off
+	xact    map[lockKey]int
+	lost    bool
+	parked  bool
+}
+
+// view returns c's tracked locks.
+func (c *conn) view() heldView {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	v := heldView{pid: c.lockPID(), session: map[lockKey]int{}, approx: map[lockKey]bool{}, xact: map[lockKey]int{}, lost: c.pin.lost != nil, parked: c.pin.parked}
+	for k, l := range c.pin.held {
+		v.session[k] = l.count
+		if l.approx {
+			v.approx[k] = true
+		}
+	}
+	for k, n := range c.pin.xact {
+		v.xact[k] = n
+	}
+	return v
+}

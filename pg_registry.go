@@ -1,0 +1,245 @@
+package lockhooks
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The pinning registry: the connections that hold session locks, in use
+// or parked, their closing, and db.Close.
+
+// pinning is the advisory-lock state of one wrapped Postgres database: the
+// connections holding session locks (in use or parked), the AdvisoryLocks
+// handed out, and the monitor that checks holders are still alive.
+//
+// Lock order: pinning.mu, then a connection's pin.exec, then its pin.mu.
+// Code holding a pin.mu never calls into pinning; code holding pinning.mu
+// never takes a pin.exec.
+type pinning struct {
+	c *connector
+
+	mu      sync.Mutex
+	holders map[*conn]struct{}
+	locks   map[*AdvisoryLock]struct{} // handed out and not released
+	closed  bool
+	stop    chan struct{} // closes the running monitor; nil when none runs
+	done    chan struct{}
+}
+
+func newPinning(c *connector) *pinning {
+	return &pinning{c: c, holders: make(map[*conn]struct{}), locks: make(map[*AdvisoryLock]struct{})}
+}
+
+// observe returns the gauges' values.
+func (p *pinning) observe() (held, parked int64) {
+	for _, h := range p.snapshot() {
+		h.pin.mu.Lock()
+		held += int64(len(h.pin.held))
+		if h.pin.parked {
+			parked++
+		}
+		h.pin.mu.Unlock()
+	}
+	return held, parked
+}
+
+// snapshot returns the holders.
+func (p *pinning) snapshot() []*conn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	holders := make([]*conn, 0, len(p.holders))
+	for h := range p.holders {
+		holders = append(holders, h)
+	}
+	return holders
+}
+
+// register notes that c holds session locks and starts the monitor.
+func (p *pinning) register(c *conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c.pin.mu.Lock()
+	live := len(c.pin.held) > 0 && c.pin.lost == nil && !c.pin.closed
+	c.pin.mu.Unlock()
+	if !live {
+		return // emptied, lost or closed meanwhile by another goroutine
+	}
+	p.holders[c] = struct{}{}
+	if p.stop == nil && !p.closed {
+		p.stop, p.done = make(chan struct{}), make(chan struct{})
+		go p.monitor(p.stop, p.done)
+	}
+}
+
+// unregister forgets c.
+func (p *pinning) unregister(c *conn) {
+	p.mu.Lock()
+	delete(p.holders, c)
+	p.mu.Unlock()
+}
+
+// holderOf returns a connection other than except that holds k,
+// preferring a parked one (a shared key may have several holders, and only
+// a parked one can take a rerouted unlock).
+func (p *pinning) holderOf(k lockKey, except *conn) *conn {
+	var inUse *conn
+	for _, h := range p.snapshot() {
+		if h == except {
+			continue
+		}
+		h.pin.mu.Lock()
+		_, ok := h.pin.held[k]
+		parked := h.pin.parked
+		h.pin.mu.Unlock()
+		switch {
+		case ok && parked:
+			return h
+		case ok:
+			inUse = h
+		}
+	}
+	return inUse
+}
+
+// track notes an AdvisoryLock handed out, for db.Close; false once
+// db.Close has run.
+func (p *pinning) track(l *AdvisoryLock) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.locks[l] = struct{}{}
+	return true
+}
+
+// untrack forgets a released AdvisoryLock.
+func (p *pinning) untrack(l *AdvisoryLock) {
+	p.mu.Lock()
+	delete(p.locks, l)
+	p.mu.Unlock()
+}
+
+// isClosed reports whether db.Close has run.
+func (p *pinning) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// settle is called whenever c's locks may have changed: a connection that
+// holds nothing more is forgotten, and if it was parked it is closed, by
+// whoever found out. It must be called without c.pin.exec held.
+func (p *pinning) settle(c *conn) {
+	c.pin.mu.Lock()
+	empty := len(c.pin.held) == 0
+	lost := c.pin.lost != nil
+	closeIt := c.pin.parked && (empty || lost) && !c.pin.closed
+	c.pin.mu.Unlock()
+	if empty || lost {
+		p.mu.Lock()
+		c.pin.mu.Lock()
+		if len(c.pin.held) == 0 || c.pin.lost != nil {
+			delete(p.holders, c)
+		}
+		c.pin.mu.Unlock()
+		p.mu.Unlock()
+	} else {
+		p.register(c)
+	}
+	if closeIt {
+		c.closeInner()
+	}
+}
+
+// closeInner closes the physical connection once, after whatever lockhooks
+// runs on it.
+func (c *conn) closeInner() error {
+	c.pin.exec.Lock()
+	defer c.pin.exec.Unlock()
+	c.pin.mu.Lock()
+	if c.pin.closed {
+		c.pin.mu.Unlock()
+		return nil
+	}
+	c.pin.closed = true
+	c.pin.mu.Unlock()
+	c.connector.forget(c)
+	c.closeHolder()
+	return c.inner.Close()
+}
+
+// close is called by db.Close: every connection lockhooks kept for its
+// locks is closed, which releases them on the server: parked ones at once,
+// those of AdvisoryLocks through their *sql.Conn; a *sql.Conn the
+// application still holds is closed by database/sql when it is returned,
+// and its locks are reported lost now. One log line says what was released.
+func (p *pinning) close() {
+	p.mu.Lock()
+	p.closed = true
+	stop, done := p.stop, p.done
+	p.stop = nil
+	holders := make([]*conn, 0, len(p.holders))
+	for h := range p.holders {
+		holders = append(holders, h)
+	}
+	locks := make([]*AdvisoryLock, 0, len(p.locks))
+	for l := range p.locks {
+		locks = append(locks, l)
+	}
+	p.mu.Unlock()
+	if stop != nil {
+		close(stop)
+		<-done
+	}
+	var released []string
+	for _, h := range holders {
+		h.pin.mu.Lock()
+		for k, l := range h.pin.held {
+			state := "in use"
+			if h.pin.parked {
+				state = "parked"
+			}
+			released = append(released, fmt.Sprintf("%s on %v (%s, taken at %s, %v ago)", k, h, state, l.site, time.Since(l.since).Round(time.Millisecond)))
+		}
+		h.pin.mu.Unlock()
+		h.markLost("db.Close closed its connection, which released it", nil, false)
+		p.settle(h)
+	}
+	for _, l := range locks {
+		l.conn.Close() // database/sql closes it: the database is closed
+		p.c.turns.unlock(l.key, l.turn)
+	}
+	if len(released) > 0 {
+		sort.Strings(released)
+		p.c.opts.logger.Warn("lockhooks: db.Close releases session advisory locks still held: "+strings.Join(released, "; "),
+			"locks", len(released))
+	}
+}
+
+// park withdraws c, which holds session locks, instead of closing it.
+func (c *conn) park() bool {
+	if c.connector.pins.isClosed() {
+		return false
+	}
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	if len(c.pin.held) == 0 || c.pin.lost != nil {
+		return false
+	}
+	c.pin.parked, c.pin.parkedAt = true, time.Now()
+	return true
+}
+
+// holdsLocks reports whether c must stay out of the pool.
+func (c *conn) holdsLocks() bool {
+	if !c.pin.active.Load() {
+		return false
+	}
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	return len(c.pin.held) > 0 || c.pin.lost != nil
+}
