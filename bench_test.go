@@ -291,16 +291,25 @@ func BenchmarkBankTransferSQLite(b *testing.B) {
 // pool of one connection), against raw pgx and lockhooks without it.
 func BenchmarkVerifyOnReturn(b *testing.B) {
 	dsn := pgtest.DSN(b)
-	for _, c := range []struct {
-		name string
-		open func() (*sql.DB, error)
-	}{
+	benchSelectOne(b, []openedAs{
 		{"driver=raw", func() (*sql.DB, error) { return sql.Open("pgx", dsn) }},
 		{"driver=lockhooks/verify=off", func() (*sql.DB, error) { return Open("pgx", dsn) }},
 		{"driver=lockhooks/verify=on", func() (*sql.DB, error) { return Open("pgx", dsn, WithVerifyOnReturn(true)) }},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			db, err := c.open()
+	})
+}
+
+// openedAs is one way a benchmark opens its database.
+type openedAs struct {
+	name string
+	open func() (*sql.DB, error)
+}
+
+// benchSelectOne runs QueryRow("SELECT 1") on a pool of one connection, as
+// a sub-benchmark per way of opening the database.
+func benchSelectOne(b *testing.B, ways []openedAs) {
+	for _, w := range ways {
+		b.Run(w.name, func(b *testing.B) {
+			db, err := w.open()
 			if err != nil {
 				b.Fatal(err)
 			}

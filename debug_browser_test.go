@@ -123,7 +123,7 @@ func TestDebugPageInBrowserSQLite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder := connOf(t, held.Conn())
+	holder := trackedConn(t, held.Conn())
 	waitCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
@@ -163,7 +163,7 @@ func TestDebugPageInBrowserPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Release(ctx)
-	holder := connOf(t, held.Conn())
+	holder := trackedConn(t, held.Conn())
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 2)

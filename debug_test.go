@@ -56,16 +56,6 @@ func waitForWaiters(t testing.TB, srv *httptest.Server, n int) (debugReport, str
 	return rep, body
 }
 
-// connOf returns the wrapped connection behind sc.
-func connOf(t testing.TB, sc *sql.Conn) *conn {
-	t.Helper()
-	var c *conn
-	if err := sc.Raw(func(dc any) error { c = dc.(connCore).state(); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // An SQLite advisory lock held and one waited for: the JSON names the
 // holder's connection and call site, the waiter and its holder, and the
 // graph has the edge between them.
@@ -79,7 +69,7 @@ func TestDebugHandlerSQLiteJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder := connOf(t, held.Conn())
+	holder := trackedConn(t, held.Conn())
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
@@ -215,7 +205,7 @@ func TestDebugHandlerBoundedEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := connOf(t, sc).connector
+	c := trackedConn(t, sc).connector
 	sc.Close()
 	const n = 3*eventCapacity + 7
 	for i := range n {
@@ -380,7 +370,7 @@ func TestSlowLockLogSQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	var holderSite string
-	c := connOf(t, held.Conn()).connector
+	c := trackedConn(t, held.Conn()).connector
 	c.named.held(func(_ int64, h holderInfo, _ int) { holderSite = h.site.String() })
 	done := make(chan error, 1)
 	go func() {
@@ -461,7 +451,7 @@ func TestWaitTrackingAllocatesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	c := connOf(t, sc)
+	c := trackedConn(t, sc)
 	tel := c.connector.tel
 	ctx := context.Background()
 	var site callers

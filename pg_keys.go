@@ -36,20 +36,13 @@ func (k lockKey) String() string {
 func (k lockKey) exclusive() lockKey { k.shared = false; return k }
 
 // tryQuery returns the statement that tries to take k once.
-func (k lockKey) tryQuery() (string, []driver.NamedValue) {
-	fn := "pg_try_advisory_lock"
-	if k.shared {
-		fn += "_shared"
-	}
-	if k.pair {
-		return "SELECT " + fn + "($1::int4, $2::int4)", []driver.NamedValue{{Ordinal: 1, Value: k.k1}, {Ordinal: 2, Value: k.k2}}
-	}
-	return "SELECT " + fn + "($1::bigint)", []driver.NamedValue{{Ordinal: 1, Value: k.k1}}
-}
+func (k lockKey) tryQuery() (string, []driver.NamedValue) { return k.call("pg_try_advisory_lock") }
 
 // unlockQuery returns the statement that releases k once.
-func (k lockKey) unlockQuery() (string, []driver.NamedValue) {
-	fn := "pg_advisory_unlock"
+func (k lockKey) unlockQuery() (string, []driver.NamedValue) { return k.call("pg_advisory_unlock") }
+
+// call returns "SELECT fn(k)" for k's key form and mode, with k bound.
+func (k lockKey) call(fn string) (string, []driver.NamedValue) {
 	if k.shared {
 		fn += "_shared"
 	}

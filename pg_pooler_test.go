@@ -292,60 +292,9 @@ func TestPoolerTransactionLevelLocks(t *testing.T) {
 // WithTransactionPooler (the option must cost nothing then).
 func BenchmarkTransactionPooler(b *testing.B) {
 	dsn := pgtest.PoolerDSN(b)
-	for _, c := range []struct {
-		name string
-		open func() (*sql.DB, error)
-	}{
+	benchSelectOne(b, []openedAs{
 		{"driver=raw", func() (*sql.DB, error) { return sql.Open("pgx", dsn) }},
 		{"driver=lockhooks/pooler=undeclared", func() (*sql.DB, error) { return Open("pgx", dsn) }},
 		{"driver=lockhooks/pooler=declared", func() (*sql.DB, error) { return Open("pgx", dsn, WithTransactionPooler()) }},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			db, err := c.open()
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer db.Close()
-			db.SetMaxOpenConns(1)
-			ctx := context.Background()
-			var v int
-			for b.Loop() {
-				if err := db.QueryRowContext(ctx, "SELECT 1").Scan(&v); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-}
-
-// Found by review: through the pooler, a failed lock statement leaves no
-// holder transaction open, and session and transaction-level locks on one
-// key of one connection are refused (they would wait for each other on two
-// backends).
-func TestPoolerReviewFoundInputs(t *testing.T) {
-	e := newPoolerEnv(t, nil)
-	db := e.open(t, WithTransactionPooler())
-	ctx := context.Background()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", 1, int64(1)<<40); err == nil {
-		t.Fatal("a lock with an out-of-range key succeeded")
-	}
-	var open int
-	waitFor(t, 10*time.Second, "no transaction left open by the holder", func() bool {
-		e.raw.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%' AND datname = current_database()").Scan(&open)
-		return open == 0
 	})
-	tx, err := c.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustExec(t, tx, "SELECT pg_advisory_xact_lock(5)")
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_lock(5)"); err == nil || !strings.Contains(err.Error(), "same key") {
-		t.Fatalf("a session lock on a key held as a transaction lock: %v", err)
-	}
-	tx.Rollback()
 }
