@@ -113,8 +113,6 @@ type advisoryPlan struct {
 	// onHolder: the statement runs on the connection's holder
 	// (WithTransactionPooler).
 	onHolder bool
-	// approx: a key of the statement had a count that may be off before it.
-	approx bool
 }
 
 // beforeAdvisory runs before a statement on the slow path. It may answer
@@ -156,7 +154,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		plan.exact = plan.exact && plan.known[i]
 	}
 	if c.anyApprox(plan.keys, plan.known) {
-		plan.verify, plan.approx = true, true
+		plan.verify = true
 	}
 	if plan.onHolder, err = c.onHolder(adv); err != nil {
 		return plan, nil, err
@@ -580,17 +578,6 @@ func (c *conn) holds(k lockKey) bool {
 	c.pin.mu.Lock()
 	defer c.pin.mu.Unlock()
 	return c.pin.held[k] != nil
-}
-
-// addLock records one more acquisition of k, taken outside the statement
-// hooks (lockhooks' own statements).
-func (c *conn) addLock(ctx context.Context, k lockKey, site string) {
-	c.pin.mu.Lock()
-	c.addLocked(k, site, trace.SpanContextFromContext(ctx), 1)
-	c.pin.gen++
-	c.updateActiveLocked()
-	c.pin.mu.Unlock()
-	c.connector.pins.settle(c)
 }
 
 // forgetLock records one release of k found by the monitor or a reroute.

@@ -248,17 +248,32 @@ func (c *conn) holderFailed(err error) error {
 }
 
 // releaseHolder ends the holder's transaction once c holds nothing: the
-// pooler may then give its server connection to others. Session locks
-// survive COMMIT, so it unlocks everything first.
+// pooler may then give its server connection to others.
 func (c *conn) releaseHolder(ctx context.Context) {
-	h := c.hold
-	if h == nil || !h.inTx {
-		return
-	}
 	c.pin.mu.Lock()
 	empty := len(c.pin.held) == 0
 	c.pin.mu.Unlock()
-	if !empty {
+	if empty {
+		c.endHolderTx(ctx)
+	}
+}
+
+// closeHolder closes c's holder, releasing what it holds (c is being
+// closed).
+func (c *conn) closeHolder() {
+	c.endHolderTx(context.Background())
+	if h := c.hold; h != nil {
+		h.inner.Close()
+		c.hold = nil
+	}
+}
+
+// endHolderTx ends the holder's transaction. Session locks survive COMMIT,
+// so it unlocks everything first; if that fails, the holder is closed (the
+// pooler drops a server connection whose client left mid-transaction).
+func (c *conn) endHolderTx(ctx context.Context) {
+	h := c.hold
+	if h == nil || !h.inTx {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
@@ -268,33 +283,9 @@ func (c *conn) releaseHolder(ctx context.Context) {
 		err = execDirect(ctx, h.inner, "COMMIT")
 	}
 	if err != nil {
-		h.inner.Close() // the pooler drops a server connection whose client left mid-transaction
-		c.hold = nil
-	} else {
-		h.inTx = false
-	}
-	c.holderPID.Store(0)
-}
-
-// closeHolder closes c's holder, releasing what it holds.
-func (c *conn) closeHolder() {
-	c.releaseHolderUnconditionally()
-	if h := c.hold; h != nil {
 		h.inner.Close()
 		c.hold = nil
-	}
-}
-
-// releaseHolderUnconditionally ends the holder's transaction whatever the
-// tracking says (the connection is being closed).
-func (c *conn) releaseHolderUnconditionally() {
-	h := c.hold
-	if h == nil || !h.inTx {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.connector.opts.lockCheckTimeout)
-	defer cancel()
-	if execDirect(ctx, h.inner, "SELECT pg_advisory_unlock_all()") == nil && execDirect(ctx, h.inner, "COMMIT") == nil {
+	} else {
 		h.inTx = false
 	}
 	c.holderPID.Store(0)
