@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -526,11 +527,7 @@ func (c *connector) forget(w *conn) {
 func (c *connector) openConns() []*conn {
 	c.liveMu.Lock()
 	defer c.liveMu.Unlock()
-	conns := make([]*conn, 0, len(c.live))
-	for w := range c.live {
-		conns = append(conns, w)
-	}
-	return conns
+	return slices.Collect(maps.Keys(c.live))
 }
 
 // Driver returns the wrapped driver, as sql.DB.Driver reports it: the value

@@ -2,6 +2,8 @@ package lockhooks
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -50,11 +52,7 @@ func (p *pinning) observe() (held, parked int64) {
 func (p *pinning) snapshot() []*conn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	holders := make([]*conn, 0, len(p.holders))
-	for h := range p.holders {
-		holders = append(holders, h)
-	}
-	return holders
+	return slices.Collect(maps.Keys(p.holders))
 }
 
 // register notes that c holds session locks and starts the monitor.
@@ -182,14 +180,8 @@ func (p *pinning) close() {
 	p.closed = true
 	stop, done := p.stop, p.done
 	p.stop = nil
-	holders := make([]*conn, 0, len(p.holders))
-	for h := range p.holders {
-		holders = append(holders, h)
-	}
-	locks := make([]*AdvisoryLock, 0, len(p.locks))
-	for l := range p.locks {
-		locks = append(locks, l)
-	}
+	holders := slices.Collect(maps.Keys(p.holders))
+	locks := slices.Collect(maps.Keys(p.locks))
 	p.mu.Unlock()
 	if stop != nil {
 		close(stop)
