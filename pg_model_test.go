@@ -505,11 +505,38 @@ func (m *model) check(when string) {
 	}
 }
 
+// unlockTimes unlocks k n times on on, each unlock answering true; for a
+// count that may be off (approx: a statement lockhooks could not read ran
+// while k was held, and pg_locks shows no counts) it unlocks until the
+// server says k is released.
+func (m *model) unlockTimes(on execer, k lockKey, n int, approx bool, who string) {
+	q, args := k.unlockQuery()
+	vals := make([]any, len(args))
+	for a := range args {
+		vals[a] = args[a].Value
+	}
+	ctx := context.Background()
+	if approx {
+		for j := 0; j <= 10; j++ {
+			var ok bool
+			if err := on.QueryRowContext(ctx, q, vals...).Scan(&ok); err != nil || !ok {
+				return
+			}
+		}
+		return
+	}
+	for j := range n {
+		var ok bool
+		if err := on.QueryRowContext(ctx, q, vals...).Scan(&ok); err != nil || !ok {
+			m.fail("drain: unlock %d of %d of %s on %s: %v, %v (the count was wrong)", j+1, n, k, who, ok, err)
+		}
+	}
+}
+
 // drain ends the slots' transactions, unlocks every session lock as many
 // times as lockhooks counted (each must answer true), and then nothing of
 // this database may be held.
 func (m *model) drain() {
-	ctx := context.Background()
 	for i, s := range m.slots {
 		if s != nil && s.tx != nil {
 			s.tx.Rollback()
@@ -518,47 +545,35 @@ func (m *model) drain() {
 		}
 	}
 	m.check("after the drain's rollbacks")
+	// A slot's locks are unlocked on the slot; parked connections' through
+	// the pool, where a rerouted unlock of a shared key may release any of
+	// its parked holders, so those are counted per key over all of them.
+	parked, parkedApprox := map[lockKey]int{}, map[lockKey]bool{}
 	for _, w := range m.conn.openConns() {
 		v := w.view()
 		if v.lost || len(v.session) == 0 {
 			continue
 		}
-		var on execer = m.e.wrapped // parked: rerouted
+		var on execer
 		for _, s := range m.slots {
 			if s != nil && trackedConn(m.t, s.c) == w {
 				on = s.c
 			}
 		}
-		if on == execer(m.e.wrapped) && !v.parked {
+		if on == nil && !v.parked {
 			m.fail("connection %v holds %v but is neither parked nor in a slot", w, v.session)
 		}
 		for k, n := range v.session {
-			q, args := k.unlockQuery()
-			vals := make([]any, len(args))
-			for a := range args {
-				vals[a] = args[a].Value
-			}
-			if v.approx[k] {
-				// A statement lockhooks could not read ran while k was held:
-				// pg_locks shows no counts, so the count may be off (and
-				// lockhooks checks k against pg_locks at its next use).
-				// Unlock until the server says it is released.
-				for j := 0; ; j++ {
-					var ok bool
-					err := on.QueryRowContext(ctx, q, vals...).Scan(&ok)
-					if err != nil || !ok || j > 10 {
-						break
-					}
-				}
+			if on == nil {
+				parked[k] += n
+				parkedApprox[k] = parkedApprox[k] || v.approx[k]
 				continue
 			}
-			for j := range n {
-				var ok bool
-				if err := on.QueryRowContext(ctx, q, vals...).Scan(&ok); err != nil || !ok {
-					m.fail("drain: unlock %d of %d of %s on %v: %v, %v (the count was wrong)", j+1, n, k, w, ok, err)
-				}
-			}
+			m.unlockTimes(on, k, n, v.approx[k], w.String())
 		}
+	}
+	for k, n := range parked {
+		m.unlockTimes(m.e.wrapped, k, n, parkedApprox[k], "the parked connections")
 	}
 	var n int
 	if err := m.e.raw.QueryRow(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
