@@ -232,6 +232,9 @@ func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue
 func (c *conn) needsWriterLock(st statement, query string) bool {
 	if c.tx.inner != nil {
 		c.tx.read = true
+		if c.tx.writer {
+			c.connector.writer.noteStatementInTx(c)
+		}
 		return false
 	}
 	return c.connector.opts.dialect == SQLite && (st.locks.Locks() || sqlscan.IsWrite(query))
@@ -391,19 +394,30 @@ func (c *conn) beginsImmediate(opts driver.TxOptions) bool {
 // BEGIN IMMEDIATE, or BEGIN EXCLUSIVE when the DSN says _txlock=exclusive
 // (a deferred BEGIN would let a read-then-write transaction meet
 // SQLITE_BUSY; taking the write lock at BEGIN is lockhooks' purpose).
+// Where the driver begins that way itself (modernc with _txlock, see
+// moderncDSN), its BeginTx runs the BEGIN; otherwise lockhooks does.
 func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, ""); err != nil {
 		return nil, err
 	}
-	begin := "BEGIN IMMEDIATE"
-	if c.connector.sqlite.txlock == "exclusive" {
-		begin = "BEGIN EXCLUSIVE"
+	var inner driver.Tx = immediateTx{c}
+	if c.connector.sqlite.driverBegins {
+		var err error
+		if inner, err = c.beginner.BeginTx(ctx, opts); err != nil {
+			c.connector.writer.unlock()
+			return nil, c.observe(err)
+		}
+	} else {
+		begin := "BEGIN IMMEDIATE"
+		if c.connector.sqlite.txlock == "exclusive" {
+			begin = "BEGIN EXCLUSIVE"
+		}
+		if err := c.execOwn(ctx, begin); err != nil {
+			c.connector.writer.unlock()
+			return nil, c.observe(err)
+		}
 	}
-	if err := c.execOwn(ctx, begin); err != nil {
-		c.connector.writer.unlock()
-		return nil, c.observe(err)
-	}
-	t := c.tx.begin(ctx, immediateTx{c}, opts)
+	t := c.tx.begin(ctx, inner, opts)
 	t.writer = true
 	t.took(&t.writerSince)
 	return t, nil

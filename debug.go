@@ -655,11 +655,12 @@ func (t *lockTable[K]) waits(fn func(key K, h holderInfo, w waiterInfo)) {
 
 // writerHolder describes the holder of the SQLite writer lock.
 type writerHolder struct {
-	owner any
-	since time.Time
-	stmt  string  // the autocommit statement holding it, or
-	site  callers // where its transaction began
-	where string  // stmt or site, as text
+	owner    any
+	since    time.Time
+	stmt     string  // the autocommit statement holding it, or
+	site     callers // where its transaction began (n == 0: not recorded)
+	siteLate bool    // site is that of a later statement of the transaction
+	where    string  // stmt or site, as text (set by holder and waits)
 }
 
 // writerWaiterInfo describes a waiter for the SQLite writer lock.
@@ -679,6 +680,40 @@ func describeWriter(stmt string, site *callers) string {
 	return site.String()
 }
 
+// describe says what holds the writer lock, for errors and span links.
+func (h *writerHolder) describe() string {
+	switch {
+	case h.stmt != "":
+		return fmt.Sprintf("running the statement %.200q", h.stmt)
+	case h.site.n == 0:
+		return "in a transaction" + h.on() + " whose call site was not recorded (lockhooks records where write transactions begin while writers have waited for each other within the last minute, and a waited-for transaction's next statement)"
+	case h.siteLate:
+		return "in a transaction" + h.on() + " that ran a statement at " + h.site.String()
+	}
+	return "in a transaction begun at " + h.site.String()
+}
+
+// on names the holder's connection, or returns "".
+func (h *writerHolder) on() string {
+	if c := ownerConn(h.owner); c != nil {
+		return " on " + c.String()
+	}
+	return ""
+}
+
+// location is where the holding transaction is, as a call site.
+func (h *writerHolder) location() string {
+	switch {
+	case h.stmt != "":
+		return describeWriter(h.stmt, nil)
+	case h.site.n == 0:
+		return "not recorded"
+	case h.siteLate:
+		return h.site.String() + " (a later statement)"
+	}
+	return h.site.String()
+}
+
 // holder returns the writer lock's holder, if it is held.
 func (w *writerLock) holder() (writerHolder, bool) {
 	w.mu.Lock()
@@ -686,11 +721,9 @@ func (w *writerLock) holder() (writerHolder, bool) {
 		w.mu.Unlock()
 		return writerHolder{}, false
 	}
-	h := writerHolder{owner: w.owner, since: w.since, stmt: w.stmt, site: w.site}
+	h := w.holderLocked()
 	w.mu.Unlock()
-	if h.stmt == "" {
-		h.where = h.site.String()
-	}
+	h.where = h.location()
 	return h, true
 }
 
@@ -702,13 +735,13 @@ func (w *writerLock) waits(fn func(h writerHolder, wt writerWaiterInfo)) {
 		w.mu.Unlock()
 		return
 	}
-	h := writerHolder{owner: w.owner, since: w.since, stmt: w.stmt, site: w.site}
+	h := w.holderLocked()
 	waiters := make([]writerWaiterInfo, len(w.waiters))
 	for i, x := range w.waiters {
 		waiters[i] = writerWaiterInfo{owner: x.owner, since: x.since, stmt: x.stmt, site: x.site}
 	}
 	w.mu.Unlock()
-	h.where = describeWriter(h.stmt, &h.site)
+	h.where = h.location()
 	for _, x := range waiters {
 		x.where = describeWriter(x.stmt, &x.site)
 		fn(h, x)

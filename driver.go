@@ -304,25 +304,28 @@ func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
 	if d.inner == nil {
 		return nil, errors.New("lockhooks: Wrap was given a nil driver.Driver")
 	}
+	o, err := resolveOptions(d.opts, d.inner)
+	if err != nil {
+		return nil, err
+	}
+	innerDSN := dsn
+	var sqlite sqliteDSN
+	if o.dialect == SQLite {
+		sqlite = parseSQLiteDSN(dsn)
+		innerDSN = moderncDSN(d.inner, dsn, &sqlite)
+	}
 	var inner driver.Connector
 	if dc, ok := d.inner.(driver.DriverContext); ok {
-		c, err := dc.OpenConnector(dsn)
+		c, err := dc.OpenConnector(innerDSN)
 		if err != nil {
 			return nil, err
 		}
 		inner = c
 	} else {
-		inner = dsnConnector{dsn: dsn, driver: d.inner}
-	}
-	o, err := resolveOptions(d.opts, d.inner)
-	if err != nil {
-		return nil, err
+		inner = dsnConnector{dsn: innerDSN, driver: d.inner}
 	}
 	c := newConnector(inner, d, o)
-	c.dsn = dsn
-	if o.dialect == SQLite {
-		c.sqlite = parseSQLiteDSN(dsn)
-	}
+	c.dsn, c.sqlite = dsn, sqlite
 	return c, nil
 }
 
@@ -356,7 +359,9 @@ func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
 		// The connector's DSN is not lockhooks' to read, except that a
 		// modernc connector's _txlock must not be weakened.
 		if dsn, ok := moderncConnectorDSN(c); ok {
-			w.sqlite.txlock = parseSQLiteDSN(dsn).txlock
+			d := parseSQLiteDSN(dsn)
+			w.sqlite.txlock = d.txlock
+			w.sqlite.driverBegins = d.readOnly == "" && (d.txlock == "immediate" || d.txlock == "exclusive")
 		}
 	}
 	return w

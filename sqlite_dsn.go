@@ -29,8 +29,15 @@ type sqliteDSN struct {
 	readOnly string
 
 	// txlock is _txlock, lower-cased: "", "deferred", "immediate" or
-	// "exclusive".
-	txlock string
+	// "exclusive"; txlockGiven says the key is present (even empty).
+	txlock      string
+	txlockGiven bool
+
+	// driverBegins is set when the inner driver's own BeginTx begins a
+	// write transaction as lockhooks must (IMMEDIATE, or EXCLUSIVE when
+	// the DSN asks), so lockhooks takes the writer lock and calls it
+	// instead of running BEGIN and COMMIT itself; see moderncDSN.
+	driverBegins bool
 }
 
 // parseSQLiteDSN parses dsn as modernc.org/sqlite does (mattn/go-sqlite3
@@ -97,7 +104,52 @@ func parseSQLiteDSN(dsn string) sqliteDSN {
 	}
 
 	d.txlock = strings.ToLower(q.Get("_txlock"))
+	_, d.txlockGiven = q["_txlock"]
 	return d
+}
+
+// moderncDSN returns the DSN to open modernc.org/sqlite with, so that its
+// own BeginTx begins lockhooks' write transactions: modernc begins a
+// transaction that is not read-only with "BEGIN <_txlock>" and a read-only
+// one deferred, which is lockhooks' rule, and its COMMIT waits only as
+// long as BeginTx's context allows, as lockhooks' own did. Its BEGIN and
+// COMMIT take an internal path that is cheaper than running them as
+// statements. A DSN without _txlock gets _txlock=immediate appended (the
+// user asked for nothing, and lockhooks begins IMMEDIATE anyway); one with
+// _txlock=immediate or exclusive is used as it is. Any other DSN
+// (_txlock=deferred, which lockhooks still begins IMMEDIATE, an empty
+// _txlock, a read-only open, another driver) is returned unchanged with
+// d.driverBegins false, and lockhooks runs BEGIN IMMEDIATE itself.
+func moderncDSN(inner driver.Driver, dsn string, d *sqliteDSN) string {
+	if !d.known || d.readOnly != "" || !isModernc(inner) {
+		return dsn
+	}
+	switch {
+	case d.txlock == "immediate" || d.txlock == "exclusive":
+		d.driverBegins = true
+		return dsn
+	case d.txlockGiven:
+		return dsn
+	}
+	switch pos := strings.IndexByte(dsn, '?'); {
+	case pos < 0:
+		dsn += "?_txlock=immediate"
+	case pos >= 1:
+		dsn += "&_txlock=immediate"
+	default: // a '?' first: modernc reads no query from it
+		return dsn
+	}
+	d.driverBegins = true
+	return dsn
+}
+
+// isModernc reports whether v (a driver or connector) is modernc.org/sqlite's.
+func isModernc(v any) bool {
+	t := reflect.TypeOf(v)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t != nil && t.PkgPath() == "modernc.org/sqlite"
 }
 
 // splitPragma splits a _pragma value such as "busy_timeout(5000)",

@@ -46,8 +46,9 @@ func TestParseSQLiteDSN(t *testing.T) {
 		{"app.db?_pragma=query_only(0)", sqliteDSN{known: true}},
 		{"app.db?_query_only=true", sqliteDSN{known: true, readOnly: "_query_only"}},
 		// _txlock, case-insensitive as modernc reads it.
-		{"app.db?_txlock=EXCLUSIVE", sqliteDSN{known: true, txlock: "exclusive"}},
-		{"app.db?_txlock=deferred&_time_format=sqlite", sqliteDSN{known: true, txlock: "deferred"}},
+		{"app.db?_txlock=EXCLUSIVE", sqliteDSN{known: true, txlock: "exclusive", txlockGiven: true}},
+		{"app.db?_txlock=deferred&_time_format=sqlite", sqliteDSN{known: true, txlock: "deferred", txlockGiven: true}},
+		{"app.db?_txlock=", sqliteDSN{known: true, txlockGiven: true}},
 		// An unparsable query: the driver refuses it; lockhooks decides nothing.
 		{"app.db?_pragma=%zz", sqliteDSN{}},
 	} {
@@ -55,6 +56,127 @@ func TestParseSQLiteDSN(t *testing.T) {
 			t.Errorf("parseSQLiteDSN(%q) = %+v, want %+v", c.dsn, got, c.want)
 		}
 	}
+}
+
+// moderncDSN gives modernc a _txlock only where the DSN has none, and says
+// whether modernc's own BeginTx then begins write transactions as
+// lockhooks must.
+func TestModerncDSN(t *testing.T) {
+	for _, c := range []struct {
+		dsn, want    string
+		driverBegins bool
+	}{
+		{"app.db", "app.db?_txlock=immediate", true},
+		{":memory:", ":memory:?_txlock=immediate", true},
+		{"file:app.db?cache=shared", "file:app.db?cache=shared&_txlock=immediate", true},
+		{"app.db?", "app.db?&_txlock=immediate", true},
+		{"app.db?_txlock=immediate", "app.db?_txlock=immediate", true},
+		{"app.db?_txlock=Exclusive", "app.db?_txlock=Exclusive", true},
+		// lockhooks still begins these IMMEDIATE itself.
+		{"app.db?_txlock=deferred", "app.db?_txlock=deferred", false},
+		{"app.db?_txlock=", "app.db?_txlock=", false}, // modernc reads the first, empty value
+		{"?app.db", "?app.db", false},                 // modernc reads no query here
+		{"", "", false},
+		{"app.db?_pragma=%zz", "app.db?_pragma=%zz", false},
+		// A read-only open begins nothing IMMEDIATE.
+		{"file:app.db?mode=ro", "file:app.db?mode=ro", false},
+	} {
+		d := parseSQLiteDSN(c.dsn)
+		if got := moderncDSN(&sqlite.Driver{}, c.dsn, &d); got != c.want || d.driverBegins != c.driverBegins {
+			t.Errorf("moderncDSN(%q) = %q, driverBegins %v; want %q, %v", c.dsn, got, d.driverBegins, c.want, c.driverBegins)
+		}
+	}
+	// Another driver's DSN is never changed.
+	d := parseSQLiteDSN("app.db")
+	if got := moderncDSN(fakeDriver{}, "app.db", &d); got != "app.db" || d.driverBegins {
+		t.Errorf("another driver: %q, driverBegins %v", got, d.driverBegins)
+	}
+}
+
+// However lockhooks or modernc runs the BEGIN, a write transaction holds
+// SQLite's write lock from BEGIN on (another connection's write fails at
+// once with busy_timeout 0), and a read-only one holds nothing until it
+// reads.
+func TestSQLiteWriteTransactionsBeginImmediate(t *testing.T) {
+	for _, c := range []struct {
+		name, params string
+		connector    bool
+		driverBegins bool
+	}{
+		{"no _txlock", "", false, true},
+		{"immediate", "_txlock=immediate", false, true},
+		{"deferred", "_txlock=deferred", false, false},
+		{"exclusive", "_txlock=exclusive", false, true},
+		{"connector", "", true, false},
+		{"connector immediate", "_txlock=immediate", true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path, _ := createRollbackJournalFile(t, "begin.db")
+			dsn := path + "?_pragma=journal_mode(delete)"
+			if c.params != "" {
+				dsn += "&" + c.params
+			}
+			var db *sql.DB
+			if c.connector {
+				cn, err := sqlite.NewConnector(dsn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				db = OpenDB(cn)
+			} else {
+				var err error
+				if db, err = Open("sqlite", dsn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			defer db.Close()
+			if got := connectorOf(t, db).sqlite.driverBegins; got != c.driverBegins {
+				t.Errorf("driverBegins %v, want %v", got, c.driverBegins)
+			}
+			raw, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(0)")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+
+			tx, err := db.BeginTx(context.Background(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := raw.Exec("INSERT INTO t VALUES (10, 'raw')"); !isBusy(err) {
+				t.Errorf("another connection's write during a write transaction that has run nothing: %v, want SQLITE_BUSY", err)
+			}
+			if _, err := tx.Exec("INSERT INTO t VALUES (2, 'c')"); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+
+			ro, err := db.BeginTx(context.Background(), &sql.TxOptions{ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := raw.Exec("INSERT INTO t VALUES (11, 'raw')"); err != nil {
+				t.Errorf("another connection's write during a read-only transaction that has read nothing: %v", err)
+			}
+			ro.Rollback()
+			if n := countRows(t, db, "t"); n != 3 {
+				t.Errorf("%d rows, want 3", n)
+			}
+		})
+	}
+}
+
+// connectorOf returns db's lockhooks connector.
+func connectorOf(t *testing.T, db *sql.DB) *connector {
+	t.Helper()
+	c, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return trackedConn(t, c).connector
 }
 
 // createRollbackJournalFile creates an SQLite file with one row the way
@@ -213,51 +335,56 @@ func holdSharedLock(t *testing.T, path string) (release func()) {
 	return func() { reader.Rollback(); raw.Close() }
 }
 
-// COMMIT of lockhooks' own write transaction honours the context the
-// transaction began with, as modernc's own COMMIT does, and the writer
-// lock is free afterwards.
+// COMMIT of a write transaction waits for another connection's lock only
+// as long as BeginTx's context allows, whether modernc runs it (no
+// _txlock: lockhooks gives modernc _txlock=immediate) or lockhooks does
+// (_txlock=deferred), and the writer lock is free afterwards.
 func TestSQLiteCommitHonoursTheTransactionsContext(t *testing.T) {
-	path, _ := createRollbackJournalFile(t, "commit.db")
-	db, err := Open("sqlite", path+"?_pragma=journal_mode(delete)&_pragma=busy_timeout(3000)", WithBusyTimeout(3*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	for name, params := range map[string]string{"modernc begins": "", "lockhooks begins": "&_txlock=deferred"} {
+		t.Run(name, func(t *testing.T) {
+			path, _ := createRollbackJournalFile(t, "commit.db")
+			db, err := Open("sqlite", path+"?_pragma=journal_mode(delete)&_pragma=busy_timeout(3000)"+params, WithBusyTimeout(3*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
 
-	release := holdSharedLock(t, path)
-	defer release()
+			release := holdSharedLock(t, path)
+			defer release()
 
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.ExecContext(ctx, "INSERT INTO t VALUES (2, 'c')"); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	err = tx.Commit()
-	elapsed := time.Since(start)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("COMMIT against a reader's SHARED lock with a 100ms context: %v after %v, want context.DeadlineExceeded", err, elapsed)
-	}
-	if elapsed > 2*time.Second {
-		t.Errorf("COMMIT returned after %v: it waited for the busy timeout, not the context", elapsed)
-	}
-	t.Logf("COMMIT returned %v after %v", err, elapsed)
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.ExecContext(ctx, "INSERT INTO t VALUES (2, 'c')"); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			err = tx.Commit()
+			elapsed := time.Since(start)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("COMMIT against a reader's SHARED lock with a 100ms context: %v after %v, want context.DeadlineExceeded", err, elapsed)
+			}
+			if elapsed > 2*time.Second {
+				t.Errorf("COMMIT returned after %v: it waited for the busy timeout, not the context", elapsed)
+			}
+			t.Logf("COMMIT returned %v after %v", err, elapsed)
 
-	// The writer lock is free: another write transaction begins at once.
-	ctx2, cancel2 := context.WithTimeout(context.Background(), time.Second)
-	defer cancel2()
-	tx2, err := db.BeginTx(ctx2, nil)
-	if err != nil {
-		t.Fatalf("a write transaction after the failed COMMIT: %v (the writer lock was not released)", err)
-	}
-	tx2.Rollback()
-	release()
-	if n := countRows(t, db, "t"); n != 1 {
-		t.Errorf("%d rows after the failed COMMIT, want 1 (rolled back)", n)
+			// The writer lock is free: another write transaction begins at once.
+			ctx2, cancel2 := context.WithTimeout(context.Background(), time.Second)
+			defer cancel2()
+			tx2, err := db.BeginTx(ctx2, nil)
+			if err != nil {
+				t.Fatalf("a write transaction after the failed COMMIT: %v (the writer lock was not released)", err)
+			}
+			tx2.Rollback()
+			release()
+			if n := countRows(t, db, "t"); n != 1 {
+				t.Errorf("%d rows after the failed COMMIT, want 1 (rolled back)", n)
+			}
+		})
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -568,16 +569,36 @@ func calls(fn string, keys []int64) string {
 // writerLock is the in-process lock that serialises SQLite writers of one
 // database: FIFO, honouring ctx, bounded by the busy timeout. Taking it
 // uncontended allocates nothing.
+//
+// Waiters are told who holds it: the autocommit statement, or where the
+// holding transaction began. Finding that call site is a stack walk of
+// about a microsecond, a tenth of an in-memory write transaction, for a
+// message that prints only when writers wait for each other, so a
+// transaction that takes the lock uncontended records its site only while
+// writers have waited within the last siteWindow. A writer that then
+// waits for a transaction whose site was not recorded asks for it, and
+// the holder records the site of its next statement (see
+// noteStatementInTx).
 type writerLock struct {
-	mu      sync.Mutex
-	held    bool
-	owner   any
-	since   time.Time
-	stmt    string            // the autocommit statement holding it, or
-	site    callers           // where the transaction holding it began
-	span    trace.SpanContext // the holder's span
-	waiters []*writerWaiter
+	mu       sync.Mutex
+	held     bool
+	owner    any
+	since    time.Time
+	stmt     string            // the autocommit statement holding it, or
+	site     callers           // where the transaction holding it began (n == 0: not recorded)
+	siteLate bool              // site is that of a later statement of the transaction
+	span     trace.SpanContext // the holder's span
+	waiters  []*writerWaiter
+
+	// contended is when a writer last had to wait.
+	contended time.Time
+	// siteWanted asks the holding transaction for its call site.
+	siteWanted atomic.Bool
 }
+
+// siteWindow is how long after writers last waited for each other an
+// uncontended transaction still records where it began.
+const siteWindow = time.Minute
 
 type writerWaiter struct {
 	owner   any
@@ -590,31 +611,38 @@ type writerWaiter struct {
 
 // lock takes the writer lock for owner, waiting at most timeout (0: no
 // limit beyond ctx). stmt is the autocommit statement that takes it, or ""
-// for a transaction, whose call site is recorded instead (a stack walk
-// that a single statement need not pay for).
+// for a transaction, whose call site is recorded (see writerLock).
 func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeout time.Duration, stmt string) (err error) {
 	span := trace.SpanContextFromContext(ctx)
 	w.mu.Lock()
+	now := time.Now()
 	if !w.held {
-		w.held, w.owner, w.since, w.stmt, w.span = true, owner, time.Now(), stmt, span
-		if stmt == "" {
+		w.held, w.owner, w.since, w.stmt, w.span = true, owner, now, stmt, span
+		w.site.n, w.siteLate = 0, false
+		if stmt == "" && now.Sub(w.contended) < siteWindow {
 			w.site.capture()
 		}
 		w.mu.Unlock()
 		return nil
 	}
-	wt := &writerWaiter{owner: owner, since: time.Now(), granted: make(chan struct{}), stmt: stmt, span: span}
+	wt := &writerWaiter{owner: owner, since: now, granted: make(chan struct{}), stmt: stmt, span: span}
 	if stmt == "" {
 		wt.site.capture()
 	}
 	w.waiters = append(w.waiters, wt)
+	w.contended = now
+	if w.stmt == "" && w.site.n == 0 {
+		w.siteWanted.Store(true)
+	}
 	holderSpan, holderSince, holder := w.span, w.since, w.holderLocked()
 	w.mu.Unlock()
 
 	// Contended: time the wait, linked to the holder.
 	_, wait := tel.startWait(ctx, "sqlite_writer", "exclusive", "transaction")
 	wait.setWaiter(ownerConn(owner), "", &wt.site, stmt, nil)
-	wait.holder(holderSpan, holderSince, holder, 0)
+	if wait.recording() {
+		wait.holder(holderSpan, holderSince, holder.location(), 0)
+	}
 	defer func() { wait.end(ctx, "", err) }()
 
 	var expired <-chan time.Time
@@ -631,9 +659,9 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 	case <-expired:
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	select {
 	case <-wt.granted: // handed over meanwhile: keep it
+		w.mu.Unlock()
 		return nil
 	default:
 	}
@@ -643,21 +671,37 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 			break
 		}
 	}
+	holder, held := w.holderLocked(), time.Since(w.since)
+	w.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	err = fmt.Errorf("%w: waited %v; the holder has held it for %v, %s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
-		ErrWriterLockTimeout, timeout, time.Since(w.since).Round(time.Millisecond), w.holderLocked())
+		ErrWriterLockTimeout, timeout, held.Round(time.Millisecond), holder.describe())
 	tel.events.add(eventWriterTimeout, err.Error())
 	return err
 }
 
-// holderLocked describes what holds the lock; w.mu is held.
-func (w *writerLock) holderLocked() string {
-	if w.stmt != "" {
-		return fmt.Sprintf("running the statement %.200q", w.stmt)
+// holderLocked returns the holder, to describe once w.mu is released.
+func (w *writerLock) holderLocked() writerHolder {
+	return writerHolder{owner: w.owner, since: w.since, stmt: w.stmt, site: w.site, siteLate: w.siteLate}
+}
+
+// noteStatementInTx is called at each statement of the transaction that
+// holds the writer lock: if a waiter asked where that transaction is, it
+// records the statement's call site. Otherwise it costs one atomic load.
+func (w *writerLock) noteStatementInTx(owner any) {
+	if !w.siteWanted.Load() {
+		return
 	}
-	return "in a transaction begun at " + w.site.String()
+	var site callers
+	site.capture()
+	w.mu.Lock()
+	if w.held && w.owner == owner && w.stmt == "" && w.site.n == 0 {
+		w.site, w.siteLate = site, true
+		w.siteWanted.Store(false)
+	}
+	w.mu.Unlock()
 }
 
 // unlock releases the writer lock, handing it to the first waiter.
@@ -668,9 +712,12 @@ func (w *writerLock) unlock() {
 }
 
 // handOff gives the lock to the first waiter, or frees it; w.mu is held.
+// A waiter recorded its own call site when it began waiting.
 func (w *writerLock) handOff() {
+	w.siteWanted.Store(false)
+	w.siteLate = false
 	if len(w.waiters) == 0 {
-		w.held, w.owner, w.stmt = false, nil, ""
+		w.held, w.owner, w.stmt, w.site.n = false, nil, "", 0
 		return
 	}
 	next := w.waiters[0]

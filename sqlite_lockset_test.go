@@ -474,12 +474,24 @@ func TestReadThenWriteHasNoBusy(t *testing.T) {
 func TestWriterLock(t *testing.T) {
 	db, _ := openSQLiteFile(t, WithBusyTimeout(100*time.Millisecond))
 	mustExec(t, db, "CREATE TABLE t (id INTEGER PRIMARY KEY)")
+	first := beginTx(t, db, nil)
+
+	// Writers have never waited: the holder's site was not recorded (a
+	// stack walk each write transaction would pay for), and the error says
+	// so and names its connection.
+	_, err := db.BeginTx(context.Background(), nil)
+	if !errors.Is(err, ErrWriterLockTimeout) || !strings.Contains(err.Error(), "on connection #") || !strings.Contains(err.Error(), "not recorded") {
+		t.Fatalf("a second writer: %v, want ErrWriterLockTimeout naming the holder's connection", err)
+	}
+	first.Rollback()
+
+	// Writers waited within the last minute: a new holder records where it
+	// began.
 	holder := beginTx(t, db, nil)
 	defer holder.Rollback()
-
-	_, err := db.BeginTx(context.Background(), nil)
+	_, err = db.BeginTx(context.Background(), nil)
 	if !errors.Is(err, ErrWriterLockTimeout) || !strings.Contains(err.Error(), "_test.go:") || !strings.Contains(err.Error(), "transaction begun at") {
-		t.Fatalf("a second writer: %v, want ErrWriterLockTimeout naming where the holder began", err)
+		t.Fatalf("a writer after contention: %v, want ErrWriterLockTimeout naming where the holder began", err)
 	}
 	if _, err := db.Exec("INSERT INTO t VALUES (1)"); !errors.Is(err, ErrWriterLockTimeout) {
 		t.Fatalf("an autocommit write: %v, want ErrWriterLockTimeout", err)
@@ -508,6 +520,57 @@ func TestWriterLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustExec(t, db, "INSERT INTO t VALUES (1)")
+}
+
+// A writer that waits for a transaction whose site was not recorded asks
+// for it; the holder's next statement records where it runs.
+func TestWriterLockHolderSiteAtNextStatement(t *testing.T) {
+	db, _ := openSQLiteFile(t, WithBusyTimeout(time.Minute))
+	mustExec(t, db, "CREATE TABLE t (id INTEGER PRIMARY KEY)")
+	w := &connectorOf(t, db).writer
+	holder := beginTx(t, db, nil)
+	defer holder.Rollback()
+	if h, _ := w.holder(); h.where != "not recorded" {
+		t.Fatalf("an uncontended holder's site: %q, want not recorded", h.where)
+	}
+
+	waited := make(chan error, 1)
+	go func() {
+		tx, err := db.BeginTx(context.Background(), nil)
+		if err == nil {
+			err = tx.Rollback()
+		}
+		waited <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !w.siteWanted.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never asked for the holder's site")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := holder.Exec("INSERT INTO t VALUES (1)"); err != nil { // the holder's next statement
+		t.Fatal(err)
+	}
+	h, _ := w.holder()
+	if !strings.Contains(h.where, "_test.go:") || !strings.Contains(h.where, "a later statement") {
+		t.Errorf("the holder's site after its next statement: %q", h.where)
+	}
+	if d := h.describe(); !strings.Contains(d, "that ran a statement at") {
+		t.Errorf("the holder described as %q", d)
+	}
+	if w.siteWanted.Load() {
+		t.Error("the request for the site is still pending")
+	}
+	if err := holder.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("the waiter: %v", err)
+	}
+	if _, held := w.holder(); held {
+		t.Error("the writer lock is still held")
+	}
 }
 
 func TestSQLiteConnectionDefaults(t *testing.T) {

@@ -232,6 +232,8 @@ func TestInProcessWaitsLinkToTheHolder(t *testing.T) {
 		}
 	})
 	t.Run("writer", func(t *testing.T) {
+		// Writers have waited for each other: holders record their sites.
+		provokeWriterWait(t, db)
 		ctxA, spanA := tr.parent("writer A")
 		a, err := db.BeginTx(ctxA, nil)
 		if err != nil {
@@ -257,6 +259,19 @@ func TestInProcessWaitsLinkToTheHolder(t *testing.T) {
 		spanB.End()
 		check("sqlite_writer", spanA.SpanContext(), spanB.SpanContext())
 	})
+}
+
+// provokeWriterWait makes a writer of db wait for another and give up, so
+// that for the next minute write transactions record where they begin.
+func provokeWriterWait(t *testing.T, db *sql.DB) {
+	t.Helper()
+	holder := beginTx(t, db, nil)
+	defer holder.Rollback()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	defer cancel()
+	if _, err := db.BeginTx(ctx, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a writer waiting for another: %v, want context.DeadlineExceeded", err)
+	}
 }
 
 // A deadlock provoked step by step: outcome deadlock, status code 40P01,
