@@ -143,7 +143,8 @@ func newConn(c *connector, inner driver.Conn) driver.Conn {
 // tracking and, on SQLite, no writer lock, so a call that writes can meet
 // SQLITE_BUSY from lockhooks' writers of the same database, or make them
 // wait. On modernc.org/sqlite these write: Exec, Query and prepared
-// statements that write, Begin/BeginTx (a deferred BEGIN), NewRestore (its
+// statements that write, Begin/BeginTx (a deferred BEGIN, or IMMEDIATE when
+// lockhooks gave modernc _txlock=immediate: see moderncDSN), NewRestore (its
 // Step overwrites this database) and Deserialize (this connection's
 // database becomes an in-memory image; return driver.ErrBadConn from Raw
 // so the connection is closed). Serialize, NewBackup (it writes only its
@@ -400,11 +401,16 @@ func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (drive
 	if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, ""); err != nil {
 		return nil, err
 	}
+	begun := false
+	defer func() {
+		if !begun { // BEGIN failed, or the driver panicked
+			c.connector.writer.unlock()
+		}
+	}()
 	var inner driver.Tx = immediateTx{c}
 	if c.connector.sqlite.driverBegins {
 		var err error
 		if inner, err = c.beginner.BeginTx(ctx, opts); err != nil {
-			c.connector.writer.unlock()
 			return nil, c.observe(err)
 		}
 	} else {
@@ -413,10 +419,10 @@ func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (drive
 			begin = "BEGIN EXCLUSIVE"
 		}
 		if err := c.execOwn(ctx, begin); err != nil {
-			c.connector.writer.unlock()
 			return nil, c.observe(err)
 		}
 	}
+	begun = true
 	t := c.tx.begin(ctx, inner, opts)
 	t.writer = true
 	t.took(&t.writerSince)

@@ -357,10 +357,11 @@ func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
 	w := newConnector(c, newDriver(c.Driver(), opts), o)
 	if o.dialect == SQLite {
 		// The connector's DSN is not lockhooks' to read, except that a
-		// modernc connector's _txlock must not be weakened.
+		// modernc connector's _txlock must not be weakened, and its
+		// read-only open must begin transactions as the driver does.
 		if dsn, ok := moderncConnectorDSN(c); ok {
 			d := parseSQLiteDSN(dsn)
-			w.sqlite.txlock = d.txlock
+			w.sqlite.txlock, w.sqlite.readOnly = d.txlock, d.readOnly
 			w.sqlite.driverBegins = d.readOnly == "" && (d.txlock == "immediate" || d.txlock == "exclusive")
 		}
 	}

@@ -269,6 +269,40 @@ func TestSQLiteReadOnlyOpenNeverWrites(t *testing.T) {
 	}
 }
 
+// A modernc connector's read-only open begins every transaction as the
+// driver begins it, as a DSN's does (BEGIN IMMEDIATE fails under
+// query_only; with _txlock=immediate the driver's own BEGIN fails, with or
+// without lockhooks).
+func TestSQLiteReadOnlyConnectorBeginsAsTheDriver(t *testing.T) {
+	for _, params := range []string{"_pragma=query_only(1)", "mode=ro"} {
+		t.Run(params, func(t *testing.T) {
+			path, before := createRollbackJournalFile(t, "ro.db")
+			cn, err := sqlite.NewConnector("file:" + path + "?" + params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			db := OpenDB(cn)
+			tx, err := db.BeginTx(context.Background(), nil)
+			if err != nil {
+				t.Fatalf("BeginTx through a read-only connector: %v", err)
+			}
+			var name string
+			if err := tx.QueryRow("SELECT name FROM t").Scan(&name); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if after, err := os.ReadFile(path); err != nil || !bytes.Equal(before, after) {
+				t.Errorf("the file changed under a read-only connector (%v)", err)
+			}
+		})
+	}
+}
+
 // Defaults are decided by the DSN's parameters, not by words in its path.
 func TestSQLiteDefaultsIgnoreThePath(t *testing.T) {
 	for _, name := range []string{"trade_journal.db", "orders_fk.db", "job_timeout.db", "foreign_keys.db", "busy_timeout.db", "x_journal_mode=delete.db"} {
@@ -348,6 +382,9 @@ func TestSQLiteCommitHonoursTheTransactionsContext(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer db.Close()
+			if got, want := connectorOf(t, db).sqlite.driverBegins, params == ""; got != want {
+				t.Fatalf("driverBegins %v, want %v", got, want)
+			}
 
 			release := holdSharedLock(t, path)
 			defer release()

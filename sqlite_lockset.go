@@ -572,7 +572,7 @@ func calls(fn string, keys []int64) string {
 //
 // Waiters are told who holds it: the autocommit statement, or where the
 // holding transaction began. Finding that call site is a stack walk of
-// about a microsecond, a tenth of an in-memory write transaction, for a
+// a microsecond or two, a fifth of an in-memory write transaction, for a
 // message that prints only when writers wait for each other, so a
 // transaction that takes the lock uncontended records its site only while
 // writers have waited within the last siteWindow. A writer that then

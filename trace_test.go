@@ -272,6 +272,15 @@ func provokeWriterWait(t *testing.T, db *sql.DB) {
 	if _, err := db.BeginTx(ctx, nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a writer waiting for another: %v, want context.DeadlineExceeded", err)
 	}
+	// The deadline may have passed while database/sql opened a connection,
+	// before the writer lock was reached: only a wait in the lock counts.
+	w := &connectorOf(t, db).writer
+	w.mu.Lock()
+	contended := !w.contended.IsZero()
+	w.mu.Unlock()
+	if !contended {
+		t.Fatal("the second writer never waited for the writer lock (its context ended before)")
+	}
 }
 
 // A deadlock provoked step by step: outcome deadlock, status code 40P01,

@@ -14,8 +14,9 @@ import (
 // immediateTx is an SQLite write transaction begun with BEGIN IMMEDIATE
 // (or EXCLUSIVE) by the wrapper itself, where the driver does not begin it
 // that way (drivers cannot choose the BEGIN mode per transaction; modernc
-// can be told one mode for all write transactions, see moderncDSN). Its COMMIT and ROLLBACK have the semantics
-// modernc.org/sqlite gives its own transactions: COMMIT waits for other
+// can be told one mode for all write transactions, see moderncDSN). Its
+// COMMIT and ROLLBACK have the semantics modernc.org/sqlite gives its own
+// transactions: COMMIT waits for other
 // connections' locks only as long as the context BeginTx was given allows
 // (database/sql documents that context as in use until the end of the
 // transaction), and ROLLBACK runs whatever that context's state, because
@@ -100,17 +101,15 @@ func (t *tx) Commit() error {
 		t.releaseLast(len(t.locks))
 		hook()
 	}
-	err := t.c.observe(t.inner.Commit())
-	t.end()
-	return err
+	defer t.end() // even if the driver panics: the writer lock must not stay held
+	return t.c.observe(t.inner.Commit())
 }
 
 // Rollback rolls back the inner transaction, then runs what waits for its
 // end. database/sql also calls it when the transaction's context ends.
 func (t *tx) Rollback() error {
-	err := t.c.observe(t.inner.Rollback())
-	t.end()
-	return err
+	defer t.end()
+	return t.c.observe(t.inner.Rollback())
 }
 
 // end runs once COMMIT or ROLLBACK returned (whatever it returned): it
