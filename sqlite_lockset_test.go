@@ -484,6 +484,9 @@ func TestWriterLock(t *testing.T) {
 		t.Fatalf("a second writer: %v, want ErrWriterLockTimeout naming the holder's connection", err)
 	}
 	first.Rollback()
+	if connectorOf(t, db).writer.siteWanted.Load() {
+		t.Error("the request for the site outlived the holder")
+	}
 
 	// Writers waited within the last minute: a new holder records where it
 	// began.
@@ -520,6 +523,38 @@ func TestWriterLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustExec(t, db, "INSERT INTO t VALUES (1)")
+}
+
+// An uncontended transaction records where it began only within siteWindow
+// of the last wait.
+func TestWriterLockRecordsSitesAfterRecentWaits(t *testing.T) {
+	var w writerLock
+	whereAfterLock := func(lastWait time.Time) string {
+		t.Helper()
+		w.mu.Lock()
+		w.contended = lastWait
+		w.mu.Unlock()
+		if err := w.lock(context.Background(), noTelemetry, 1, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		defer w.unlock()
+		h, _ := w.holder()
+		return h.where
+	}
+	for _, c := range []struct {
+		name     string
+		lastWait time.Time
+		recorded bool
+	}{
+		{"never", time.Time{}, false},
+		{"long ago", time.Now().Add(-siteWindow - time.Second), false},
+		{"just now", time.Now(), true},
+	} {
+		where := whereAfterLock(c.lastWait)
+		if recorded := strings.Contains(where, "_test.go:"); recorded != c.recorded {
+			t.Errorf("last wait %s: the holder's site is %q, recorded %v, want %v", c.name, where, recorded, c.recorded)
+		}
+	}
 }
 
 // A writer that waits for a transaction whose site was not recorded asks
