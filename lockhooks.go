@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
@@ -32,13 +33,29 @@ func KeepForUpdate(ctx context.Context) context.Context {
 
 // statement is what the hooks decided about one statement's text: the text
 // to send and what the wrapper must do around it. It is a value, so
-// classifying a statement allocates nothing.
+// copying it allocates nothing.
 type statement struct {
 	text     string
 	locks    sqlscan.LockInfo  // row-locking clauses found in the text as given
 	rowLock  bool              // Postgres row locks: the statement is timed as a lock wait
 	rewrote  bool              // FOR UPDATE became FOR NO KEY UPDATE
 	advisory *sqlscan.Advisory // advisory-lock calls (Postgres), nil if none
+
+	// classified: the text went through sqlscan.Classify, and the facts
+	// below are known; else only text is set (a text without "for" and
+	// without "advisory", which intercept passes with two byte searches).
+	classified bool
+	write      bool   // SQLite: the statement writes (sqlscan.IsWrite)
+	firstTable string // the first table after the outermost FROM (sqlscan.FirstTable)
+}
+
+// writes reports whether the statement writes (SQLite): the classified
+// fact, or a look at the text of a statement that was not classified.
+func (st statement) writes() bool {
+	if st.classified {
+		return st.write
+	}
+	return sqlscan.IsWrite(st.text)
 }
 
 // intercept is the one place where statement text is classified and
@@ -63,14 +80,17 @@ const maxCacheEntries = 1024
 
 // rewriter applies the locking-clause policy of one wrapped database:
 // FOR UPDATE -> FOR NO KEY UPDATE on Postgres, locking clauses removed on
-// SQLite. It caches its results, so a repeated statement costs a map
-// lookup and no allocation.
+// SQLite. It classifies a statement text once (one sqlscan.Classify) and
+// caches the result, so a repeated statement costs a map lookup and no
+// allocation.
 type rewriter struct {
 	dialect sqlscan.Dialect
 	op      sqlscan.Op
 
 	mu    sync.RWMutex
 	cache map[string]statement
+
+	classified atomic.Int64 // texts classified (cache misses and KeepForUpdate statements)
 }
 
 func newRewriter(o *options) *rewriter {
@@ -109,17 +129,21 @@ func (r *rewriter) rewrite(ctx context.Context, query string) statement {
 	return st
 }
 
-// classify rewrites query with op and finds its advisory-lock calls.
+// classify finds, in one pass over query, the text to send (op applied)
+// and every fact the connection acts on.
 func (r *rewriter) classify(query string, op sqlscan.Op) statement {
-	text, info := sqlscan.Rewrite(query, r.dialect, op)
-	st := statement{text: text, locks: info, rewrote: text != query && op == sqlscan.NoKeyUpdate}
-	st.rowLock = r.dialect == sqlscan.Postgres && info.Locks()
-	if r.dialect == sqlscan.Postgres && sqlscan.MayAdvisory(query) {
-		if a := sqlscan.ParseAdvisory(query); len(a.Calls) > 0 || a.DiscardAll || a.Uncertain {
-			st.advisory = &a
-		}
+	r.classified.Add(1)
+	cl := sqlscan.Classify(query, r.dialect, op)
+	return statement{
+		text:       cl.Text,
+		locks:      cl.Locks,
+		rowLock:    r.dialect == sqlscan.Postgres && cl.Locks.Locks(),
+		rewrote:    cl.Text != query && op == sqlscan.NoKeyUpdate,
+		advisory:   cl.Advisory,
+		classified: true,
+		write:      cl.Write,
+		firstTable: cl.FirstTable,
 	}
-	return st
 }
 
 // explain adds what to do to errors a locking clause caused; other errors
@@ -136,7 +160,7 @@ func (st statement) explain(err error) error {
 	if st.locks&sqlscan.Kept != 0 || !strings.Contains(st.text, "NO KEY ") {
 		strength = "FOR UPDATE"
 	}
-	of := sqlscan.FirstTable(st.text, sqlscan.Postgres)
+	of := st.firstTable // a statement with a locking clause was classified
 	if of == "" {
 		of = "<table>"
 	}
