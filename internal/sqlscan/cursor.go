@@ -25,9 +25,8 @@ type packedToken struct {
 
 // cursor reads the tokens of a text other than white space; mark and reset
 // rewind it. A copy reads on independently (from the start, for Classify's
-// parsers). With
-// shared tokens, a token any cursor of the text has read is not lexed
-// again; without, every read lexes.
+// parsers). With shared tokens, a token any cursor of the text has read is
+// not lexed again; without, every read lexes.
 type cursor struct {
 	s      Scanner
 	shared *sharedTokens // nil: lex every token
@@ -81,8 +80,7 @@ func (c *cursor) next() Token {
 		c.s.pos = int(p.end)
 		return Token{Kind: p.kind, Start: int(p.start), End: int(p.end)}
 	}
-	c.s.SkipSpace()
-	t := c.s.Next()
+	t := c.s.nextNonSpace()
 	if sh != nil && t.Kind != EOF {
 		sh.lexed++
 		if c.i == sh.n && sh.n < len(sh.toks) {

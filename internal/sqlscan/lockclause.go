@@ -115,8 +115,10 @@ type walker struct {
 func (w *walker) walk() {
 	w.startStatement()
 	for {
-		t := w.next()
+		t := w.c.next() // not w.next: one call less per token
 		switch t.Kind {
+		case Comment:
+			w.comment(t)
 		case EOF:
 			w.endStatement()
 			return
@@ -138,9 +140,14 @@ func (w *walker) next() Token {
 		if t.Kind != Comment {
 			return t
 		}
-		if strings.Contains(w.c.text(t), KeepComment) {
-			w.keep = true
-		}
+		w.comment(t)
+	}
+}
+
+// comment notes whether comment t carries KeepComment.
+func (w *walker) comment(t Token) {
+	if strings.Contains(w.c.text(t), KeepComment) {
+		w.keep = true
 	}
 }
 

@@ -3,7 +3,8 @@
 // ParseAdvisory, IsWrite and FirstTable, each scanning the text itself. It
 // is the oracle of sqlscan's equivalence fuzz test; do not edit it.
 //
-// The original package comment follows: sqlscan is a lexer for PostgreSQL and SQLite statement text.
+// The original package comment follows: sqlscan is a lexer for PostgreSQL
+// and SQLite statement text.
 //
 // It knows exactly as much SQL as lockhooks needs to find keywords safely:
 // string literals (”, E'…' with backslash escapes, U&'…', B'…', X'…',
