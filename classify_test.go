@@ -42,7 +42,7 @@ func TestInterceptClassifiesOnce(t *testing.T) {
 		if again != st {
 			t.Errorf("%s %q: the repeat differs: %+v, first %+v", c.d, c.query, again, st)
 		}
-		if st.classified != c.classSeen || st.write != c.write || st.locks.Locks() != c.locks ||
+		if (st.facts&classified != 0) != c.classSeen || (st.facts&writes != 0) != c.write || st.locks.Locks() != c.locks ||
 			(st.advisory != nil) != c.advisory || st.firstTable != c.table {
 			t.Errorf("%s %q: statement %+v", c.d, c.query, st)
 		}
