@@ -354,3 +354,23 @@ func BenchmarkAdvisoryLockUnlock(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSQLiteWriteDecision is what an autocommit SQLite statement
+// costs the hooks before it runs: intercept, then whether it writes (and
+// so takes the writer lock). A classified statement carries the answer
+// from the cache; one with neither "for" nor "advisory" asks IsWrite.
+func BenchmarkSQLiteWriteDecision(b *testing.B) {
+	ctx := context.Background()
+	c := &conn{connector: newConnector(nil, nil, mustOptions(b, WithDialect(SQLite)))}
+	for _, q := range []struct{ name, text string }{
+		{"cached", `INSERT INTO "forms" ("id", "name", "org_id") VALUES (?, ?, ?) ON CONFLICT ("id") DO UPDATE SET "name" = excluded."name"`},
+		{"no-for", `INSERT INTO "users" ("id", "name", "org_id") VALUES (?, ?, ?) ON CONFLICT ("id") DO UPDATE SET "name" = excluded."name"`},
+	} {
+		b.Run("path="+q.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				c.intercept(ctx, q.text).writes()
+			}
+		})
+	}
+}

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
-
-	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
 // connCore is what every wrapped connection implements, whatever the inner
@@ -238,7 +236,7 @@ func (c *conn) needsWriterLock(st statement, query string) bool {
 		}
 		return false
 	}
-	return c.connector.opts.dialect == SQLite && (st.locks.Locks() || sqlscan.IsWrite(query))
+	return c.connector.opts.dialect == SQLite && (st.locks.Locks() || st.writes())
 }
 
 // queryWriting runs an SQLite query that writes under the writer lock,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
@@ -32,13 +33,39 @@ func KeepForUpdate(ctx context.Context) context.Context {
 
 // statement is what the hooks decided about one statement's text: the text
 // to send and what the wrapper must do around it. It is a value, so
-// classifying a statement allocates nothing.
+// copying it allocates nothing.
 type statement struct {
 	text     string
 	locks    sqlscan.LockInfo  // row-locking clauses found in the text as given
 	rowLock  bool              // Postgres row locks: the statement is timed as a lock wait
 	rewrote  bool              // FOR UPDATE became FOR NO KEY UPDATE
+	facts    stmtFacts         // what sqlscan.Classify found besides locks and advisory
 	advisory *sqlscan.Advisory // advisory-lock calls (Postgres), nil if none
+
+	firstTable string // the first table after the outermost FROM (sqlscan.FirstTable), if classified
+}
+
+// stmtFacts are flags of a statement. They share one field, in the padding
+// after rewrote, so that a statement stays 48 bytes (copied from the cache
+// in three aligned moves) and fits in the registers of a call (9 words).
+type stmtFacts uint8
+
+const (
+	// classified: the text went through sqlscan.Classify, and the other
+	// facts and firstTable are known; else only text is set (a text
+	// without "for" and without "advisory", which intercept passes with
+	// two byte searches).
+	classified stmtFacts = 1 << iota
+	writes               // SQLite: the statement writes (sqlscan.IsWrite)
+)
+
+// writes reports whether the statement writes (SQLite): the classified
+// fact, or a look at the text of a statement that was not classified.
+func (st statement) writes() bool {
+	if st.facts&classified != 0 {
+		return st.facts&writes != 0
+	}
+	return sqlscan.IsWrite(st.text)
 }
 
 // intercept is the one place where statement text is classified and
@@ -63,14 +90,17 @@ const maxCacheEntries = 1024
 
 // rewriter applies the locking-clause policy of one wrapped database:
 // FOR UPDATE -> FOR NO KEY UPDATE on Postgres, locking clauses removed on
-// SQLite. It caches its results, so a repeated statement costs a map
-// lookup and no allocation.
+// SQLite. It classifies a statement text once (one sqlscan.Classify) and
+// caches the result, so a repeated statement costs a map lookup and no
+// allocation.
 type rewriter struct {
 	dialect sqlscan.Dialect
 	op      sqlscan.Op
 
 	mu    sync.RWMutex
 	cache map[string]statement
+
+	classified atomic.Int64 // texts classified (cache misses and KeepForUpdate statements)
 }
 
 func newRewriter(o *options) *rewriter {
@@ -109,15 +139,22 @@ func (r *rewriter) rewrite(ctx context.Context, query string) statement {
 	return st
 }
 
-// classify rewrites query with op and finds its advisory-lock calls.
+// classify finds, in one pass over query, the text to send (op applied)
+// and every fact the connection acts on.
 func (r *rewriter) classify(query string, op sqlscan.Op) statement {
-	text, info := sqlscan.Rewrite(query, r.dialect, op)
-	st := statement{text: text, locks: info, rewrote: text != query && op == sqlscan.NoKeyUpdate}
-	st.rowLock = r.dialect == sqlscan.Postgres && info.Locks()
-	if r.dialect == sqlscan.Postgres && sqlscan.MayAdvisory(query) {
-		if a := sqlscan.ParseAdvisory(query); len(a.Calls) > 0 || a.DiscardAll || a.Uncertain {
-			st.advisory = &a
-		}
+	r.classified.Add(1)
+	cl := sqlscan.Classify(query, r.dialect, op)
+	st := statement{
+		text:       cl.Text,
+		locks:      cl.Locks,
+		rowLock:    r.dialect == sqlscan.Postgres && cl.Locks.Locks(),
+		rewrote:    cl.Text != query && op == sqlscan.NoKeyUpdate,
+		advisory:   cl.Advisory,
+		facts:      classified,
+		firstTable: cl.FirstTable,
+	}
+	if cl.Write {
+		st.facts |= writes
 	}
 	return st
 }
@@ -136,7 +173,7 @@ func (st statement) explain(err error) error {
 	if st.locks&sqlscan.Kept != 0 || !strings.Contains(st.text, "NO KEY ") {
 		strength = "FOR UPDATE"
 	}
-	of := sqlscan.FirstTable(st.text, sqlscan.Postgres)
+	of := st.firstTable // a statement with a locking clause was classified
 	if of == "" {
 		of = "<table>"
 	}

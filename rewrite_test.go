@@ -439,6 +439,11 @@ func TestInterceptAllocations(t *testing.T) {
 			if n := testing.AllocsPerRun(100, func() { c.intercept(ctx, q) }); n != 0 {
 				t.Errorf("%s: intercept(%q) allocated %v times", d, q, n)
 			}
+			// The writer-lock decision: the cached fact, or IsWrite on
+			// the no-clause path.
+			if n := testing.AllocsPerRun(100, func() { c.intercept(ctx, q).writes() }); n != 0 {
+				t.Errorf("%s: writes of %q allocated %v times", d, q, n)
+			}
 		}
 	}
 }

@@ -134,35 +134,40 @@ func mentionsAdvisory(s string) bool { return hasAdvisory(s, 'v') || hasAdvisory
 
 // ParseAdvisory finds the advisory-lock calls in src (Postgres) and says
 // how exactly their effect can be known from the text.
-func ParseAdvisory(src string) Advisory {
+func ParseAdvisory(src string) Advisory { return parseAdvisory(src, newCursor(src, Postgres)) }
+
+// parseAdvisory is ParseAdvisory on the text src at c, read from its
+// start. The strings it keeps are cut from src, not from c's text, so that
+// c (and the tokens it shares) stays on the caller's stack.
+func parseAdvisory(src string, c cursor) Advisory {
 	var a Advisory
-	s := New(src, Postgres)
+	start := c
 	inStatement := false
 	for {
-		t := nextSignificant(&s)
+		t := c.nextSignificant()
 		if t.Kind == EOF {
 			break
 		}
-		if t.Kind == Punct && s.src[t.Start] == ';' {
+		if t.Kind == Punct && c.src()[t.Start] == ';' {
 			inStatement = false
 			continue
 		}
 		if !inStatement {
 			inStatement = true
 			a.Statements++
-			if t.Kind == Word && strings.EqualFold(s.Text(t), "DISCARD") {
-				save := s
-				if n := nextSignificant(&s); n.Kind == Word && strings.EqualFold(s.Text(n), "ALL") {
+			if t.Kind == Word && strings.EqualFold(c.text(t), "DISCARD") {
+				save := c.mark()
+				if n := c.nextSignificant(); n.Kind == Word && strings.EqualFold(c.text(n), "ALL") {
 					a.DiscardAll = true
 				}
-				s = save
+				c.reset(save)
 				continue
 			}
 		}
 		switch t.Kind {
 		case Word, QuotedIdent:
-			if fn, ok := advisoryFunc(&s, t); ok {
-				if call, ok := parseCall(&s, fn); ok {
+			if fn, ok := advisoryFunc(&c, t); ok {
+				if call, ok := parseCall(&c, src, fn); ok {
 					a.Calls = append(a.Calls, call)
 					for i := range min(call.NArgs, 2) {
 						if call.Args[i].Kind == ArgExpr && mentionsAdvisory(call.Args[i].Text) {
@@ -174,26 +179,29 @@ func ParseAdvisory(src string) Advisory {
 				}
 				continue
 			}
-			if mentionsAdvisory(s.Text(t)) {
+			if mentionsAdvisory(c.text(t)) {
 				a.Uncertain = true // a user function, a column, a quoted spelling
 			}
 		case String:
-			if mentionsAdvisory(s.Text(t)) {
+			if mentionsAdvisory(c.text(t)) {
 				a.Uncertain = true // a DO block or function body, or just text
 			}
 		}
 	}
 	if len(a.Calls) > 0 && a.Statements == 1 {
-		a.TargetList = targetList(src, a.Calls)
+		a.TargetList = targetList(src, start, a.Calls)
 	}
 	a.Simple = a.TargetList && len(a.Calls) == 1
 	return a
 }
 
+// relevant reports whether a says anything the connection acts on.
+func (a *Advisory) relevant() bool { return len(a.Calls) > 0 || a.DiscardAll || a.Uncertain }
+
 // identName returns the name an identifier token denotes: unquoted words
 // fold to lower case, quoted ones keep their case with "" undoubled.
-func identName(s *Scanner, t Token) string {
-	text := s.Text(t)
+func identName(src string, t Token) string {
+	text := src[t.Start:t.End]
 	if t.Kind == QuotedIdent {
 		if len(text) >= 2 {
 			text = text[1 : len(text)-1]
@@ -210,20 +218,20 @@ func isIdent(t Token) bool { return t.Kind == Word || t.Kind == QuotedIdent }
 // starting at t, leaving s after the name. Quoted names match only as
 // Postgres resolves them: "pg_advisory_lock" does, "PG_ADVISORY_LOCK" does
 // not.
-func advisoryFunc(s *Scanner, t Token) (AdvisoryFunc, bool) {
-	if t.Kind == Word && len(s.Text(t)) > 40 {
+func advisoryFunc(c *cursor, t Token) (AdvisoryFunc, bool) {
+	if t.Kind == Word && len(c.text(t)) > 40 {
 		return 0, false
 	}
-	name := identName(s, t)
+	name := identName(c.src(), t)
 	if name == "pg_catalog" {
-		save := *s
-		dot := nextSignificant(s)
-		t = nextSignificant(s)
-		if dot.Kind != Punct || s.src[dot.Start] != '.' || !isIdent(t) {
-			*s = save
+		save := c.mark()
+		dot := c.nextSignificant()
+		t = c.nextSignificant()
+		if dot.Kind != Punct || c.src()[dot.Start] != '.' || !isIdent(t) {
+			c.reset(save)
 			return 0, false
 		}
-		name = identName(s, t)
+		name = identName(c.src(), t)
 	}
 	for _, f := range advisoryFuncs {
 		if name == f.name {
@@ -233,23 +241,23 @@ func advisoryFunc(s *Scanner, t Token) (AdvisoryFunc, bool) {
 	return 0, false
 }
 
-// parseCall reads "(args)" after a function name.
-func parseCall(s *Scanner, fn AdvisoryFunc) (AdvisoryCall, bool) {
+// parseCall reads "(args)" after a function name; src is c's text.
+func parseCall(c *cursor, src string, fn AdvisoryFunc) (AdvisoryCall, bool) {
 	call := AdvisoryCall{Func: fn}
-	if t := nextSignificant(s); t.Kind != Punct || s.src[t.Start] != '(' {
+	if t := c.nextSignificant(); t.Kind != Punct || c.src()[t.Start] != '(' {
 		return call, false
 	}
 	depth := 1
-	argStart := s.Pos()
+	argStart := c.pos()
 	for depth > 0 {
-		t := nextSignificant(s)
+		t := c.nextSignificant()
 		if t.Kind == EOF {
 			return call, false
 		}
 		if t.Kind != Punct {
 			continue
 		}
-		switch s.src[t.Start] {
+		switch c.src()[t.Start] {
 		case '(':
 			depth++
 		case ')':
@@ -259,10 +267,10 @@ func parseCall(s *Scanner, fn AdvisoryFunc) (AdvisoryCall, bool) {
 			}
 			fallthrough
 		case ',':
-			if depth != 1 && s.src[t.Start] == ',' {
+			if depth != 1 && c.src()[t.Start] == ',' {
 				continue
 			}
-			text := strings.TrimSpace(s.src[argStart:t.Start])
+			text := strings.TrimSpace(src[argStart:t.Start])
 			if text != "" {
 				if call.NArgs < len(call.Args) {
 					call.Args[call.NArgs] = parseArg(text)
@@ -314,59 +322,58 @@ func isTypeName(s string) bool {
 	return true
 }
 
-// targetList reports whether src is "SELECT item, item, … [;]" where each
+// targetList reports whether the text at c is "SELECT item, item, … [;]" where each
 // item is one of calls (in order), optionally qualified with pg_catalog and
 // followed by an alias, and sets each call's Column.
-func targetList(src string, calls []AdvisoryCall) bool {
-	s := New(src, Postgres)
-	if t := nextSignificant(&s); t.Kind != Word || !strings.EqualFold(s.Text(t), "SELECT") {
+func targetList(src string, c cursor, calls []AdvisoryCall) bool {
+	if t := c.nextSignificant(); t.Kind != Word || !strings.EqualFold(c.text(t), "SELECT") {
 		return false
 	}
 	for i := range calls {
 		if i > 0 {
-			if t := nextSignificant(&s); t.Kind != Punct || s.src[t.Start] != ',' {
+			if t := c.nextSignificant(); t.Kind != Punct || c.src()[t.Start] != ',' {
 				return false
 			}
 		}
-		t := nextSignificant(&s)
+		t := c.nextSignificant()
 		if !isIdent(t) {
 			return false
 		}
-		if _, ok := advisoryFunc(&s, t); !ok {
+		if _, ok := advisoryFunc(&c, t); !ok {
 			return false
 		}
-		if t := nextSignificant(&s); t.Kind != Punct || s.src[t.Start] != '(' {
+		if t := c.nextSignificant(); t.Kind != Punct || c.src()[t.Start] != '(' {
 			return false
 		}
 		for depth := 1; depth > 0; {
-			t := nextSignificant(&s)
+			t := c.nextSignificant()
 			switch {
 			case t.Kind == EOF:
 				return false
-			case t.Kind == Punct && s.src[t.Start] == '(':
+			case t.Kind == Punct && c.src()[t.Start] == '(':
 				depth++
-			case t.Kind == Punct && s.src[t.Start] == ')':
+			case t.Kind == Punct && c.src()[t.Start] == ')':
 				depth--
 			}
 		}
 		calls[i].Column = calls[i].Func.Name()
-		save := s
-		t = nextSignificant(&s)
-		if t.Kind == Word && strings.EqualFold(s.Text(t), "AS") {
-			t = nextSignificant(&s)
+		save := c.mark()
+		t = c.nextSignificant()
+		if t.Kind == Word && strings.EqualFold(c.text(t), "AS") {
+			t = c.nextSignificant()
 			if !isIdent(t) {
 				return false
 			}
 		}
-		if isIdent(t) && !strings.EqualFold(s.Text(t), "FROM") {
-			calls[i].Column = identName(&s, t)
+		if isIdent(t) && !strings.EqualFold(c.text(t), "FROM") {
+			calls[i].Column = identName(src, t)
 		} else {
-			s = save
+			c.reset(save)
 		}
 	}
-	t := nextSignificant(&s)
-	if t.Kind == Punct && s.src[t.Start] == ';' {
-		t = nextSignificant(&s)
+	t := c.nextSignificant()
+	if t.Kind == Punct && c.src()[t.Start] == ';' {
+		t = c.nextSignificant()
 	}
 	if t.Kind != EOF {
 		for i := range calls {
@@ -392,30 +399,30 @@ const (
 // in src (ROLLBACK TO SAVEPOINT and COMMIT PREPARED do not count).
 func TxControl(src string) TxEffect {
 	effect := TxNone
-	s := New(src, Postgres)
+	c := newCursor(src, Postgres)
 	for {
-		t := nextSignificant(&s)
+		t := c.nextSignificant()
 		if t.Kind == EOF {
 			return effect
 		}
-		if t.Kind == Punct && s.src[t.Start] == ';' {
+		if t.Kind == Punct && c.src()[t.Start] == ';' {
 			continue
 		}
 		// t starts a statement: read its words up to ';' or the end.
-		first := strings.ToUpper(s.Text(t))
+		first := strings.ToUpper(c.text(t))
 		if t.Kind != Word || len(first) > 8 {
 			first = ""
 		}
 		var to, prepared, no, chain, transaction bool
 		for {
-			n := nextSignificant(&s)
-			if n.Kind == EOF || (n.Kind == Punct && s.src[n.Start] == ';') {
+			n := c.nextSignificant()
+			if n.Kind == EOF || (n.Kind == Punct && c.src()[n.Start] == ';') {
 				break
 			}
 			if n.Kind != Word {
 				continue
 			}
-			switch w := s.Text(n); {
+			switch w := c.text(n); {
 			case strings.EqualFold(w, "TO"):
 				to = true
 			case strings.EqualFold(w, "PREPARED"):

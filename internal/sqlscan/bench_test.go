@@ -20,6 +20,25 @@ func BenchmarkScan200(b *testing.B) {
 	}
 }
 
+// BenchmarkClassify200 is a first sight of the 200-byte statement: every
+// fact a connection needs (text to send, locking clauses, advisory calls,
+// write or read, first table) in one pass.
+func BenchmarkClassify200(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		d    Dialect
+		op   Op
+	}{{"postgres", Postgres, NoKeyUpdate}, {"sqlite", SQLite, Strip}} {
+		b.Run("dialect="+c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(stmt200)))
+			for b.Loop() {
+				Classify(stmt200, c.d, c.op)
+			}
+		})
+	}
+}
+
 func BenchmarkRewrite200(b *testing.B) {
 	q := strings.Replace(stmt200, "LIMIT 50", "FOR UPDATE", 1)
 	b.ReportAllocs()

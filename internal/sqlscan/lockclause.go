@@ -65,8 +65,14 @@ func Rewrite(src string, d Dialect, op Op) (string, LockInfo) {
 	if !MayLock(src) {
 		return src, 0
 	}
-	w := walker{s: New(src, d), op: op}
+	w := walker{c: newCursor(src, d), op: op}
 	w.walk()
+	return w.result(src)
+}
+
+// result returns src, the walker's text, with the edits made (src itself
+// when there are none) and the clauses it found.
+func (w *walker) result(src string) (string, LockInfo) {
 	if w.nEdits == 0 {
 		return src, w.info
 	}
@@ -82,13 +88,15 @@ const maxDepth = 64
 
 // walker walks the tokens of a text, one statement at a time.
 type walker struct {
-	s    Scanner
+	c    cursor
 	op   Op
 	info LockInfo
 	// The edits: the first ones in a fixed array (walker does not escape,
-	// so this costs no allocation), more in a slice.
+	// so this costs no allocation), more in a slice behind a pointer (so
+	// that appending to it does not make the walker's cursor, and the
+	// tokens it shares, escape).
 	few    [4]edit
-	more   []edit
+	more   *[]edit
 	nEdits int
 
 	// per statement
@@ -107,13 +115,15 @@ type walker struct {
 func (w *walker) walk() {
 	w.startStatement()
 	for {
-		t := w.next()
+		t := w.c.next() // not w.next: one call less per token
 		switch t.Kind {
+		case Comment:
+			w.comment(t)
 		case EOF:
 			w.endStatement()
 			return
 		case Punct:
-			w.punct(w.s.src[t.Start], t)
+			w.punct(w.c.src()[t.Start], t)
 		case Word:
 			w.word(t)
 		default:
@@ -126,18 +136,18 @@ func (w *walker) walk() {
 // KeepComment and skipped.
 func (w *walker) next() Token {
 	for {
-		w.s.SkipSpace()
-		t := w.s.Next()
-		switch t.Kind {
-		case Space:
-			continue
-		case Comment:
-			if strings.Contains(w.s.Text(t), KeepComment) {
-				w.keep = true
-			}
-			continue
+		t := w.c.next()
+		if t.Kind != Comment {
+			return t
 		}
-		return t
+		w.comment(t)
+	}
+}
+
+// comment notes whether comment t carries KeepComment.
+func (w *walker) comment(t Token) {
+	if strings.Contains(w.c.text(t), KeepComment) {
+		w.keep = true
 	}
 }
 
@@ -146,7 +156,10 @@ func (w *walker) addEdit(e edit) {
 	if w.nEdits < len(w.few) {
 		w.few[w.nEdits] = e
 	} else {
-		w.more = append(w.more, e)
+		if w.more == nil {
+			w.more = new([]edit)
+		}
+		*w.more = append(*w.more, e)
 	}
 	w.nEdits++
 }
@@ -156,7 +169,7 @@ func (w *walker) edit(i int) edit {
 	if i < len(w.few) {
 		return w.few[i]
 	}
-	return w.more[i-len(w.few)]
+	return (*w.more)[i-len(w.few)]
 }
 
 func (w *walker) startStatement() {
@@ -173,10 +186,8 @@ func (w *walker) endStatement() {
 			w.info |= Kept
 		}
 		w.nEdits = w.stmtEdits
-		if w.nEdits > len(w.few) {
-			w.more = w.more[:w.nEdits-len(w.few)]
-		} else {
-			w.more = w.more[:0]
+		if w.more != nil {
+			*w.more = (*w.more)[:max(w.nEdits-len(w.few), 0)]
 		}
 	}
 }
@@ -229,7 +240,7 @@ func (w *walker) other() {
 }
 
 func (w *walker) word(t Token) {
-	text := w.s.Text(t)
+	text := w.c.text(t)
 	if w.first {
 		w.first = false
 		w.rewritable = isQueryStatement(text)
@@ -256,7 +267,7 @@ func (w *walker) trackBody(text string) {
 	}
 	switch {
 	case strings.EqualFold(text, "BEGIN"):
-		if w.body > 0 || w.s.dialect == SQLite || w.peekWord("ATOMIC") {
+		if w.body > 0 || w.c.s.dialect == SQLite || w.peekWord("ATOMIC") {
 			w.body++
 		}
 	case w.body > 0 && strings.EqualFold(text, "CASE"):
@@ -269,17 +280,18 @@ func (w *walker) trackBody(text string) {
 // peekWord reports whether the next significant token is the word want,
 // without consuming it.
 func (w *walker) peekWord(want string) bool {
-	save := w.s
+	save := w.c.mark()
 	keep := w.keep
 	t := w.next()
-	w.s, w.keep = save, keep
-	return t.Kind == Word && strings.EqualFold(w.s.Text(t), want)
+	w.c.reset(save)
+	w.keep = keep
+	return t.Kind == Word && strings.EqualFold(w.c.text(t), want)
 }
 
 // lockingClause reads what follows FOR; if it is a locking strength, it
 // records the clause and applies the operation.
 func (w *walker) lockingClause(forTok Token) {
-	save := w.s
+	save := w.c.mark()
 	var strength LockInfo
 	var updateAt int
 	t := w.next()
@@ -300,13 +312,13 @@ func (w *walker) lockingClause(forTok Token) {
 		}
 	}
 	if strength == 0 {
-		w.s = save // FOR something else: DECLARE … FOR SELECT, substring(… FOR n)
+		w.c.reset(save) // FOR something else: DECLARE … FOR SELECT, substring(… FOR n)
 		return
 	}
 	w.info |= strength
 	end := t.End
 	// [OF name [, name …]] [NOWAIT | SKIP LOCKED]
-	save = w.s
+	save = w.c.mark()
 	t = w.next()
 	if w.isWord(t, "OF") {
 		for {
@@ -314,9 +326,9 @@ func (w *walker) lockingClause(forTok Token) {
 				break
 			}
 			end = t.End
-			save = w.s
+			save = w.c.mark()
 			t = w.next()
-			if t.Kind == Punct && (w.s.src[t.Start] == '.' || w.s.src[t.Start] == ',') {
+			if t.Kind == Punct && (w.c.at(t, '.') || w.c.at(t, ',')) {
 				continue
 			}
 			break
@@ -325,14 +337,14 @@ func (w *walker) lockingClause(forTok Token) {
 	switch {
 	case w.isWord(t, "NOWAIT"):
 		w.info |= NoWait
-		end, save = t.End, w.s
+		end, save = t.End, w.c.mark()
 	case w.isWord(t, "SKIP"):
 		if t2 := w.next(); w.isWord(t2, "LOCKED") {
 			w.info |= SkipLocked
-			end, save = t2.End, w.s
+			end, save = t2.End, w.c.mark()
 		}
 	}
-	w.s = save
+	w.c.reset(save)
 
 	switch w.op {
 	case NoKeyUpdate:
@@ -346,7 +358,7 @@ func (w *walker) lockingClause(forTok Token) {
 }
 
 func (w *walker) isWord(t Token, want string) bool {
-	return t.Kind == Word && t.End-t.Start == len(want) && strings.EqualFold(w.s.Text(t), want)
+	return t.Kind == Word && t.End-t.Start == len(want) && strings.EqualFold(w.c.text(t), want)
 }
 
 // setQuery records whether the innermost open level holds a query.

@@ -86,11 +86,70 @@ func (s *Scanner) Next() Token {
 	return Token{Kind: kind, Start: start, End: s.pos}
 }
 
+// nextNonSpace is SkipSpace then Next in one call: the parsers' hot loop.
+// The commonest tokens (a plain word, a "quoted identifier", a one-byte
+// operator) are lexed here, dispatched by one table look-up; the rest by
+// scan.
+func (s *Scanner) nextNonSpace() Token {
+	src, pos := s.src, s.pos
+	for ; pos < len(src); pos++ {
+		switch fast[src[pos]] {
+		case fastSpace:
+			continue
+		case fastWord:
+			if end, ok := s.plainWord(pos); ok {
+				s.pos = end
+				return Token{Kind: Word, Start: pos, End: end}
+			}
+		case fastQuote:
+			if end, ok := quotedIdent(src, pos); ok {
+				s.pos = end
+				return Token{Kind: QuotedIdent, Start: pos, End: end}
+			}
+		case fastPunct:
+			s.pos = pos + 1
+			return Token{Kind: Punct, Start: pos, End: pos + 1}
+		}
+		s.pos = pos
+		kind := s.scan()
+		return Token{Kind: kind, Start: pos, End: s.pos}
+	}
+	s.pos = pos
+	return Token{Kind: EOF, Start: pos, End: pos}
+}
+
+// plainWord returns the end of the word starting at pos, unless it is a
+// one-letter prefix of a literal (E'…', U&"…"), which scan reads.
+func (s *Scanner) plainWord(pos int) (int, bool) {
+	src := s.src
+	mask := clIdentStart | clDigit
+	if s.dialect == Postgres {
+		mask |= clDollar
+	}
+	end := pos + 1
+	for end < len(src) && class[src[end]]&mask != 0 {
+		end++
+	}
+	return end, end > pos+1 || end == len(src) || src[end] != '\'' && src[end] != '&'
+}
+
+// quotedIdent returns the end of the "quoted identifier" at pos, unless
+// it holds a doubled quote or is unterminated, which scan reads.
+func quotedIdent(src string, pos int) (int, bool) {
+	for end := pos + 1; end < len(src); end++ {
+		if src[end] == '"' {
+			end++
+			return end, end == len(src) || src[end] != '"'
+		}
+	}
+	return 0, false
+}
+
 // scan consumes one token at s.pos and returns its kind.
 func (s *Scanner) scan() Kind {
 	src := s.src
 	c := src[s.pos]
-	switch class[c] {
+	switch class[c] &^ clDollar {
 	case clIdentStart:
 		return s.word()
 	case clSpace:
@@ -184,9 +243,15 @@ func (s *Scanner) word() Kind {
 			return QuotedIdent
 		}
 	}
-	for s.pos < len(s.src) && (isIdentCont(s.src[s.pos]) || (s.src[s.pos] == '$' && s.dialect == Postgres)) {
-		s.pos++
+	mask := clIdentStart | clDigit
+	if s.dialect == Postgres {
+		mask |= clDollar
 	}
+	src, pos := s.src, s.pos
+	for pos < len(src) && class[src[pos]]&mask != 0 {
+		pos++
+	}
+	s.pos = pos
 	return Word
 }
 
@@ -331,6 +396,7 @@ const (
 	clSpace uint8 = 1 << iota
 	clDigit
 	clIdentStart
+	clDollar // '$', which continues a word on Postgres
 )
 
 var class = func() (t [256]uint8) {
@@ -345,6 +411,32 @@ var class = func() (t [256]uint8) {
 			t[c] = clIdentStart
 		}
 	}
+	t['$'] = clDollar
+	return t
+}()
+
+// What nextNonSpace does with a byte that starts a token.
+const (
+	fastOther uint8 = iota // scan decides
+	fastSpace
+	fastWord
+	fastQuote // '"'
+	fastPunct // a byte that is a one-byte Punct token in both dialects
+)
+
+var fast = func() (t [256]uint8) {
+	for c := range 256 {
+		switch {
+		case class[c] == clSpace:
+			t[c] = fastSpace
+		case class[c] == clIdentStart:
+			t[c] = fastWord
+		}
+	}
+	t['"'] = fastQuote
+	for _, c := range []byte("(),;=+*<>!%^|~&{}]") {
+		t[c] = fastPunct
+	}
 	return t
 }()
 
@@ -355,7 +447,9 @@ func isIdentCont(c byte) bool  { return class[c]&(clIdentStart|clDigit) != 0 }
 
 // SkipSpace advances past white space, so that the next token is not Space.
 func (s *Scanner) SkipSpace() {
-	for s.pos < len(s.src) && class[s.src[s.pos]] == clSpace {
-		s.pos++
+	src, pos := s.src, s.pos
+	for pos < len(src) && class[src[pos]] == clSpace {
+		pos++
 	}
+	s.pos = pos
 }

@@ -13,63 +13,63 @@ var afterTable = [...]string{"WHERE", "LEFT", "RIGHT", "FULL", "INNER", "CROSS",
 // (possibly qualified) name; "" if there is none. It serves error messages
 // that suggest a locking clause's OF list.
 func FirstTable(src string, d Dialect) string {
-	s := New(src, d)
+	_, table := firstWordTable(src, newCursor(src, d))
+	return table
+}
+
+// firstWordTable returns the first word of the text src at c (as
+// FirstWord) and its first table (as FirstTable), reading up to that table.
+func firstWordTable(src string, c cursor) (word, table string) {
 	depth := 0
-	for {
-		t := nextSignificant(&s)
+	for first := true; ; first = false {
+		t := c.nextSignificant()
+		if first && t.Kind == Word {
+			word = src[t.Start:t.End]
+		}
 		switch {
 		case t.Kind == EOF:
-			return ""
-		case t.Kind == Punct && src[t.Start] == '(':
+			return word, ""
+		case c.at(t, '('):
 			depth++
-		case t.Kind == Punct && src[t.Start] == ')':
+		case c.at(t, ')'):
 			depth--
-		case depth == 0 && t.Kind == Word && strings.EqualFold(s.Text(t), "FROM"):
-			return tableRef(&s)
+		case depth == 0 && t.Kind == Word && strings.EqualFold(c.text(t), "FROM"):
+			return word, tableRef(src, &c)
 		}
 	}
 }
 
-// tableRef reads "name[.name…] [[AS] alias]" and returns the alias or name.
-func tableRef(s *Scanner) string {
-	name := tableName(s)
+// tableRef reads "name[.name…] [[AS] alias]" and returns the alias or
+// name; src is c's text.
+func tableRef(src string, c *cursor) string {
+	name := tableName(src, c)
 	if name == "" {
 		return ""
 	}
-	alias := nextSignificant(s)
-	if alias.Kind == Word && strings.EqualFold(s.Text(alias), "AS") {
-		alias = nextSignificant(s)
+	alias := c.nextSignificant()
+	if alias.Kind == Word && strings.EqualFold(c.text(alias), "AS") {
+		alias = c.nextSignificant()
 	}
 	switch alias.Kind {
 	case QuotedIdent:
-		return s.Text(alias)
+		return src[alias.Start:alias.End]
 	case Word:
 		for _, k := range afterTable {
-			if strings.EqualFold(s.Text(alias), k) {
+			if strings.EqualFold(c.text(alias), k) {
 				return name
 			}
 		}
-		return s.Text(alias)
+		return src[alias.Start:alias.End]
 	}
 	return name
-}
-
-// nextSignificant returns the next token that is neither space nor comment.
-func nextSignificant(s *Scanner) Token {
-	for {
-		t := s.Next()
-		if t.Kind != Space && t.Kind != Comment {
-			return t
-		}
-	}
 }
 
 // FirstWord returns the first word of src, skipping space and comments;
 // "" if src does not start with a word.
 func FirstWord(src string) string {
-	s := New(src, Postgres)
-	if t := nextSignificant(&s); t.Kind == Word {
-		return s.Text(t)
+	c := newCursor(src, Postgres)
+	if t := c.nextSignificant(); t.Kind == Word {
+		return c.text(t)
 	}
 	return ""
 }

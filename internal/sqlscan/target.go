@@ -27,22 +27,22 @@ type Target struct {
 // first table after its outermost FROM). WITH statements and anything else
 // give a zero Target.
 func LockTarget(src string, d Dialect) Target {
-	s := New(src, d)
-	t := nextSignificant(&s)
+	c := newCursor(src, d)
+	t := c.nextSignificant()
 	if t.Kind != Word {
 		return Target{}
 	}
 	var tg Target
-	switch w := strings.ToUpper(s.Text(t)); w {
+	switch w := strings.ToUpper(c.text(t)); w {
 	case "UPDATE":
 		tg.Verb = w
-		tg.Table = tableName(&s)
+		tg.Table = tableName(src, &c)
 	case "DELETE":
 		tg.Verb = w
-		if f := nextSignificant(&s); f.Kind != Word || !strings.EqualFold(s.Text(f), "FROM") {
+		if f := c.nextSignificant(); f.Kind != Word || !strings.EqualFold(c.text(f), "FROM") {
 			return Target{}
 		}
-		tg.Table = tableName(&s)
+		tg.Table = tableName(src, &c)
 	case "SELECT":
 		tg.Verb = w
 	default:
@@ -52,30 +52,30 @@ func LockTarget(src string, d Dialect) Target {
 	afterWhere := -1 // tokens seen since the outermost WHERE
 	var col string
 	for {
-		t := nextSignificant(&s)
+		t := c.nextSignificant()
 		if t.Kind == EOF {
 			return tg
 		}
-		if t.Kind == Param && s.Text(t) == "?" {
+		if t.Kind == Param && c.text(t) == "?" {
 			params++
 		}
 		switch {
-		case t.Kind == Punct && s.src[t.Start] == '(':
+		case t.Kind == Punct && c.src()[t.Start] == '(':
 			depth++
-		case t.Kind == Punct && s.src[t.Start] == ')':
+		case t.Kind == Punct && c.src()[t.Start] == ')':
 			depth--
 		case depth != 0:
-		case t.Kind == Word && strings.EqualFold(s.Text(t), "FROM") && tg.Table == "" && tg.Verb == "SELECT":
-			save := s
-			if tg.Table = tableName(&s); tg.Table == "" {
-				s = save // a subquery: its FROM is not the outer one
+		case t.Kind == Word && strings.EqualFold(c.text(t), "FROM") && tg.Table == "" && tg.Verb == "SELECT":
+			save := c.mark()
+			if tg.Table = tableName(src, &c); tg.Table == "" {
+				c.reset(save) // a subquery: its FROM is not the outer one
 			}
 			continue
-		case t.Kind == Word && strings.EqualFold(s.Text(t), "WHERE"):
+		case t.Kind == Word && strings.EqualFold(c.text(t), "WHERE"):
 			afterWhere = 0
 			continue
-		case t.Kind == Word && strings.EqualFold(s.Text(t), "ORDER"):
-			if b := nextSignificant(&s); b.Kind == Word && strings.EqualFold(s.Text(b), "BY") {
+		case t.Kind == Word && strings.EqualFold(c.text(t), "ORDER"):
+			if b := c.nextSignificant(); b.Kind == Word && strings.EqualFold(c.text(b), "BY") {
 				tg.OrderBy = true
 			}
 			afterWhere = -1
@@ -90,32 +90,32 @@ func LockTarget(src string, d Dialect) Target {
 				afterWhere = -1
 				continue
 			}
-			col = s.Text(t)
+			col = c.text(t)
 			for {
-				save := s
-				if dot := nextSignificant(&s); dot.Kind != Punct || s.src[dot.Start] != '.' {
-					s = save
+				save := c.mark()
+				if dot := c.nextSignificant(); dot.Kind != Punct || c.src()[dot.Start] != '.' {
+					c.reset(save)
 					break
 				}
-				c := nextSignificant(&s)
-				if c.Kind != Word && c.Kind != QuotedIdent {
+				part := c.nextSignificant()
+				if part.Kind != Word && part.Kind != QuotedIdent {
 					return tg
 				}
-				col = s.Text(c)
+				col = c.text(part)
 			}
 		case 1: // a lone '='
-			if t.Kind != Punct || s.src[t.Start] != '=' || t.End < len(s.src) && s.src[t.End] == '=' {
+			if t.Kind != Punct || c.src()[t.Start] != '=' || t.End < len(c.src()) && c.src()[t.End] == '=' {
 				afterWhere = -1
 				continue
 			}
 		case 2: // the key
 			switch t.Kind {
 			case Param:
-				if n := paramNumber(s.Text(t), params); n > 0 {
+				if n := paramNumber(c.text(t), params); n > 0 {
 					tg.Column, tg.Param, tg.HasKey = col, n, true
 				}
 			case Number:
-				if v, err := strconv.ParseInt(s.Text(t), 10, 64); err == nil {
+				if v, err := strconv.ParseInt(c.text(t), 10, 64); err == nil {
 					tg.Column, tg.Literal, tg.HasKey = col, v, true
 				}
 			}
@@ -125,8 +125,8 @@ func LockTarget(src string, d Dialect) Target {
 			}
 		case 3:
 			// "col = x AND …" keeps the key; "col = x OR …" or "col = x + 1" does not.
-			end := t.Kind == Punct && s.src[t.Start] == ';' ||
-				t.Kind == Word && (strings.EqualFold(s.Text(t), "AND") || isClauseEnd(s.Text(t)))
+			end := t.Kind == Punct && c.src()[t.Start] == ';' ||
+				t.Kind == Word && (strings.EqualFold(c.text(t), "AND") || isClauseEnd(c.text(t)))
 			if !end {
 				tg.HasKey, tg.Column, tg.Param, tg.Literal = false, "", 0, 0
 			}
@@ -163,26 +163,27 @@ func paramNumber(p string, bare int) int {
 
 // tableName reads "[ONLY] name[.name…]" and returns the name as written,
 // without an alias; "" if there is none or a part after a dot is missing.
-func tableName(s *Scanner) string {
-	t := nextSignificant(s)
-	if t.Kind == Word && strings.EqualFold(s.Text(t), "ONLY") {
-		t = nextSignificant(s)
+// src is c's text.
+func tableName(src string, c *cursor) string {
+	t := c.nextSignificant()
+	if t.Kind == Word && strings.EqualFold(c.text(t), "ONLY") {
+		t = c.nextSignificant()
 	}
 	if t.Kind != Word && t.Kind != QuotedIdent {
 		return ""
 	}
 	start, end := t.Start, t.End
 	for {
-		save := *s
-		if dot := nextSignificant(s); dot.Kind != Punct || s.src[dot.Start] != '.' {
-			*s = save
+		save := c.mark()
+		if dot := c.nextSignificant(); dot.Kind != Punct || c.src()[dot.Start] != '.' {
+			c.reset(save)
 			break
 		}
-		part := nextSignificant(s)
+		part := c.nextSignificant()
 		if part.Kind != Word && part.Kind != QuotedIdent {
 			return ""
 		}
 		end = part.End
 	}
-	return s.src[start:end]
+	return src[start:end]
 }

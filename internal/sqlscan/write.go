@@ -18,27 +18,30 @@ var dmlVerbs = [...]string{"INSERT", "UPDATE", "DELETE", "REPLACE"}
 // multi-statement text counts. A WITH whose structure it cannot follow
 // counts as a write (taking the writer lock is the safe mistake). It
 // allocates nothing.
-func IsWrite(src string) bool {
-	s := New(src, SQLite)
+func IsWrite(src string) bool { return isWrite(newCursor(src, SQLite)) }
+
+// isWrite is IsWrite on the text at c, read from its start.
+func isWrite(c cursor) bool {
+	src := c.src()
 	for {
-		t := nextSignificant(&s)
+		t := c.nextSignificant()
 		switch {
 		case t.Kind == EOF:
 			return false
 		case t.Kind == Punct && src[t.Start] == ';':
 			continue
 		case t.Kind == Word:
-			w := s.Text(t)
+			w := c.text(t)
 			if isVerb(w, writeVerbs[:]) {
 				return true
 			}
-			if strings.EqualFold(w, "WITH") && withWrites(&s) {
+			if strings.EqualFold(w, "WITH") && withWrites(&c) {
 				return true
 			}
 		}
 		// A text without another ';' holds no further statement: most
 		// statements end here, without being lexed to their end.
-		if strings.IndexByte(src[s.Pos():], ';') < 0 || !skipStatement(&s) {
+		if strings.IndexByte(src[c.pos():], ';') < 0 || !skipStatement(&c) {
 			return false
 		}
 	}
@@ -55,13 +58,11 @@ func isVerb(w string, verbs []string) bool {
 }
 
 // isPunct reports whether t is the single byte c.
-func isPunct(s *Scanner, t Token, c byte) bool {
-	return t.Kind == Punct && s.src[t.Start] == c
-}
+func isPunct(c *cursor, t Token, b byte) bool { return c.at(t, b) }
 
 // isWord reports whether t is the keyword w.
-func isWord(s *Scanner, t Token, w string) bool {
-	return t.Kind == Word && strings.EqualFold(s.Text(t), w)
+func isWord(c *cursor, t Token, w string) bool {
+	return t.Kind == Word && strings.EqualFold(c.text(t), w)
 }
 
 // withWrites reads a WITH clause after the WITH keyword:
@@ -70,80 +71,80 @@ func isWord(s *Scanner, t Token, w string) bool {
 //
 // and reports whether a body or the main statement begins with a DML
 // verb. It stops after the main statement's first word.
-func withWrites(s *Scanner) bool {
-	t := nextSignificant(s)
-	if isWord(s, t, "RECURSIVE") {
-		t = nextSignificant(s)
+func withWrites(c *cursor) bool {
+	t := c.nextSignificant()
+	if isWord(c, t, "RECURSIVE") {
+		t = c.nextSignificant()
 	}
 	for {
 		if t.Kind != Word && t.Kind != QuotedIdent && t.Kind != String {
 			return true // not a CTE name
 		}
-		t = nextSignificant(s)
-		if isPunct(s, t, '(') {
-			if !skipTo(s, 1) {
+		t = c.nextSignificant()
+		if isPunct(c, t, '(') {
+			if !skipTo(c, 1) {
 				return true
 			}
-			t = nextSignificant(s)
+			t = c.nextSignificant()
 		}
-		if !isWord(s, t, "AS") {
+		if !isWord(c, t, "AS") {
 			return true
 		}
-		t = nextSignificant(s)
-		if isWord(s, t, "NOT") {
-			t = nextSignificant(s)
+		t = c.nextSignificant()
+		if isWord(c, t, "NOT") {
+			t = c.nextSignificant()
 		}
-		if isWord(s, t, "MATERIALIZED") {
-			t = nextSignificant(s)
+		if isWord(c, t, "MATERIALIZED") {
+			t = c.nextSignificant()
 		}
-		if !isPunct(s, t, '(') {
+		if !isPunct(c, t, '(') {
 			return true
 		}
 		// The body: its first word is its verb.
 		depth := 1
-		t = nextSignificant(s)
-		for isPunct(s, t, '(') {
+		t = c.nextSignificant()
+		for isPunct(c, t, '(') {
 			depth++
-			t = nextSignificant(s)
+			t = c.nextSignificant()
 		}
 		if t.Kind == Word {
-			w := s.Text(t)
+			w := c.text(t)
 			if isVerb(w, dmlVerbs[:]) {
 				return true
 			}
-			if strings.EqualFold(w, "WITH") && withWrites(s) {
+			if strings.EqualFold(w, "WITH") && withWrites(c) {
 				return true
 			}
-		} else if isPunct(s, t, ')') {
+		} else if isPunct(c, t, ')') {
 			depth--
 		}
-		if !skipTo(s, depth) {
+		if !skipTo(c, depth) {
 			return true
 		}
 		// After the body: another CTE, or the main statement.
-		t = nextSignificant(s)
-		if isPunct(s, t, ',') {
-			t = nextSignificant(s)
+		t = c.nextSignificant()
+		if isPunct(c, t, ',') {
+			t = c.nextSignificant()
 			continue
 		}
 		if t.Kind != Word {
 			return true
 		}
-		return isVerb(s.Text(t), dmlVerbs[:])
+		return isVerb(c.text(t), dmlVerbs[:])
 	}
 }
 
 // skipTo reads tokens until depth open parentheses are closed; it reports
 // false at the end of the text.
-func skipTo(s *Scanner, depth int) bool {
+func skipTo(c *cursor, depth int) bool {
 	for depth > 0 {
-		t := s.Next()
+		t := c.next()
 		switch {
 		case t.Kind == EOF:
 			return false
-		case isPunct(s, t, '('):
+		case isPunct(c, t, '('):
 			depth++
-		case isPunct(s, t, ')'):
+		case isPunct(c, t, ')'):
 			depth--
 		}
 	}
@@ -154,20 +155,20 @@ func skipTo(s *Scanner, depth int) bool {
 // statement; it reports false at the end of the text. A ';' inside
 // parentheses or a CREATE TRIGGER body does not end it: the trigger's
 // CREATE has made the text a write before this is reached.
-func skipStatement(s *Scanner) bool {
+func skipStatement(c *cursor) bool {
 	depth := 0
 	for {
-		t := s.Next()
+		t := c.next()
 		switch {
 		case t.Kind == EOF:
 			return false
-		case isPunct(s, t, '('):
+		case isPunct(c, t, '('):
 			depth++
-		case isPunct(s, t, ')'):
+		case isPunct(c, t, ')'):
 			if depth > 0 {
 				depth--
 			}
-		case isPunct(s, t, ';') && depth == 0:
+		case isPunct(c, t, ';') && depth == 0:
 			return true
 		}
 	}

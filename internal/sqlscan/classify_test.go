@@ -1,0 +1,191 @@
+package sqlscan
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/lockhooks/lockhooks/internal/sqlscan/internal/legacy"
+)
+
+// classifyCases are texts of every kind Classify tells apart.
+var classifyCases = []string{
+	`SELECT * FROM jobs WHERE id = $1 FOR UPDATE`,
+	`SELECT * FROM jobs j WHERE id = $1 FOR UPDATE OF j SKIP LOCKED /* lockhooks:keep-for-update */`,
+	`SELECT pg_advisory_lock(42)`,
+	`SELECT pg_try_advisory_xact_lock($1::bigint) AS ok FROM jobs FOR SHARE`,
+	`/* reset */ DISCARD ALL`,
+	`INSERT INTO forms (id) VALUES (?)`,
+	`WITH t AS (DELETE FROM runs RETURNING *) SELECT * FROM t FOR UPDATE`,
+	`SELECT 1; UPDATE t SET format = 'x' WHERE id IN (SELECT id FROM t FOR UPDATE)`,
+	`SELECT "users"."id" FROM "users" AS "u" WHERE "u"."format" = 'for update'`,
+	stmt200,
+}
+
+// countTokens returns the number of tokens of src that are not white space.
+func countTokens(src string, d Dialect) int {
+	s := New(src, d)
+	n := 0
+	for t := s.Next(); t.Kind != EOF; t = s.Next() {
+		if t.Kind != Space {
+			n++
+		}
+	}
+	return n
+}
+
+// disagreement returns how Classify(src, d, op) differs from the separate
+// passes of the frozen pre-Classify package, or "".
+func disagreement(src string, d Dialect, op Op) string {
+	cl := Classify(src, d, op)
+	ld := legacy.Dialect(d)
+	text, info := legacy.Rewrite(src, ld, legacy.Op(op))
+	if cl.Text != text || uint16(cl.Locks) != uint16(info) {
+		return fmt.Sprintf("text/locks %q %b, separate passes %q %b", cl.Text, cl.Locks, text, info)
+	}
+	var want string
+	if d == Postgres && legacy.MayAdvisory(src) {
+		if a := legacy.ParseAdvisory(src); len(a.Calls) > 0 || a.DiscardAll || a.Uncertain {
+			want = fmt.Sprintf("%+v", a)
+		}
+	}
+	var got string
+	if cl.Advisory != nil {
+		got = fmt.Sprintf("%+v", *cl.Advisory)
+	}
+	if got != want {
+		return fmt.Sprintf("advisory %s, ParseAdvisory %s", got, want)
+	}
+	if d == SQLite && cl.Write != legacy.IsWrite(src) {
+		return fmt.Sprintf("write %v, IsWrite the opposite", cl.Write)
+	}
+	if table := legacy.FirstTable(src, ld); cl.FirstTable != table {
+		return fmt.Sprintf("first table %q, FirstTable %q", cl.FirstTable, table)
+	}
+	if d == Postgres && cl.FirstWord != legacy.FirstWord(src) {
+		return fmt.Sprintf("first word %q, FirstWord %q", cl.FirstWord, legacy.FirstWord(src))
+	}
+	if n := countTokens(src, d); n <= maxShared && cl.Tokens > n {
+		return fmt.Sprintf("lexed %d tokens of %d", cl.Tokens, n)
+	}
+	return ""
+}
+
+// wrapperDisagreement returns how the exported single-purpose functions
+// (now reading tokens through a cursor) differ from the frozen ones, or "".
+func wrapperDisagreement(src string) string {
+	for _, d := range []Dialect{Postgres, SQLite} {
+		ld := legacy.Dialect(d)
+		s, ls := New(src, d), legacy.New(src, ld)
+		for {
+			t, lt := s.Next(), ls.Next()
+			if uint8(t.Kind) != uint8(lt.Kind) || t.Start != lt.Start || t.End != lt.End {
+				return fmt.Sprintf("token %v, frozen lexer %v", t, lt)
+			}
+			if t.Kind == EOF {
+				break
+			}
+		}
+		if got, want := fmt.Sprintf("%+v", LockTarget(src, d)), fmt.Sprintf("%+v", legacy.LockTarget(src, ld)); got != want {
+			return "LockTarget " + got + ", frozen " + want
+		}
+		for _, op := range []Op{Inspect, NoKeyUpdate, Strip} {
+			text, info := Rewrite(src, d, op)
+			ltext, linfo := legacy.Rewrite(src, ld, legacy.Op(op))
+			if text != ltext || uint16(info) != uint16(linfo) {
+				return fmt.Sprintf("Rewrite %q, frozen %q", text, ltext)
+			}
+		}
+	}
+	if got, want := fmt.Sprintf("%+v", ParseAdvisory(src)), fmt.Sprintf("%+v", legacy.ParseAdvisory(src)); got != want {
+		return "ParseAdvisory " + got + ", frozen " + want
+	}
+	if IsWrite(src) != legacy.IsWrite(src) || uint8(TxControl(src)) != uint8(legacy.TxControl(src)) ||
+		MayAdvisory(src) != legacy.MayAdvisory(src) || FirstWord(src) != legacy.FirstWord(src) {
+		return "IsWrite, TxControl, MayAdvisory or FirstWord"
+	}
+	return ""
+}
+
+// classifyOps are the dialect and operation pairs a connection uses.
+var classifyOps = []struct {
+	d  Dialect
+	op Op
+}{{Postgres, NoKeyUpdate}, {Postgres, Inspect}, {SQLite, Strip}}
+
+func TestClassifyAgreesWithSeparatePasses(t *testing.T) {
+	var texts []string
+	for _, c := range noKeyCases {
+		texts = append(texts, c.in)
+	}
+	texts = append(texts, classifyCases...)
+	for _, src := range texts {
+		for _, c := range classifyOps {
+			if msg := disagreement(src, c.d, c.op); msg != "" {
+				t.Errorf("Classify(%q, %d, %d): %s", src, c.d, c.op, msg)
+			}
+		}
+		if msg := wrapperDisagreement(src); msg != "" {
+			t.Errorf("%q: %s", src, msg)
+		}
+	}
+}
+
+// TestClassifyScansOnce: a classification lexes each token of its text
+// exactly once, though four parsers read it.
+func TestClassifyScansOnce(t *testing.T) {
+	for _, src := range classifyCases {
+		for _, c := range classifyOps {
+			cl := Classify(src, c.d, c.op)
+			if n := countTokens(src, c.d); cl.Tokens != n {
+				t.Errorf("Classify(%q, %d) lexed %d tokens, the text has %d", src, c.d, cl.Tokens, n)
+			}
+		}
+	}
+	// Past the shared tokens a text is still classified right, at the cost
+	// of lexing the tail again for each parser that reads it.
+	long := "SELECT " + strings.Repeat("a, ", maxShared) + "pg_advisory_lock(1) FROM t FOR UPDATE"
+	if msg := disagreement(long, Postgres, NoKeyUpdate); msg != "" {
+		t.Error(msg)
+	}
+}
+
+func TestClassifyAllocations(t *testing.T) {
+	cases := []struct {
+		src    string
+		d      Dialect
+		allocs float64
+	}{
+		{stmt200, Postgres, 0},                           // scanned, nothing to change
+		{"INSERT INTO forms (id) VALUES (?)", SQLite, 0}, // a write with "for" in a name
+		{"SELECT * FROM t FOR UPDATE", Postgres, 1},      // the rewritten text
+		{"SELECT pg_advisory_lock(1)", Postgres, 3},      // the Advisory and its calls, as ParseAdvisory
+		{"SELECT " + strings.Repeat("a, ", maxShared) + "1 FROM t FOR SHARE", Postgres, 0},
+	}
+	for _, c := range cases {
+		if n := testing.AllocsPerRun(100, func() { Classify(c.src, c.d, NoKeyUpdate) }); n != c.allocs {
+			t.Errorf("Classify(%.40q) allocated %v times, want %v", c.src, n, c.allocs)
+		}
+	}
+}
+
+// FuzzClassify checks that Classify, in one pass, agrees with the separate
+// passes of the frozen pre-Classify package on every text, that it never
+// lexes a token twice, and that the exported single-purpose functions
+// still agree with their frozen originals.
+func FuzzClassify(f *testing.F) {
+	addSeeds(f)
+	for _, s := range classifyCases {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, src string) {
+		for _, c := range classifyOps {
+			if msg := disagreement(src, c.d, c.op); msg != "" {
+				t.Fatalf("Classify(%q, %d, %d): %s", src, c.d, c.op, msg)
+			}
+		}
+		if msg := wrapperDisagreement(src); msg != "" {
+			t.Fatalf("%q: %s", src, msg)
+		}
+	})
+}
