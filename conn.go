@@ -178,7 +178,7 @@ func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue)
 	}
 	st := c.intercept(ctx, query)
 	c.beforeStatement(st, query, args)
-	if c.needsWriterLock(st, query) {
+	if c.needsWriterLock(st) {
 		if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, query); err != nil {
 			return nil, err
 		}
@@ -214,7 +214,7 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	st := c.intercept(ctx, query)
 	c.beforeStatement(st, query, args)
-	if c.needsWriterLock(st, query) {
+	if c.needsWriterLock(st) {
 		return c.queryWriting(ctx, st, query, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
 	}
 	if st.advisory != nil || st.rowLock || c.pin.active.Load() {
@@ -228,7 +228,7 @@ func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue
 // and reports whether the statement is an SQLite write outside a
 // transaction (or a SELECT that asked for row locks), which must hold the
 // writer lock while it runs.
-func (c *conn) needsWriterLock(st statement, query string) bool {
+func (c *conn) needsWriterLock(st statement) bool {
 	if c.tx.inner != nil {
 		c.tx.read = true
 		if c.tx.writer {

@@ -71,7 +71,7 @@ func (s *stmt) tracked() bool { return s.st.advisory != nil || s.c.pin.active.Lo
 // Exec runs the statement; database/sql calls it only when ExecContext is
 // absent.
 func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
-	if s.c.needsWriterLock(s.st, s.query) {
+	if s.c.needsWriterLock(s.st) {
 		if err := s.c.connector.writer.lock(context.Background(), s.c.connector.tel, s.c, s.c.connector.opts.busyTimeout, s.query); err != nil {
 			return nil, err
 		}
@@ -89,7 +89,7 @@ func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
 // absent.
 func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 	run := func() (driver.Rows, error) { return s.inner.Query(args) } //nolint:staticcheck // no QueryContext
-	if s.c.needsWriterLock(s.st, s.query) {
+	if s.c.needsWriterLock(s.st) {
 		return s.c.queryWriting(context.Background(), s.st, s.query, run)
 	}
 	if s.tracked() {
@@ -102,7 +102,7 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 // ExecContext runs the statement.
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	s.c.beforeStatement(s.st, s.query, args)
-	if s.c.needsWriterLock(s.st, s.query) {
+	if s.c.needsWriterLock(s.st) {
 		if err := s.c.connector.writer.lock(ctx, s.c.connector.tel, s.c, s.c.connector.opts.busyTimeout, s.query); err != nil {
 			return nil, err
 		}
@@ -118,7 +118,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 // QueryContext runs the statement.
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	s.c.beforeStatement(s.st, s.query, args)
-	if s.c.needsWriterLock(s.st, s.query) {
+	if s.c.needsWriterLock(s.st) {
 		return s.c.queryWriting(ctx, s.st, s.query, func() (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
 	}
 	if s.tracked() {

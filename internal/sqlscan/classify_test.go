@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/lockhooks/lockhooks/internal/sqlscan/internal/legacy"
 )
 
 // classifyCases are texts of every kind Classify tells apart.
@@ -34,18 +32,24 @@ func countTokens(src string, d Dialect) int {
 	return n
 }
 
-// disagreement returns how Classify(src, d, op) differs from the separate
-// passes of the frozen pre-Classify package, or "".
+// disagreement returns how Classify(src, d, op), one pass whose parsers
+// share a buffer of tokens, differs from the exported single-purpose
+// functions, each of which reads the text on its own, or "".
+//
+// When Classify was introduced, this also compared both with a frozen copy
+// of the package as it was before (internal/legacy in commit 74e5079,
+// removed in the commit after the merge of branch issue-15-classify):
+// FuzzClassify ran 14.5 million inputs against it without a difference.
+// Restore it from git to re-check a change of the lexer that way.
 func disagreement(src string, d Dialect, op Op) string {
 	cl := Classify(src, d, op)
-	ld := legacy.Dialect(d)
-	text, info := legacy.Rewrite(src, ld, legacy.Op(op))
-	if cl.Text != text || uint16(cl.Locks) != uint16(info) {
-		return fmt.Sprintf("text/locks %q %b, separate passes %q %b", cl.Text, cl.Locks, text, info)
+	text, info := Rewrite(src, d, op)
+	if cl.Text != text || cl.Locks != info {
+		return fmt.Sprintf("text/locks %q %b, Rewrite %q %b", cl.Text, cl.Locks, text, info)
 	}
 	var want string
-	if d == Postgres && legacy.MayAdvisory(src) {
-		if a := legacy.ParseAdvisory(src); len(a.Calls) > 0 || a.DiscardAll || a.Uncertain {
+	if d == Postgres && MayAdvisory(src) {
+		if a := ParseAdvisory(src); len(a.Calls) > 0 || a.DiscardAll || a.Uncertain {
 			want = fmt.Sprintf("%+v", a)
 		}
 	}
@@ -56,53 +60,17 @@ func disagreement(src string, d Dialect, op Op) string {
 	if got != want {
 		return fmt.Sprintf("advisory %s, ParseAdvisory %s", got, want)
 	}
-	if d == SQLite && cl.Write != legacy.IsWrite(src) {
+	if d == SQLite && cl.Write != IsWrite(src) {
 		return fmt.Sprintf("write %v, IsWrite the opposite", cl.Write)
 	}
-	if table := legacy.FirstTable(src, ld); cl.FirstTable != table {
+	if table := FirstTable(src, d); cl.FirstTable != table {
 		return fmt.Sprintf("first table %q, FirstTable %q", cl.FirstTable, table)
 	}
-	if d == Postgres && cl.FirstWord != legacy.FirstWord(src) {
-		return fmt.Sprintf("first word %q, FirstWord %q", cl.FirstWord, legacy.FirstWord(src))
+	if d == Postgres && cl.FirstWord != FirstWord(src) {
+		return fmt.Sprintf("first word %q, FirstWord %q", cl.FirstWord, FirstWord(src))
 	}
 	if n := countTokens(src, d); n <= maxShared && cl.Tokens > n {
 		return fmt.Sprintf("lexed %d tokens of %d", cl.Tokens, n)
-	}
-	return ""
-}
-
-// wrapperDisagreement returns how the exported single-purpose functions
-// (now reading tokens through a cursor) differ from the frozen ones, or "".
-func wrapperDisagreement(src string) string {
-	for _, d := range []Dialect{Postgres, SQLite} {
-		ld := legacy.Dialect(d)
-		s, ls := New(src, d), legacy.New(src, ld)
-		for {
-			t, lt := s.Next(), ls.Next()
-			if uint8(t.Kind) != uint8(lt.Kind) || t.Start != lt.Start || t.End != lt.End {
-				return fmt.Sprintf("token %v, frozen lexer %v", t, lt)
-			}
-			if t.Kind == EOF {
-				break
-			}
-		}
-		if got, want := fmt.Sprintf("%+v", LockTarget(src, d)), fmt.Sprintf("%+v", legacy.LockTarget(src, ld)); got != want {
-			return "LockTarget " + got + ", frozen " + want
-		}
-		for _, op := range []Op{Inspect, NoKeyUpdate, Strip} {
-			text, info := Rewrite(src, d, op)
-			ltext, linfo := legacy.Rewrite(src, ld, legacy.Op(op))
-			if text != ltext || uint16(info) != uint16(linfo) {
-				return fmt.Sprintf("Rewrite %q, frozen %q", text, ltext)
-			}
-		}
-	}
-	if got, want := fmt.Sprintf("%+v", ParseAdvisory(src)), fmt.Sprintf("%+v", legacy.ParseAdvisory(src)); got != want {
-		return "ParseAdvisory " + got + ", frozen " + want
-	}
-	if IsWrite(src) != legacy.IsWrite(src) || uint8(TxControl(src)) != uint8(legacy.TxControl(src)) ||
-		MayAdvisory(src) != legacy.MayAdvisory(src) || FirstWord(src) != legacy.FirstWord(src) {
-		return "IsWrite, TxControl, MayAdvisory or FirstWord"
 	}
 	return ""
 }
@@ -124,9 +92,6 @@ func TestClassifyAgreesWithSeparatePasses(t *testing.T) {
 			if msg := disagreement(src, c.d, c.op); msg != "" {
 				t.Errorf("Classify(%q, %d, %d): %s", src, c.d, c.op, msg)
 			}
-		}
-		if msg := wrapperDisagreement(src); msg != "" {
-			t.Errorf("%q: %s", src, msg)
 		}
 	}
 }
@@ -169,10 +134,9 @@ func TestClassifyAllocations(t *testing.T) {
 	}
 }
 
-// FuzzClassify checks that Classify, in one pass, agrees with the separate
-// passes of the frozen pre-Classify package on every text, that it never
-// lexes a token twice, and that the exported single-purpose functions
-// still agree with their frozen originals.
+// FuzzClassify checks that Classify, in one pass, agrees with the exported
+// single-purpose functions on every text, and that it never lexes a token
+// twice.
 func FuzzClassify(f *testing.F) {
 	addSeeds(f)
 	for _, s := range classifyCases {
@@ -183,9 +147,6 @@ func FuzzClassify(f *testing.F) {
 			if msg := disagreement(src, c.d, c.op); msg != "" {
 				t.Fatalf("Classify(%q, %d, %d): %s", src, c.d, c.op, msg)
 			}
-		}
-		if msg := wrapperDisagreement(src); msg != "" {
-			t.Fatalf("%q: %s", src, msg)
 		}
 	})
 }
