@@ -42,7 +42,7 @@ type statement struct {
 	facts    stmtFacts         // what sqlscan.Classify found besides locks and advisory
 	advisory *sqlscan.Advisory // advisory-lock calls (Postgres), nil if none
 
-	firstTable string // the first table after the outermost FROM (sqlscan.FirstTable), if classified
+	firstTable string // the first table after the outermost FROM (sqlscan.FirstTable), for a classified text with a locking clause
 }
 
 // stmtFacts are flags of a statement. They share one field, in the padding

@@ -17,10 +17,12 @@ type Classification struct {
 	// Write reports whether the text writes (SQLite, as IsWrite reports;
 	// false on Postgres).
 	Write bool
-	// FirstWord is the text's first word ("" if it starts otherwise).
-	FirstWord string
 	// FirstTable is how the first table after the outermost FROM is
-	// referred to (as FirstTable reports).
+	// referred to (as FirstTable reports), found only for a text with a
+	// row-locking clause: it serves the message that suggests the clause's
+	// OF list, and reading up to the FROM would cost a statement without
+	// one (an INSERT … VALUES reads to its end) a second pass over its
+	// tail. "" for other texts.
 	FirstTable string
 	// Tokens is how many tokens (white space not counted) the
 	// classification lexed. It is at most the number of tokens in the text
@@ -32,8 +34,9 @@ type Classification struct {
 // op to its locking clauses and every other fact of Classification. A text
 // without "for" (MayLock) is not walked for locking clauses; on Postgres, a
 // text without "advisory" or DISCARD (MayAdvisory) is not parsed for
-// advisory calls. It allocates only the rewritten text and the Advisory,
-// when there are any.
+// advisory calls. It allocates the rewritten text and the Advisory, when
+// there are any, and as ParseAdvisory does, the lower-cased names of
+// upper-case words in a text it parses for advisory calls.
 func Classify(src string, d Dialect, op Op) Classification {
 	// The strings Classify returns are cut from src, never from a cursor's
 	// text, so that the cursors and sh stay on the stack.
@@ -47,13 +50,16 @@ func Classify(src string, d Dialect, op Op) Classification {
 	}
 	if d == Postgres && MayAdvisory(src) {
 		if a := parseAdvisory(src, start); a.relevant() {
-			cl.Advisory = &a
+			cl.Advisory = new(Advisory) // only a relevant parse escapes
+			*cl.Advisory = a
 		}
 	}
 	if d == SQLite {
 		cl.Write = isWrite(start)
 	}
-	cl.FirstWord, cl.FirstTable = firstWordTable(src, start)
+	if cl.Locks.Locks() {
+		cl.FirstTable = firstTable(src, start)
+	}
 	cl.Tokens = sh.lexed
 	return cl
 }

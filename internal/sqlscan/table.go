@@ -13,28 +13,24 @@ var afterTable = [...]string{"WHERE", "LEFT", "RIGHT", "FULL", "INNER", "CROSS",
 // (possibly qualified) name; "" if there is none. It serves error messages
 // that suggest a locking clause's OF list.
 func FirstTable(src string, d Dialect) string {
-	_, table := firstWordTable(src, newCursor(src, d))
-	return table
+	return firstTable(src, newCursor(src, d))
 }
 
-// firstWordTable returns the first word of the text src at c (as
-// FirstWord) and its first table (as FirstTable), reading up to that table.
-func firstWordTable(src string, c cursor) (word, table string) {
+// firstTable returns the first table of the text src at c (as FirstTable),
+// reading up to that table.
+func firstTable(src string, c cursor) string {
 	depth := 0
-	for first := true; ; first = false {
+	for {
 		t := c.nextSignificant()
-		if first && t.Kind == Word {
-			word = src[t.Start:t.End]
-		}
 		switch {
 		case t.Kind == EOF:
-			return word, ""
+			return ""
 		case c.at(t, '('):
 			depth++
 		case c.at(t, ')'):
 			depth--
 		case depth == 0 && t.Kind == Word && strings.EqualFold(c.text(t), "FROM"):
-			return word, tableRef(src, &c)
+			return tableRef(src, &c)
 		}
 	}
 }
