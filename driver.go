@@ -174,18 +174,24 @@ var driverPackages = map[string]Dialect{
 // inferDialect returns the dialect of the first value whose package is known.
 func inferDialect(values ...any) (Dialect, bool) {
 	for _, v := range values {
-		t := reflect.TypeOf(v)
-		for t != nil && t.Kind() == reflect.Pointer {
-			t = t.Elem()
-		}
-		if t == nil {
-			continue
-		}
-		if d, ok := driverPackages[t.PkgPath()]; ok {
+		if d, ok := driverPackages[packageOf(v)]; ok {
 			return d, true
 		}
 	}
 	return "", false
+}
+
+// packageOf returns the import path of the package that defines v's type
+// (behind any pointers), or "".
+func packageOf(v any) string {
+	t := reflect.TypeOf(v)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil {
+		return ""
+	}
+	return t.PkgPath()
 }
 
 // resolveOptions applies opts and settles the dialect. inner names the
@@ -362,7 +368,7 @@ func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
 		if dsn, ok := moderncConnectorDSN(c); ok {
 			d := parseSQLiteDSN(dsn)
 			w.sqlite.txlock, w.sqlite.readOnly = d.txlock, d.readOnly
-			w.sqlite.driverBegins = d.readOnly == "" && (d.txlock == "immediate" || d.txlock == "exclusive")
+			w.sqlite.driverBegins = d.txlockBeginsWrites()
 		}
 	}
 	return w

@@ -121,14 +121,10 @@ func parseSQLiteDSN(dsn string) sqliteDSN {
 // _txlock, a read-only open, another driver) is returned unchanged with
 // d.driverBegins false, and lockhooks runs BEGIN IMMEDIATE itself.
 func moderncDSN(inner driver.Driver, dsn string, d *sqliteDSN) string {
-	if !d.known || d.readOnly != "" || !isModernc(inner) {
+	if !d.known || packageOf(inner) != moderncPackage {
 		return dsn
 	}
-	switch {
-	case d.txlock == "immediate" || d.txlock == "exclusive":
-		d.driverBegins = true
-		return dsn
-	case d.txlockGiven:
+	if d.driverBegins = d.txlockBeginsWrites(); d.driverBegins || d.readOnly != "" || d.txlockGiven {
 		return dsn
 	}
 	switch pos := strings.IndexByte(dsn, '?'); {
@@ -143,13 +139,14 @@ func moderncDSN(inner driver.Driver, dsn string, d *sqliteDSN) string {
 	return dsn
 }
 
-// isModernc reports whether v (a driver or connector) is modernc.org/sqlite's.
-func isModernc(v any) bool {
-	t := reflect.TypeOf(v)
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	return t != nil && t.PkgPath() == "modernc.org/sqlite"
+// moderncPackage is modernc.org/sqlite's import path.
+const moderncPackage = "modernc.org/sqlite"
+
+// txlockBeginsWrites reports whether modernc, opened with d, begins write
+// transactions as lockhooks must by itself: _txlock=immediate or
+// exclusive, on an open that is not read-only.
+func (d *sqliteDSN) txlockBeginsWrites() bool {
+	return d.readOnly == "" && (d.txlock == "immediate" || d.txlock == "exclusive")
 }
 
 // splitPragma splits a _pragma value such as "busy_timeout(5000)",
@@ -197,7 +194,7 @@ func moderncConnectorDSN(c driver.Connector) (dsn string, ok bool) {
 		return "", false
 	}
 	v = v.Elem()
-	if v.Type().PkgPath() != "modernc.org/sqlite" {
+	if v.Type().PkgPath() != moderncPackage {
 		return "", false
 	}
 	f := v.FieldByName("dsn")

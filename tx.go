@@ -16,11 +16,11 @@ import (
 // that way (drivers cannot choose the BEGIN mode per transaction; modernc
 // can be told one mode for all write transactions, see moderncDSN). Its
 // COMMIT and ROLLBACK have the semantics modernc.org/sqlite gives its own
-// transactions: COMMIT waits for other
-// connections' locks only as long as the context BeginTx was given allows
-// (database/sql documents that context as in use until the end of the
-// transaction), and ROLLBACK runs whatever that context's state, because
-// database/sql calls it to clean up once the context is done.
+// transactions: COMMIT waits for other connections' locks only as long as
+// the context BeginTx was given allows (database/sql documents that
+// context as in use until the end of the transaction), and ROLLBACK runs
+// whatever that context's state, because database/sql calls it to clean up
+// once the context is done.
 // It is one pointer, so storing it in tx.inner allocates nothing; BeginTx's
 // context is kept in tx.ctx.
 type immediateTx struct{ c *conn }

@@ -57,9 +57,6 @@ func isVerb(w string, verbs []string) bool {
 	return false
 }
 
-// isPunct reports whether t is the single byte c.
-func isPunct(c *cursor, t Token, b byte) bool { return c.at(t, b) }
-
 // isWord reports whether t is the keyword w.
 func isWord(c *cursor, t Token, w string) bool {
 	return t.Kind == Word && strings.EqualFold(c.text(t), w)
@@ -81,7 +78,7 @@ func withWrites(c *cursor) bool {
 			return true // not a CTE name
 		}
 		t = c.nextSignificant()
-		if isPunct(c, t, '(') {
+		if c.at(t, '(') {
 			if !skipTo(c, 1) {
 				return true
 			}
@@ -97,13 +94,13 @@ func withWrites(c *cursor) bool {
 		if isWord(c, t, "MATERIALIZED") {
 			t = c.nextSignificant()
 		}
-		if !isPunct(c, t, '(') {
+		if !c.at(t, '(') {
 			return true
 		}
 		// The body: its first word is its verb.
 		depth := 1
 		t = c.nextSignificant()
-		for isPunct(c, t, '(') {
+		for c.at(t, '(') {
 			depth++
 			t = c.nextSignificant()
 		}
@@ -115,7 +112,7 @@ func withWrites(c *cursor) bool {
 			if strings.EqualFold(w, "WITH") && withWrites(c) {
 				return true
 			}
-		} else if isPunct(c, t, ')') {
+		} else if c.at(t, ')') {
 			depth--
 		}
 		if !skipTo(c, depth) {
@@ -123,7 +120,7 @@ func withWrites(c *cursor) bool {
 		}
 		// After the body: another CTE, or the main statement.
 		t = c.nextSignificant()
-		if isPunct(c, t, ',') {
+		if c.at(t, ',') {
 			t = c.nextSignificant()
 			continue
 		}
@@ -142,9 +139,9 @@ func skipTo(c *cursor, depth int) bool {
 		switch {
 		case t.Kind == EOF:
 			return false
-		case isPunct(c, t, '('):
+		case c.at(t, '('):
 			depth++
-		case isPunct(c, t, ')'):
+		case c.at(t, ')'):
 			depth--
 		}
 	}
@@ -162,13 +159,13 @@ func skipStatement(c *cursor) bool {
 		switch {
 		case t.Kind == EOF:
 			return false
-		case isPunct(c, t, '('):
+		case c.at(t, '('):
 			depth++
-		case isPunct(c, t, ')'):
+		case c.at(t, ')'):
 			if depth > 0 {
 				depth--
 			}
-		case isPunct(c, t, ';') && depth == 0:
+		case c.at(t, ';') && depth == 0:
 			return true
 		}
 	}
