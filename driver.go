@@ -314,21 +314,21 @@ func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
 	if err != nil {
 		return nil, err
 	}
-	innerDSN := dsn
 	var sqlite sqliteDSN
 	if o.dialect == SQLite {
 		sqlite = parseSQLiteDSN(dsn)
-		innerDSN = moderncDSN(d.inner, dsn, &sqlite)
+		sqlite.planModerncBegin(d.inner)
 	}
+	// The inner driver gets the DSN exactly as the user wrote it.
 	var inner driver.Connector
 	if dc, ok := d.inner.(driver.DriverContext); ok {
-		c, err := dc.OpenConnector(innerDSN)
+		c, err := dc.OpenConnector(dsn)
 		if err != nil {
 			return nil, err
 		}
 		inner = c
 	} else {
-		inner = dsnConnector{dsn: innerDSN, driver: d.inner}
+		inner = dsnConnector{dsn: dsn, driver: d.inner}
 	}
 	c := newConnector(inner, d, o)
 	c.dsn, c.sqlite = dsn, sqlite
@@ -363,12 +363,14 @@ func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
 	w := newConnector(c, newDriver(c.Driver(), opts), o)
 	if o.dialect == SQLite {
 		// The connector's DSN is not lockhooks' to read, except that a
-		// modernc connector's _txlock must not be weakened, and its
-		// read-only open must begin transactions as the driver does.
+		// modernc connector's _txlock must not be weakened, its
+		// read-only open must begin transactions as the driver does, and
+		// without _txlock modernc can begin lockhooks' IMMEDIATE itself.
 		if dsn, ok := moderncConnectorDSN(c); ok {
 			d := parseSQLiteDSN(dsn)
+			d.planModerncBegin(c)
 			w.sqlite.txlock, w.sqlite.readOnly = d.txlock, d.readOnly
-			w.sqlite.driverBegins = d.txlockBeginsWrites()
+			w.sqlite.driverBegins, w.sqlite.setBeginMode = d.driverBegins, d.setBeginMode
 		}
 	}
 	return w
@@ -514,6 +516,10 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	}
 	wrapped := newConn(c, inner)
 	w := wrapped.(connCore).state()
+	w.driverBegins = c.sqlite.driverBegins
+	if c.sqlite.setBeginMode {
+		w.driverBegins = beginModerncImmediate(inner)
+	}
 	if c.pins != nil {
 		// The backend pid names the connection in pg_locks for the
 		// tracking, the monitor and the messages.
