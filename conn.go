@@ -147,7 +147,8 @@ func newConn(c *connector, inner driver.Conn) driver.Conn {
 // SQLITE_BUSY from lockhooks' writers of the same database, or make them
 // wait. On modernc.org/sqlite these write: Exec, Query and prepared
 // statements that write, Begin/BeginTx (a deferred BEGIN, or IMMEDIATE when
-// lockhooks told modernc to: see planModerncBegin), NewRestore (its
+// lockhooks told modernc to, see planModerncBegin: a transaction that only
+// reads should pass ReadOnly, which begins deferred), NewRestore (its
 // Step overwrites this database) and Deserialize (this connection's
 // database becomes an in-memory image; return driver.ErrBadConn from Raw
 // so the connection is closed). Serialize, NewBackup (it writes only its

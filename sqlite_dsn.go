@@ -121,10 +121,10 @@ func parseSQLiteDSN(dsn string) sqliteDSN {
 // _txlock unset on an open that is not read-only lockhooks tells each new
 // connection to begin IMMEDIATE, as _txlock=immediate would, without
 // changing the DSN the driver and its connection hooks see (setBeginMode;
-// see beginModerncImmediate). Any other DSN (_txlock=deferred, which
-// lockhooks still begins IMMEDIATE, an empty _txlock, a read-only open,
-// another driver) leaves both false, and lockhooks runs BEGIN IMMEDIATE
-// itself.
+// see beginModerncImmediate). Any other DSN leaves both false:
+// _txlock=deferred (lockhooks still begins IMMEDIATE), an empty _txlock
+// and another driver's DSN make lockhooks run BEGIN IMMEDIATE itself; on a
+// read-only open every transaction begins as the driver begins it.
 func (d *sqliteDSN) planModerncBegin(inner any) {
 	if !d.known || packageOf(inner) != moderncPackage {
 		return

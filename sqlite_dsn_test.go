@@ -425,7 +425,7 @@ func holdSharedLock(t *testing.T, path string) (release func()) {
 
 // COMMIT of a write transaction waits for another connection's lock only
 // as long as BeginTx's context allows, whether modernc runs it (no
-// _txlock: lockhooks gives modernc _txlock=immediate) or lockhooks does
+// _txlock: lockhooks tells modernc to begin IMMEDIATE) or lockhooks does
 // (_txlock=deferred), and the writer lock is free afterwards.
 func TestSQLiteCommitHonoursTheTransactionsContext(t *testing.T) {
 	for name, params := range map[string]string{"modernc begins": "", "lockhooks begins": "&_txlock=deferred"} {
