@@ -476,7 +476,6 @@ type connector struct {
 	nextID   atomic.Uint64
 	events   *eventRing // recent events, for DebugHandler
 	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
-	names    keyNames   // Lock's advisory keys and their names, once DebugHandler showed the database
 
 	liveMu sync.Mutex
 	live   map[*conn]struct{} // every open wrapped connection
