@@ -18,31 +18,36 @@ import (
 
 // DebugHandler returns an http.Handler that shows, for each of dbs (opened
 // through lockhooks), who holds which lock and who waits for whom inside
-// this process, the way net/http/pprof shows goroutines:
+// this process, the way net/http/pprof shows goroutines. The page opens
+// with a summary for the whole process (the longest waits with their
+// holders, the holders that block the most waiters, a line per database),
+// then each database, the busiest first:
 //
-//   - held locks: kind, mode, scope, namespace and key, connection and
-//     backend pid, state (in use or parked), since when, the call site that
-//     took it, and how many times it is held;
 //   - waits in progress: what each waits for, since when, from which call
 //     site, and who holds it: the holder in this process, and on Postgres
 //     the backends pg_blocking_pids names (pid, application_name, state,
 //     transaction age, statement text), read on a side connection with a
 //     short timeout each time the page loads;
-//   - the wait-for graph, drawn as SVG, with in-process cycles highlighted;
+//   - the wait-for graph, drawn as SVG (the waiters of one holder as one
+//     node when there are many), with in-process cycles highlighted;
+//   - held locks grouped by kind and namespace, counted, with the top rows
+//     of each group: kind, mode, scope, namespace and key, connection and
+//     backend pid, state (in use or parked), since when, the call site
+//     that took it, how many times it is held and how many wait for it;
 //   - the last events (lost locks, rerouted and refused unlocks, deadlocks,
 //     writer-lock timeouts, long-held parked locks, slow waits, and the
 //     retries and lock-order reports of the packages that make them) and
 //     the counters behind the metrics.
 //
-// The page is HTML that reloads itself every 2 seconds (?refresh=N sets N
-// seconds, 0 turns it off); ?format=json returns the same data as JSON.
-// Statement text is shown, bound arguments never are. Lockset namespaces
-// and ids are shown as given to [Lock]; on Postgres, where Lock takes
-// advisory keys derived from them, a held key is named too, for locks
-// taken after the page was first shown (recording names before anyone
-// looks would cost every Lock). A key the program made with [LockID]
-// itself is shown as a number: LockID sees no database, so lockhooks never
-// sees the name.
+// The page reloads itself every 2 seconds (?refresh=N sets N seconds, 0
+// turns it off); ?format=json returns the same data as JSON, and
+// ?format=json&db=I&kind=K&namespace=N&after=…&limit=L every held lock of
+// a group, in key order, a page at a time. A load is bounded at any scale:
+// it looks at each held lock once without allocating per lock, and
+// formats only what it shows. Statement text is shown, bound arguments
+// never are. Keys are shown by the names LockID made them from, and the
+// advisory keys Lock takes on Postgres as Lock's namespace and ids (see
+// LockID).
 //
 // Nothing is registered on any mux: mount the handler yourself, behind
 // your service's own authentication, for the page shows statement text,
