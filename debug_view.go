@@ -595,8 +595,11 @@ func collapseGraph(d *debugDatabase) graphView {
 // commonLabel names what two waits have in common: "lockset invoices"
 // for "lockset invoices / 1" and "lockset invoices / 2".
 func commonLabel(a, b string) string {
-	if a == b {
-		return a
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	if a == b || strings.HasPrefix(b, a) && b[len(a)] == ' ' {
+		return a // a merged label already
 	}
 	n := 0
 	for n < len(a) && n < len(b) && a[n] == b[n] {
