@@ -476,6 +476,9 @@ func (c *conn) IsValid() bool {
 	if c.discards.Load() > 0 {
 		return false
 	}
+	if c.pinnedUntilClosed() {
+		return false // recycled: the pooler unpins it when it disconnects
+	}
 	if c.connector.opts.verifyOnReturn && c.connector.pins != nil && !c.suspect.Load() {
 		c.verifyOnReturn()
 		if c.holdsLocks() {

@@ -74,6 +74,7 @@ type options struct {
 	statementSpans    bool
 	verifyOnReturn    bool
 	txPooler          bool
+	pinningPooler     bool       // WithSessionPinningPooler
 	lockOrder         *lockOrder // WithLockOrderCheck; nil: off
 	slowLockLog       time.Duration
 
@@ -213,6 +214,9 @@ func resolveOptions(opts []Option, inner ...any) (*options, error) {
 	}
 	if o.logger == nil {
 		o.logger = slog.Default()
+	}
+	if o.txPooler && o.pinningPooler {
+		return nil, errPoolerOptions
 	}
 	switch o.dialect {
 	case Postgres, SQLite:
