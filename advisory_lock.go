@@ -21,7 +21,8 @@ type AdvisoryLock struct {
 	conn *sql.Conn
 	c    *conn // the wrapper's state of conn
 
-	turn any // the owner of this key's turn in the in-process queue (Postgres)
+	turn  any   // the owner of this key's turn in the in-process queue (Postgres)
+	token int64 // the fencing token (Token)
 
 	mu       sync.Mutex
 	released bool
@@ -97,6 +98,9 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 		turns.unlock(key, l.turn)
 		return nil, false, fmt.Errorf("%w: advisory lock %d: the database was closed while it was acquired", ErrLockLost, key)
 	}
+	if err := l.readToken(ctx); err != nil {
+		return nil, false, l.releaseAfterTokenError(ctx, err)
+	}
 	return l, true, nil
 }
 
@@ -147,6 +151,7 @@ func (l *AdvisoryLock) acquireInProcess(ctx context.Context, try bool) (*Advisor
 			l.conn.Close()
 			return nil, false, nil
 		}
+		l.token = l.c.connector.tokens.next()
 		return l, true, nil
 	}
 	_, w := l.c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(strconv.FormatInt(l.key, 10)))
@@ -157,6 +162,7 @@ func (l *AdvisoryLock) acquireInProcess(ctx context.Context, try bool) (*Advisor
 		l.conn.Close()
 		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %d: %w", l.key, err)
 	}
+	l.token = l.c.connector.tokens.next()
 	return l, true, nil
 }
 

@@ -473,6 +473,7 @@ type connector struct {
 	pins     *pinning              // Postgres only
 	named    lockTable[int64]      // SQLite's in-process advisory locks
 	turns    lockTable[int64]      // Postgres: AcquireAdvisoryLock's in-process queue per key
+	tokens   tokenClock            // SQLite: the in-process advisory locks' fencing tokens
 	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
 	writer   writerLock            // SQLite's in-process writer lock
 	dsn      string                // "" when the inner connector was given
