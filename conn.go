@@ -366,6 +366,11 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	if c.beginsImmediate(opts) {
 		return c.beginImmediate(ctx, opts)
 	}
+	if info, _ := ctx.Value(commitInfoKey{}).(*commitInfo); info != nil && c.connector.opts.dialect == Postgres {
+		if t, ok, err := c.beginForRunInTx(ctx, opts, info); ok {
+			return t, err
+		}
+	}
 	innerCtx := ctx
 	if c.connector.pins != nil {
 		// pgx runs COMMIT and ROLLBACK with this context, and closes the

@@ -3,6 +3,7 @@ package lockhooks
 import (
 	"context"
 	"database/sql"
+	"strings"
 	"testing"
 
 	"github.com/lockhooks/lockhooks/internal/pgtest"
@@ -21,17 +22,22 @@ var benchDBs = []struct {
 }
 
 // BenchmarkRunInTx is RunInTx's cost against the hand-written
-// BEGIN/UPDATE/COMMIT it replaces, on databases opened through lockhooks:
-// how=manual is the hand-written transaction, how=runintx RunInTx with its
-// defaults (on Postgres: one extra round trip per commit to read the
-// transaction id, pg_current_xact_id_if_assigned(), so that a COMMIT cut
-// off in flight can be resolved), how=runintx-skipcheck RunInTx with
-// SkipCommitCheck.
+// BEGIN/UPDATE/COMMIT it replaces: how=manual-raw is the hand-written
+// transaction on the raw driver, how=manual the same through lockhooks,
+// how=runintx RunInTx with its defaults (on Postgres the attempt gets its
+// transaction id in BEGIN's round trip, and COMMIT is sent as
+// "SELECT 1; COMMIT", so that a COMMIT cut off in flight can be resolved;
+// see retry_commit.go), how=runintx-skipcheck RunInTx with
+// SkipCommitCheck (the driver's BEGIN and COMMIT).
 func BenchmarkRunInTx(b *testing.B) {
 	for _, bd := range benchDBs {
-		for _, how := range []string{"manual", "runintx", "runintx-skipcheck"} {
+		for _, how := range []string{"manual-raw", "manual", "runintx", "runintx-skipcheck"} {
 			b.Run("db="+bd.name+"/how="+how, func(b *testing.B) {
-				db := bd.open(b, viaLockhooks)
+				via := viaLockhooks
+				if how == "manual-raw" {
+					via = viaRaw
+				}
+				db := bd.open(b, via)
 				defer db.Close()
 				if bd.dialect == Postgres {
 					mustExec(b, db, "CREATE TABLE t (id SERIAL PRIMARY KEY, v INTEGER NOT NULL)")
@@ -53,7 +59,7 @@ func BenchmarkRunInTx(b *testing.B) {
 				b.ResetTimer()
 				for b.Loop() {
 					var err error
-					if how == "manual" {
+					if strings.HasPrefix(how, "manual") {
 						err = manualTx(ctx, db, work)
 					} else {
 						err = RunInTx(ctx, db, nil, work, opts...)

@@ -60,7 +60,11 @@ type tx struct {
 	inner driver.Tx
 	opts  driver.TxOptions
 	ctx   context.Context // BeginTx's, in use until COMMIT or ROLLBACK
-	gen   uint64          // tells this connection's transactions apart, as lock owners
+	// For a transaction lockhooks began itself for RunInTx (pgTx): the
+	// context of its COMMIT, and a buffer for BEGIN's row.
+	ownCtx context.Context
+	row    [1]driver.Value
+	gen    uint64 // tells this connection's transactions apart, as lock owners
 
 	read   bool         // a statement ran in the transaction (its snapshot is fixed)
 	writer bool         // the transaction holds the SQLite writer lock
@@ -117,7 +121,7 @@ func (t *tx) Rollback() error {
 // if a statement in it changed session locks in ways only pg_locks can
 // tell, reads pg_locks now that the transaction's own locks are gone.
 func (t *tx) end() {
-	t.inner, t.ctx = nil, nil
+	t.inner, t.ctx, t.ownCtx = nil, nil, nil
 	t.opts = driver.TxOptions{}
 	t.held.reset()
 	if len(t.locks) > 0 {
