@@ -279,6 +279,9 @@ func (r *runner) attempt(ctx context.Context) (err error) {
 	r.info = commitInfo{}
 	tx, err := r.db.BeginTx(ctx, r.opts)
 	if err != nil {
+		if sqlState(err) == "42883" { // lockhooks' BEGIN asks for the transaction id
+			err = xidError(err)
+		}
 		return r.beforeCommit(ctx, err)
 	}
 	done := false

@@ -194,6 +194,11 @@ func (c *conn) beginForRunInTx(ctx context.Context, opts driver.TxOptions, info 
 	// the same context.
 	ownCtx := context.WithoutCancel(ctx)
 	rows, err := c.queryer.QueryContext(ownCtx, text, sq.args)
+	if err != nil && isServerError(err) {
+		// BEGIN may have run before the statement that failed (lib/pq's
+		// order): leave no transaction block behind.
+		c.execOwn(context.Background(), "ROLLBACK")
+	}
 	if err != nil {
 		if sqlState(err) == "42601" || strings.Contains(err.Error(), "simple protocol") {
 			// The driver prepared the text instead of sending it as it is

@@ -390,3 +390,43 @@ func TestRunInTxCommitCutByTheServer(t *testing.T) {
 		t.Fatalf("%d attempts, retried %v, %d rows; want one attempt and one row", attempts, retried, n)
 	}
 }
+
+// When lockhooks' BEGIN round trip fails after BEGIN ran (lib/pq runs the id
+// query after BEGIN; here a role may not call pg_current_xact_id()), the
+// transaction block is rolled back: the connection goes back to the pool
+// clean, and RunInTx's error says what failed.
+func TestRunInTxBeginFailureLeavesNoTransaction(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	raw, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	role := "lockhooks_noxid_" + strings.ReplaceAll(time.Now().Format("150405.000000"), ".", "")
+	mustExec(t, raw, "CREATE ROLE "+role+" LOGIN")
+	t.Cleanup(func() { mustExec(t, raw, "DROP ROLE "+role) })
+	mustExec(t, raw, "REVOKE EXECUTE ON FUNCTION pg_current_xact_id() FROM PUBLIC")
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	db, err := Open("postgres", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	err = RunInTx(context.Background(), db, nil, func(tx *sql.Tx) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "pg_current_xact_id") {
+		t.Fatalf("RunInTx without the right to assign transaction ids: %v", err)
+	}
+	t.Log(err)
+	var inBlock bool
+	if err := db.QueryRow("SELECT now() <> statement_timestamp()").Scan(&inBlock); err != nil || inBlock {
+		t.Fatalf("the pooled connection after the failed BEGIN: in a transaction block %v (%v)", inBlock, err)
+	}
+	if err := RunInTx(context.Background(), db, nil, func(tx *sql.Tx) error { return nil }, SkipCommitCheck()); err != nil {
+		t.Fatalf("RunInTx with SkipCommitCheck: %v", err)
+	}
+}
