@@ -465,24 +465,24 @@ func registeredDriver(name string) (driver.Driver, error) {
 // connector is the wrapped connector: the state of one wrapped database,
 // shared by all of its connections.
 type connector struct {
-	inner       driver.Connector
-	driver      *Driver
-	opts        *options
-	rewriter    *rewriter
-	tel         *telemetry
-	pins        *pinning              // Postgres only
-	named       lockTable[int64]      // SQLite's in-process advisory locks
-	turns       lockTable[int64]      // Postgres: AcquireAdvisoryLock's in-process queue per key
-	tokens      tokenClock            // SQLite: the in-process advisory locks' fencing tokens
-	simpleQuery simpleQuery           // Postgres: how RunInTx's BEGIN reads the transaction id (retry_commit.go)
-	locksets    lockTable[locksetKey] // SQLite's in-process Lock/TryLock
-	writer      writerLock            // SQLite's in-process writer lock
-	dsn         string                // "" when the inner connector was given
-	sqlite      sqliteDSN             // dsn's parameters, parsed (SQLite)
-	nextID      atomic.Uint64
-	events      *eventRing // recent events, for DebugHandler
-	waits       *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
-	names       keyNames   // Lock's advisory keys and their names, once DebugHandler showed the database
+	inner    driver.Connector
+	driver   *Driver
+	opts     *options
+	rewriter *rewriter
+	tel      *telemetry
+	pins     *pinning              // Postgres only
+	named    lockTable[int64]      // SQLite's in-process advisory locks
+	turns    lockTable[int64]      // Postgres: AcquireAdvisoryLock's in-process queue per key
+	tokens   tokenClock            // SQLite: the in-process advisory locks' fencing tokens
+	ownBegin simpleQuery           // Postgres: how RunInTx's BEGIN learns the transaction id (retry_commit.go)
+	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
+	writer   writerLock            // SQLite's in-process writer lock
+	dsn      string                // "" when the inner connector was given
+	sqlite   sqliteDSN             // dsn's parameters, parsed (SQLite)
+	nextID   atomic.Uint64
+	events   *eventRing // recent events, for DebugHandler
+	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
+	names    keyNames   // Lock's advisory keys and their names, once DebugHandler showed the database
 
 	liveMu sync.Mutex
 	live   map[*conn]struct{} // every open wrapped connection

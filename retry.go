@@ -300,16 +300,13 @@ func (r *runner) attempt(ctx context.Context) (err error) {
 		// The transaction began without its id (a driver or an isolation
 		// level that BEGIN's round trip cannot serve): assign and read it
 		// now, in a round trip of its own.
-		var row string
-		err := tx.QueryRowContext(ctx, xidQuery).Scan(&row)
-		if err == nil {
-			r.info.pid, r.info.xid, err = parseXidRow(row)
-		}
-		if err != nil {
+		var xid sql.NullString
+		if err := tx.QueryRowContext(ctx, xidQuery).Scan(&xid); err != nil {
 			done = true
 			tx.Rollback()
 			return r.beforeCommit(ctx, xidError(err))
 		}
+		r.info.xid = xid.String
 	}
 	done = true
 	err = tx.Commit()
@@ -364,7 +361,7 @@ func (r *runner) commitFailed(ctx context.Context, err error) error {
 		// anything twice.
 		return &attemptError{err: fmt.Errorf("lockhooks: COMMIT of a transaction on a standby (which can write nothing) failed: %w", err), beforeWrite: true}
 	}
-	status, serr := r.resolve(ctx, xid, r.info.pid)
+	status, serr := r.resolve(ctx, xid)
 	switch status {
 	case "committed":
 		return nil
@@ -393,18 +390,18 @@ func commitOutcomeUnknown(err error) bool {
 	return true
 }
 
-// resolveQuery asks what became of transaction $1, and whether backend $2
-// is still idle inside it: then COMMIT never reached it.
+// resolveQuery asks what became of transaction $1, and whether the backend
+// running it (the one whose backend_xid it is) is still idle inside it:
+// then COMMIT never reached it.
 const resolveQuery = `SELECT pg_xact_status($1::xid8), EXISTS (SELECT FROM pg_stat_activity
-	WHERE pid = $2 AND backend_xid = xid($1::xid8) AND state LIKE 'idle in transaction%')`
+	WHERE backend_xid = xid($1::xid8) AND state LIKE 'idle in transaction%')`
 
 // resolve asks Postgres, on another connection, what became of
-// transaction xid, which backend pid ran: "committed" or "aborted", or ""
-// and why it cannot say. A backend still idle inside the transaction never
+// transaction xid: "committed" or "aborted", or "" and why it cannot say. A backend still idle inside the transaction never
 // got its COMMIT, and never will (the connection that would send it is
 // broken): it is ended, which aborts the transaction, rather than waited
 // for until the server notices the broken connection.
-func (r *runner) resolve(ctx context.Context, xid string, pid int64) (string, error) {
+func (r *runner) resolve(ctx context.Context, xid string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.resolveTimeout)
 	defer cancel()
 	wait := 5 * time.Millisecond
@@ -413,7 +410,7 @@ func (r *runner) resolve(ctx context.Context, xid string, pid int64) (string, er
 	for {
 		var status sql.NullString
 		var idle bool
-		err := r.db.QueryRowContext(ctx, resolveQuery, xid, pid).Scan(&status, &idle)
+		err := r.db.QueryRowContext(ctx, resolveQuery, xid).Scan(&status, &idle)
 		switch {
 		case err == nil && !status.Valid:
 			return "", errors.New("pg_xact_status returned NULL: the transaction id is older than the commit log the server keeps")
@@ -422,11 +419,11 @@ func (r *runner) resolve(ctx context.Context, xid string, pid int64) (string, er
 		case err == nil && idle && !terminated:
 			terminated = true
 			_, err = r.db.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-				WHERE pid = $2 AND backend_xid = xid($1::xid8) AND state LIKE 'idle in transaction%'`, xid, pid)
+				WHERE backend_xid = xid($1::xid8) AND state LIKE 'idle in transaction%'`, xid)
 			if err == nil {
 				continue // ask again at once
 			}
-			last = fmt.Errorf("ending backend %d, idle in transaction %s without its COMMIT: %w", pid, xid, err)
+			last = fmt.Errorf("ending the backend idle in transaction %s without its COMMIT: %w", xid, err)
 		case err == nil:
 			last = fmt.Errorf("pg_xact_status still said %q after %v", status.String, r.cfg.resolveTimeout)
 		case sqlState(err) != "" && !strings.HasPrefix(sqlState(err), "08") && !strings.HasPrefix(sqlState(err), "57"):

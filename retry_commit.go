@@ -22,15 +22,18 @@ import (
 // per attempt, and finds none in a transaction whose only effect is a
 // NOTIFY (Postgres assigns that one its id inside COMMIT). So lockhooks
 // assigns every attempt its id at BEGIN, in the same round trip: it sends
-// the BEGIN itself, in one simple-protocol message with a query of the id
-// (and of the backend's pid, which resolution uses too). A transaction that
+// the BEGIN itself, in one simple-protocol message with a query of the id.
+// A transaction that
 // writes nothing then has an id as well: its COMMIT writes a commit record,
 // without waiting for the disk (Postgres commits asynchronously a
 // transaction that wrote no WAL before COMMIT), and uses up one transaction
 // id. On a standby, where nothing can be written or notified, no id is
-// assigned (pg_is_in_recovery()). COMMIT is sent as "SELECT 1; COMMIT": a
-// transaction that a failed statement aborted fails at the SELECT (25P02)
-// instead of answering COMMIT with a silent ROLLBACK.
+// assigned (pg_is_in_recovery()). A transaction that a failed statement
+// aborted must not be answered COMMIT's silent ROLLBACK: through pgx,
+// lockhooks asks the connection's transaction status (PgConn.TxStatus,
+// from the server's last ReadyForQuery, so no round trip) and rolls back
+// instead of committing; through other drivers COMMIT is sent as
+// "SELECT 1; COMMIT", which fails at the SELECT (25P02).
 //
 // The simple protocol through database/sql, without naming the driver's
 // types (the root package imports no driver): lib/pq runs every query
@@ -50,7 +53,6 @@ import (
 type commitInfo struct {
 	begun bool   // lockhooks sent BEGIN, with the id query
 	xid   string // the transaction id; "" on a standby (nothing can be written there)
-	pid   int64  // the backend that runs the transaction
 }
 
 // commitInfoKey carries RunInTx's *commitInfo in BeginTx's context.
@@ -58,10 +60,8 @@ type commitInfoKey struct{}
 
 // The statements of the commit path.
 const (
-	// xidQuery assigns the transaction its id (none on a standby) and
-	// names the backend, as "pid/xid" ("pid/" on a standby): one column
-	// costs the driver less than two.
-	xidQuery = "SELECT format('%s/%s', pg_backend_pid(), CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_xact_id() END)"
+	// xidQuery assigns the transaction its id (none on a standby).
+	xidQuery = "SELECT (CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_xact_id() END)::text"
 	// commitGuarded is COMMIT after a statement that fails in an aborted
 	// transaction.
 	commitGuarded = "SELECT 1; COMMIT"
@@ -100,15 +100,6 @@ var beginTexts = func() (texts [2][sql.LevelSerializable + 1][2]string) {
 	return texts
 }()
 
-// parseXidRow reads xidQuery's "pid/xid".
-func parseXidRow(v string) (pid int64, xid string, err error) {
-	p, x, ok := strings.Cut(v, "/")
-	if pid, err = strconv.ParseInt(p, 10, 64); !ok || err != nil {
-		return 0, "", fmt.Errorf("lockhooks: the transaction id query answered %q, want pid/xid", v)
-	}
-	return pid, x, nil
-}
-
 // simpleQuery is how a database's inner connections run a text of several
 // statements in one simple-protocol round trip and return rows: found from
 // the first connection, once.
@@ -117,7 +108,38 @@ type simpleQuery struct {
 	ok       bool
 	args     []driver.NamedValue // arguments that select the simple protocol
 	idFirst  bool                // only the first statement's rows come back
+	pgx      bool                // the connections are pgx's (their TxStatus can be read)
 	disabled atomic.Bool         // the driver did not run the text as expected
+}
+
+// errTxAborted is pgTx.Commit's error for a transaction that a failed
+// statement aborted: it was rolled back. It reads as Postgres's 25P02.
+var errTxAborted = &txAbortedError{}
+
+type txAbortedError struct{}
+
+func (*txAbortedError) Error() string {
+	return "lockhooks: the transaction was aborted by a statement that failed (in_failed_sql_transaction), so it was rolled back instead of committed"
+}
+
+// SQLState makes it classify as Postgres's in_failed_sql_transaction.
+func (*txAbortedError) SQLState() string { return "25P02" }
+
+// pgxTxStatus returns the TxStatus method of the pgx connection behind a
+// pgx stdlib connection (its Conn().PgConn()), as a plain func, or nil.
+func pgxTxStatus(inner driver.Conn) func() byte {
+	v := reflect.ValueOf(inner)
+	for _, name := range []string{"Conn", "PgConn"} {
+		m := v.MethodByName(name)
+		if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 {
+			return nil
+		}
+		if v = m.Call(nil)[0]; v.Kind() != reflect.Pointer || v.IsNil() {
+			return nil
+		}
+	}
+	f, _ := v.MethodByName("TxStatus").Interface().(func() byte)
+	return f
 }
 
 // of returns the simple-protocol arguments for inner's driver.
@@ -132,7 +154,7 @@ func (s *simpleQuery) of(inner driver.Conn) (*simpleQuery, bool) {
 			s.ok = true
 		case "github.com/jackc/pgx/v5/stdlib":
 			if mode, ok := pgxSimpleProtocol(t); ok {
-				s.ok, s.idFirst = true, true
+				s.ok, s.idFirst, s.pgx = true, true, true
 				s.args = []driver.NamedValue{{Ordinal: 1, Value: mode}}
 			}
 		}
@@ -170,7 +192,7 @@ func pgxSimpleProtocol(stdlibConn reflect.Type) (any, bool) {
 // BEGIN, learning its id in the same round trip; ok is false when the
 // driver or the options do not allow it (the caller then begins as usual).
 func (c *conn) beginForRunInTx(ctx context.Context, opts driver.TxOptions, info *commitInfo) (tx driver.Tx, ok bool, err error) {
-	sq, ok := c.connector.simpleQuery.of(c.inner)
+	sq, ok := c.connector.ownBegin.of(c.inner)
 	if !ok || c.queryer == nil {
 		return nil, false, nil
 	}
@@ -219,9 +241,7 @@ func (c *conn) beginForRunInTx(ctx context.Context, opts driver.TxOptions, info 
 	if err == io.EOF {
 		err = fmt.Errorf("lockhooks: %q returned no row", text)
 	}
-	if err == nil {
-		info.pid, info.xid, err = parseXidRow(textOf(row[0]))
-	}
+	info.xid = textOf(row[0])
 	row[0] = nil
 	if err != nil {
 		// The transaction may have begun: end it, whatever state it is in.
@@ -229,6 +249,9 @@ func (c *conn) beginForRunInTx(ctx context.Context, opts driver.TxOptions, info 
 		return nil, true, c.observe(err)
 	}
 	info.begun = true
+	if sq.pgx && c.tx.status == nil {
+		c.tx.status = pgxTxStatus(c.inner) // once per connection
+	}
 	t := c.tx.begin(ctx, pgTx{c}, opts)
 	t.ownCtx = ownCtx
 	return t, true, nil
@@ -256,14 +279,27 @@ func textOf(v driver.Value) string {
 type pgTx struct{ c *conn }
 
 // Commit commits, failing in a transaction that a failed statement
-// aborted (commitGuarded). After a failure the server reported, the
-// transaction is ended, so that the connection is never left inside it.
+// aborted (rolled back instead: errTxAborted, or commitGuarded's 25P02).
+// After a failure the server reported, the transaction is ended, so that
+// the connection is never left inside it.
 func (t pgTx) Commit() error {
 	ctx := t.c.tx.ownCtx
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	err := t.c.execOwn(ctx, commitGuarded)
+	text := commitGuarded
+	if status := t.c.tx.status; status != nil {
+		switch status() {
+		case 'E': // in a failed transaction block
+			if err := t.c.execOwn(context.Background(), "ROLLBACK"); err != nil {
+				return err
+			}
+			return errTxAborted
+		case 'T':
+			text = "COMMIT"
+		}
+	}
+	err := t.c.execOwn(ctx, text)
 	if err != nil && isServerError(err) {
 		t.c.execOwn(context.Background(), "ROLLBACK") // after the guard the block is still open; after COMMIT, a no-op
 	}

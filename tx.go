@@ -60,11 +60,7 @@ type tx struct {
 	inner driver.Tx
 	opts  driver.TxOptions
 	ctx   context.Context // BeginTx's, in use until COMMIT or ROLLBACK
-	// For a transaction lockhooks began itself for RunInTx (pgTx): the
-	// context of its COMMIT, and a buffer for BEGIN's row.
-	ownCtx context.Context
-	row    [1]driver.Value
-	gen    uint64 // tells this connection's transactions apart, as lock owners
+	gen   uint64          // tells this connection's transactions apart, as lock owners
 
 	read   bool         // a statement ran in the transaction (its snapshot is fixed)
 	writer bool         // the transaction holds the SQLite writer lock
@@ -75,6 +71,13 @@ type tx struct {
 	// transaction first took each kind of lock (zero: never).
 	span                                           trace.Span
 	rowSince, xactSince, locksetSince, writerSince time.Time
+
+	// For a transaction lockhooks began itself for RunInTx (pgTx): the
+	// context of its COMMIT, and a buffer for BEGIN's row; and, once per
+	// connection, its pgx connection's transaction status (nil: not pgx).
+	ownCtx context.Context
+	row    [1]driver.Value
+	status func() byte
 }
 
 var _ driver.Tx = (*tx)(nil)
