@@ -578,3 +578,30 @@ func openRaw(t *testing.T, dsn string) *sql.DB {
 	t.Cleanup(func() { db.Close() })
 	return db
 }
+
+// Through each PgBouncer of the test matrix in transaction mode, RunInTx
+// begins with the transaction id in BEGIN's round trip too (the simple
+// protocol needs no prepared statement), and commits.
+func TestRunInTxThroughPoolers(t *testing.T) {
+	pgtest.EachPooler(t, func(t *testing.T, p *pgtest.Pooler) {
+		e := newPoolerEnv(t, p)
+		db := e.open(t, WithTransactionPooler())
+		mustExec(t, e.raw, "CREATE TABLE orders (id SERIAL PRIMARY KEY, note TEXT NOT NULL)")
+		info, xid := beginInfo(t, db, nil)
+		if !info.begun || info.xid == "" || info.xid != xid {
+			t.Fatalf("begun %v with id %q; the transaction has id %q", info.begun, info.xid, xid)
+		}
+		ctx := context.Background()
+		for range 3 {
+			if err := RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, "INSERT INTO orders (note) VALUES ($1)", "once")
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := countRows(t, e.raw, "orders"); n != 3 {
+			t.Fatalf("%d rows, want 3", n)
+		}
+	})
+}
