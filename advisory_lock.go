@@ -20,7 +20,8 @@ type AdvisoryLock struct {
 	conn *sql.Conn
 	c    *conn // the wrapper's state of conn
 
-	turn any // the owner of this key's turn in the in-process queue (Postgres)
+	turn  any   // the owner of this key's turn in the in-process queue (Postgres)
+	token int64 // the fencing token (Token)
 
 	mu       sync.Mutex
 	released bool
@@ -96,6 +97,9 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 		turns.unlock(key, l.turn)
 		return nil, false, fmt.Errorf("%w: advisory lock %s: the database was closed while it was acquired", ErrLockLost, describeKey(key))
 	}
+	if err := l.readToken(ctx); err != nil {
+		return nil, false, l.releaseAfterTokenError(ctx, err)
+	}
 	return l, true, nil
 }
 
@@ -146,6 +150,7 @@ func (l *AdvisoryLock) acquireInProcess(ctx context.Context, try bool) (*Advisor
 			l.conn.Close()
 			return nil, false, nil
 		}
+		l.token = l.c.connector.tokens.next()
 		return l, true, nil
 	}
 	_, w := l.c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
@@ -156,6 +161,7 @@ func (l *AdvisoryLock) acquireInProcess(ctx context.Context, try bool) (*Advisor
 		l.conn.Close()
 		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
 	}
+	l.token = l.c.connector.tokens.next()
 	return l, true, nil
 }
 

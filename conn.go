@@ -372,6 +372,11 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	if c.beginsImmediate(opts) {
 		return c.beginImmediate(ctx, opts)
 	}
+	if info, _ := ctx.Value(commitInfoKey{}).(*commitInfo); info != nil && c.connector.opts.dialect == Postgres {
+		if t, ok, err := c.beginForRunInTx(ctx, opts, info); ok {
+			return t, err
+		}
+	}
 	innerCtx := ctx
 	if c.connector.pins != nil {
 		// pgx runs COMMIT and ROLLBACK with this context, and closes the
@@ -481,6 +486,9 @@ func (c *conn) IsValid() bool {
 	}
 	if c.discards.Load() > 0 {
 		return false
+	}
+	if c.pinnedUntilClosed() {
+		return false // recycled: the pooler unpins it when it disconnects
 	}
 	if c.connector.opts.verifyOnReturn && c.connector.pins != nil && !c.suspect.Load() {
 		c.verifyOnReturn()

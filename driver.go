@@ -75,6 +75,7 @@ type options struct {
 	statementSpans    bool
 	verifyOnReturn    bool
 	txPooler          bool
+	pinningPooler     bool       // WithSessionPinningPooler
 	lockOrder         *lockOrder // WithLockOrderCheck; nil: off
 	slowLockLog       time.Duration
 
@@ -216,6 +217,9 @@ func resolveOptions(opts []Option, inner ...any) (*options, error) {
 	}
 	if o.logger == nil {
 		o.logger = slog.Default()
+	}
+	if o.txPooler && o.pinningPooler {
+		return nil, errPoolerOptions
 	}
 	switch o.dialect {
 	case Postgres, SQLite:
@@ -487,6 +491,8 @@ type connector struct {
 	pins     *pinning              // Postgres only
 	named    lockTable[int64]      // SQLite's in-process advisory locks
 	turns    lockTable[int64]      // Postgres: AcquireAdvisoryLock's in-process queue per key
+	tokens   tokenClock            // SQLite: the in-process advisory locks' fencing tokens
+	ownBegin simpleQuery           // Postgres: how RunInTx's BEGIN learns the transaction id (retry_commit.go)
 	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
 	writer   writerLock            // SQLite's in-process writer lock
 	dsn      string                // "" when the inner connector was given

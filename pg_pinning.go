@@ -90,6 +90,8 @@ type pinState struct {
 	gen       uint64        // changes whenever held may have changed
 	busy      int           // advisory statements in flight
 	recheck   bool          // read pg_locks again once the transaction ends
+	everHeld  bool          // has held a session lock (a session-pinning pooler keeps it pinned)
+	pinnedTo  int32         // WithSessionPinningPooler: the backend pg_locks found its session locks on
 
 	// exec serialises what lockhooks itself runs on a connection that
 	// database/sql no longer uses (a parked one): rerouted unlocks, reads of
@@ -100,6 +102,9 @@ type pinState struct {
 // updateActiveLocked recomputes whether statements need the slow path;
 // c.pin.mu is held.
 func (c *conn) updateActiveLocked() {
+	if len(c.pin.held) > 0 {
+		c.pin.everHeld = true
+	}
 	c.pin.active.Store(len(c.pin.held) > 0 || c.pin.lost != nil || c.pin.textTx || c.pin.recheck || len(c.pin.xact) > 0)
 }
 

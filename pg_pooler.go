@@ -21,9 +21,10 @@ import (
 var ErrTransactionPooler = errors.New("lockhooks: session advisory lock through a transaction-mode pooler")
 
 // WithTransactionPooler says the DSN goes through a transaction-mode pooler
-// (PgBouncer pool_mode = transaction, RDS Proxy, Supabase's and Neon's
-// poolers). Only an open transaction keeps a server connection assigned to
-// one client there, so each connection that takes a session advisory lock
+// (PgBouncer pool_mode = transaction, Supabase's and Neon's poolers; RDS
+// Proxy pins sessions instead: [WithSessionPinningPooler]). Only an open
+// transaction keeps a server connection assigned to one client there, so
+// each connection that takes a session advisory lock
 // gets a holder connection of its own whose transaction stays open while it
 // holds anything; the lock and unlock statements run there and return its
 // results. The application's own statements keep their meaning: they run

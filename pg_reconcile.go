@@ -100,6 +100,9 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 		return map[lockKey]bool{}, nil
 	}
 	pid := c.lockPID()
+	if c.connector.opts.pinningPooler {
+		pid = 0 // the backend that answers: the pooler moves the connection until it pins it
+	}
 	inTx := c.inTx()
 	if inTx {
 		if err := c.execOwn(ctx, "SAVEPOINT lockhooks_read"); err != nil {
@@ -107,7 +110,11 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 		}
 	}
 	held, ranOn, err := c.queryOwnLocks(ctx, pid)
-	if err == nil && ranOn != pid && !c.connector.opts.txPooler {
+	switch {
+	case err != nil:
+	case c.connector.opts.pinningPooler:
+		err = c.followPin(ranOn, len(held) > 0 && !inTx)
+	case ranOn != pid && !c.connector.opts.txPooler:
 		err = c.poolerDetected(fmt.Sprintf("was opened on backend pid %d but its statements now run on backend pid %d", pid, ranOn))
 	}
 	if inTx {
@@ -125,11 +132,15 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 	return held, nil
 }
 
-// queryOwnLocks reads the granted advisory locks of backend pid, and the
-// pid of the backend that answers.
+// queryOwnLocks reads the granted advisory locks of backend pid (0: of the
+// backend that answers), and the pid of the backend that answers.
 func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, err error) {
+	of := "pg_backend_pid()"
+	if pid != 0 {
+		of = strconv.Itoa(int(pid))
+	}
 	rows, err := queryDirect(ctx, c.inner, `SELECT pg_backend_pid(), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
-FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.pid = `+strconv.Itoa(int(pid))+` AND l.locktype = 'advisory' AND l.granted`+c.afterDiscard(), nil)
+FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.pid = `+of+` AND l.locktype = 'advisory' AND l.granted`+c.afterDiscard(), nil)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -71,6 +71,13 @@ type tx struct {
 	// transaction first took each kind of lock (zero: never).
 	span                                           trace.Span
 	rowSince, xactSince, locksetSince, writerSince time.Time
+
+	// For a transaction lockhooks began itself for RunInTx (pgTx): the
+	// context of its COMMIT, and a buffer for BEGIN's row; and, once per
+	// connection, its pgx connection's transaction status (nil: not pgx).
+	ownCtx context.Context
+	row    [1]driver.Value
+	status func() byte
 }
 
 var _ driver.Tx = (*tx)(nil)
@@ -117,7 +124,7 @@ func (t *tx) Rollback() error {
 // if a statement in it changed session locks in ways only pg_locks can
 // tell, reads pg_locks now that the transaction's own locks are gone.
 func (t *tx) end() {
-	t.inner, t.ctx = nil, nil
+	t.inner, t.ctx, t.ownCtx = nil, nil, nil
 	t.opts = driver.TxOptions{}
 	t.held.reset()
 	if len(t.locks) > 0 {
