@@ -69,6 +69,10 @@ type conn struct {
 
 	// order is the lock-order checker's state for the connection.
 	order connOrder
+
+	// ident is the open transaction as other goroutines see it (Postgres):
+	// a holder's identity in the model of holders (holders.go).
+	ident txIdent
 }
 
 var _ connCore = (*conn)(nil)

@@ -453,7 +453,7 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 		key := locksetKey{namespace, k}
 		if w.recording() {
 			if h, ok := table.holder(key); ok && h.owner != owner {
-				w.holder(h.span, h.since, h.site.String(), 0)
+				w.heldBy(tableHolder(lockKeyName(namespace, describeID(k)), h))
 			}
 		}
 		if try {
@@ -634,14 +634,14 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 	if w.stmt == "" && w.site.n == 0 {
 		w.siteWanted.Store(true)
 	}
-	holderSpan, holderSince, holder := w.span, w.since, w.holderLocked()
+	holder := w.holderLocked()
 	w.mu.Unlock()
 
 	// Contended: time the wait, linked to the holder.
 	_, wait := tel.startWait(ctx, "sqlite_writer", "exclusive", "transaction")
 	wait.setWaiter(ownerConn(owner), "", &wt.site, stmt, nil)
 	if wait.recording() {
-		wait.holder(holderSpan, holderSince, holder.location(), 0)
+		wait.heldBy(holder.identity())
 	}
 	defer func() { wait.end(ctx, "", err) }()
 
@@ -684,7 +684,7 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 
 // holderLocked returns the holder, to describe once w.mu is released.
 func (w *writerLock) holderLocked() writerHolder {
-	return writerHolder{owner: w.owner, since: w.since, stmt: w.stmt, site: w.site, siteLate: w.siteLate}
+	return writerHolder{owner: w.owner, since: w.since, stmt: w.stmt, site: w.site, siteLate: w.siteLate, span: w.span}
 }
 
 // noteStatementInTx is called at each statement of the transaction that

@@ -19,7 +19,7 @@ import (
 )
 
 // noTelemetry is telemetry with the global (no-op) providers.
-var noTelemetry = newTelemetry(&options{}, nil)
+var noTelemetry = newTelemetry(&options{}, "test", nil)
 
 // openSQLiteFile opens one SQLite file through lockhooks; raw opens the
 // same file through modernc as it is.
@@ -480,7 +480,7 @@ func TestWriterLock(t *testing.T) {
 	// stack walk each write transaction would pay for), and the error says
 	// so and names its connection.
 	_, err := db.BeginTx(context.Background(), nil)
-	if !errors.Is(err, ErrWriterLockTimeout) || !strings.Contains(err.Error(), "on connection #") || !strings.Contains(err.Error(), "not recorded") {
+	if !errors.Is(err, ErrWriterLockTimeout) || !strings.Contains(err.Error(), "connection #") || !strings.Contains(err.Error(), "not recorded") {
 		t.Fatalf("a second writer: %v, want ErrWriterLockTimeout naming the holder's connection", err)
 	}
 	first.Rollback()
@@ -539,7 +539,7 @@ func TestWriterLockRecordsSitesAfterRecentWaits(t *testing.T) {
 		}
 		defer w.unlock()
 		h, _ := w.holder()
-		return h.where
+		return h.location()
 	}
 	for _, c := range []struct {
 		name     string
@@ -565,8 +565,8 @@ func TestWriterLockHolderSiteAtNextStatement(t *testing.T) {
 	w := &connectorOf(t, db).writer
 	holder := beginTx(t, db, nil)
 	defer holder.Rollback()
-	if h, _ := w.holder(); h.where != "not recorded" {
-		t.Fatalf("an uncontended holder's site: %q, want not recorded", h.where)
+	if h, _ := w.holder(); h.location() != "not recorded" {
+		t.Fatalf("an uncontended holder's site: %q, want not recorded", h.location())
 	}
 
 	waited := make(chan error, 1)
@@ -588,8 +588,8 @@ func TestWriterLockHolderSiteAtNextStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 	h, _ := w.holder()
-	if !strings.Contains(h.where, "_test.go:") || !strings.Contains(h.where, "a later statement") {
-		t.Errorf("the holder's site after its next statement: %q", h.where)
+	if !strings.Contains(h.location(), "_test.go:") || !strings.Contains(h.location(), "a later statement") {
+		t.Errorf("the holder's site after its next statement: %q", h.location())
 	}
 	if d := h.describe(); !strings.Contains(d, "that ran a statement at") {
 		t.Errorf("the holder described as %q", d)

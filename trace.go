@@ -35,6 +35,9 @@ const (
 	AttrHolderSite     = attribute.Key("lockhooks.holder.call_site") // where the holder took the lock
 	AttrHolderSince    = attribute.Key("lockhooks.holder.since")     // when the holder took it (RFC 3339)
 	AttrHolderPID      = attribute.Key("lockhooks.holder.backend_pid")
+	AttrHolderPool     = attribute.Key("lockhooks.holder.pool.name")  // the holder's database (its pool name)
+	AttrHolderConn     = attribute.Key("lockhooks.holder.connection") // the holder's connection number in its database
+	attrPoolName       = attribute.Key("db.client.connection.pool.name")
 	attrDBSystem       = attribute.Key("db.system.name")
 	attrDBStatus       = attribute.Key("db.response.status_code")
 	attrErrorType      = attribute.Key("error.type")
@@ -106,7 +109,7 @@ type telemetry struct {
 	timeouts       metric.Int64Counter
 	serialization  metric.Int64Counter
 	reg            metric.Registration
-	base           metric.MeasurementOption // db.system.name
+	base           metric.MeasurementOption // db.system.name, db.client.connection.pool.name
 
 	watch  *waitWatch // the waits in progress (debug page, slow-wait log)
 	events *eventRing // recent events and counters (debug page)
@@ -116,7 +119,7 @@ type telemetry struct {
 // each collection for the gauges. An instrument that cannot be created is
 // reported to otel.Handle and left out: telemetry never breaks the
 // database.
-func newTelemetry(o *options, observe func() (held, parked int64)) *telemetry {
+func newTelemetry(o *options, pool string, observe func() (held, parked int64)) *telemetry {
 	tp, mp := o.tracerProvider, o.meterProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
@@ -135,7 +138,9 @@ func newTelemetry(o *options, observe func() (held, parked int64)) *telemetry {
 		blockerThreshold: o.blockerThreshold,
 		system:           attrDBSystem.String(system),
 	}
-	t.base = metric.WithAttributeSet(attribute.NewSet(t.system))
+	// Every observation carries the database's pool name, so that several
+	// databases on one MeterProvider have series (and gauges) of their own.
+	t.base = metric.WithAttributeSet(attribute.NewSet(t.system, attrPoolName.String(pool)))
 	m := mp.Meter(instrumentationName)
 	check := func(err error) {
 		if err != nil {
@@ -257,21 +262,16 @@ func (t *telemetry) startWait(ctx context.Context, kind, mode, scope string, att
 // recording reports whether the wait has a recording span.
 func (w *lockWait) recording() bool { return w != nil && w.span != nil }
 
-// holder records what holds the lock this acquisition waits for: a link
-// to the holder's span, and when and where it took the lock.
-func (w *lockWait) holder(span trace.SpanContext, since time.Time, site string, pid int32) {
+// heldBy records what holds the lock this acquisition waits for, as the
+// model of holders names it: a link to the holder's span, and its
+// database, connection, backend pid, call site and since when.
+func (w *lockWait) heldBy(h holder) {
 	if !w.recording() {
 		return
 	}
-	attrs := []attribute.KeyValue{AttrHolderSite.String(site)}
-	if !since.IsZero() {
-		attrs = append(attrs, AttrHolderSince.String(since.UTC().Format(time.RFC3339Nano)))
-	}
-	if pid != 0 {
-		attrs = append(attrs, AttrHolderPID.Int64(int64(pid)))
-	}
-	if span.IsValid() {
-		w.span.AddLink(trace.Link{SpanContext: span, Attributes: attrs})
+	attrs := h.spanAttrs()
+	if h.span.IsValid() {
+		w.span.AddLink(trace.Link{SpanContext: h.span, Attributes: attrs})
 	}
 	w.span.SetAttributes(attrs...)
 }
@@ -373,7 +373,7 @@ func (w *lockWait) lookForBlockers(c *connector, pid int32) {
 		return
 	}
 	w.stop = make(chan struct{})
-	stop, span, threshold := w.stop, w.span, w.t.blockerThreshold
+	stop, span, threshold, keys := w.stop, w.span, w.t.blockerThreshold, w.advKeys
 	go func() {
 		timer := time.NewTimer(threshold)
 		defer timer.Stop()
@@ -390,7 +390,24 @@ func (w *lockWait) lookForBlockers(c *connector, pid int32) {
 			return
 		}
 		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attrs...))
+		w.blockedBy(attrs, keys)
 	}()
+}
+
+// blockedBy names, as holders (attributes and a link to their span), the
+// blocking backends that are connections of a lockhooks database of this
+// process.
+func (w *lockWait) blockedBy(attrs []attribute.KeyValue, keys []lockKey) {
+	for _, a := range attrs {
+		if a.Key != "lockhooks.blocker.backend_pids" {
+			continue
+		}
+		for _, pid := range a.Value.AsInt64Slice() {
+			if oc := databases.connByPID(int32(pid)); oc != nil {
+				w.heldBy(oc.asHolder(keys))
+			}
+		}
+	}
 }
 
 // blockers reads who blocks backend pid.
@@ -523,11 +540,7 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, arg
 	}
 	for _, k := range resolved {
 		if h := c.connector.pins.holderOf(k, c); h != nil {
-			h.pin.mu.Lock()
-			if l := h.pin.held[k]; l != nil {
-				w.holder(l.span, l.since, l.site, h.pid.Load())
-			}
-			h.pin.mu.Unlock()
+			w.heldBy(h.asHolder([]lockKey{k}))
 		}
 	}
 	c.watchBlockers(ctx, w)

@@ -459,7 +459,7 @@ func TestNoAllocationsOnPlainStatements(t *testing.T) {
 		fc := newFakeConn()
 		fc.quiet = true
 		fc.rows = func() driver.Rows { return (*fakeRows)(nil) }
-		w := newConn(newConnector(fakeConnector{}, &Driver{}, mustOptions(t, WithDialect(d))), fc)
+		w := newConn(newConnector(fakeConnector{}, &Driver{}, mustOptions(t, WithDialect(d)), "", sqliteDSN{}), fc)
 		ctx := context.Background()
 		exec := w.(driver.ExecerContext)
 		query := w.(driver.QueryerContext)
