@@ -156,13 +156,9 @@ func (c *conn) Unwrap() driver.Conn { return c.inner }
 
 func (c *conn) state() *conn { return c }
 
-// String names the connection in errors and logs.
-func (c *conn) String() string {
-	if pid := c.pid.Load(); pid != 0 {
-		return fmt.Sprintf("connection #%d (backend pid %d)", c.id, pid)
-	}
-	return fmt.Sprintf("connection #%d", c.id)
-}
+// String names the connection in errors and logs as the model of holders
+// does: `connection #3 of "orders" (backend pid 812)`.
+func (c *conn) String() string { return connHolder(c).who() }
 
 // ExecContext runs query through the statement hooks.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
