@@ -256,7 +256,7 @@ func TestDeadlockErrorNamesHeldLocks(t *testing.T) {
 		t.Fatalf("no DeadlockError: %v", err)
 	}
 	msg := de.Error()
-	if !strings.Contains(msg, "DETAIL: Process") || !strings.Contains(msg, "was waiting for rows of items (FOR NO KEY UPDATE)") {
+	if !strings.Contains(msg, "DETAIL: Process") || !strings.Contains(msg, "waited for rows of items (FOR NO KEY UPDATE): row (") {
 		t.Errorf("the message lacks the DETAIL or the lock waited for: %s", msg)
 	}
 	if errs[0] != nil { // a was the victim: it held more

@@ -212,8 +212,7 @@ func (t *telemetry) unlockRefused(ctx context.Context) { t.add(ctx, t.refused, 1
 func (t *telemetry) countError(ctx context.Context, err error) {
 	switch sqlState(err) {
 	case "40P01":
-		t.add(ctx, t.deadlocks, 1)
-		t.events.add(eventDeadlock, err.Error())
+		t.add(ctx, t.deadlocks, 1) // its event, with the whole explanation: conn.deadlockError
 	case "55P03":
 		t.add(ctx, t.timeouts, 1)
 		t.events.count(countLockTimeout, 1)
