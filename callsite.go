@@ -23,8 +23,25 @@ func (c *callers) capture() { c.n = runtime.Callers(3, c.pcs[:]) }
 // String returns file:line of the first frame outside database/sql and
 // lockhooks itself.
 func (c *callers) String() string {
-	if c.n == 0 {
+	f, ok := c.userFrame()
+	if !ok {
 		return "unknown"
+	}
+	return shortFile(f.File) + ":" + strconv.Itoa(f.Line)
+}
+
+// userFunction returns the function of the first frame outside
+// database/sql and lockhooks itself, or "".
+func (c *callers) userFunction() string {
+	f, _ := c.userFrame()
+	return f.Function
+}
+
+// userFrame returns the first frame outside database/sql and lockhooks
+// itself.
+func (c *callers) userFrame() (runtime.Frame, bool) {
+	if c.n == 0 {
+		return runtime.Frame{}, false
 	}
 	frames := runtime.CallersFrames(c.pcs[:c.n])
 	for {
@@ -32,10 +49,10 @@ func (c *callers) String() string {
 		internal := strings.HasPrefix(f.Function, "database/sql.") ||
 			(strings.HasPrefix(f.Function, "github.com/lockhooks/lockhooks.") && !strings.HasSuffix(f.File, "_test.go"))
 		if !internal && f.Function != "" && !strings.HasPrefix(f.Function, "runtime.") {
-			return shortFile(f.File) + ":" + strconv.Itoa(f.Line)
+			return f, true
 		}
 		if !more {
-			return "unknown"
+			return runtime.Frame{}, false
 		}
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
 // connCore is what every wrapped connection implements, whatever the inner
@@ -314,6 +316,10 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 // afterTracked brings the lock tracking up to date and ends the lock wait.
 func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
 	err = c.afterAdvisory(ctx, plan, results, err)
+	err = plan.wait.selfWaitResult(c, plan.st.text, err)
+	if !(plan.st.locks&sqlscan.NoWait != 0 && sqlState(err) == stateLockNotAvailable) { // NOWAIT did not wait
+		err = c.nameHolder(plan.wait, err)
+	}
 	c.endLockWait(ctx, plan, err)
 	return err
 }

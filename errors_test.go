@@ -186,7 +186,9 @@ func TestClassificationModernc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, writerTimeout := w.Exec("CREATE TABLE u (v INTEGER)")
+	other, cancelOther := context.WithCancel(ctx) // not the holder's call chain: it waits (see ErrSelfWait)
+	defer cancelOther()
+	_, writerTimeout := w.ExecContext(other, "CREATE TABLE u (v INTEGER)")
 	hold.Rollback()
 
 	for _, c := range []struct {

@@ -2,11 +2,14 @@ package lockhooks
 
 import (
 	"context"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -313,6 +316,7 @@ func slicesContainsConn(hs []holder, db string, id uint64) bool {
 // transaction's own state (tx) belongs to the connection's goroutine; this
 // copy is guarded by mu.
 type txIdent struct {
+	g     atomic.Uintptr // the goroutine that began it (currentG), for self-waits
 	mu    sync.Mutex
 	open  bool
 	since time.Time
@@ -324,6 +328,7 @@ type txIdent struct {
 // set records that a transaction began with ctx at site (nil: not
 // recorded).
 func (t *txIdent) set(ctx context.Context, since time.Time, site *callers) {
+	t.g.Store(currentG())
 	t.mu.Lock()
 	t.open, t.since, t.ctx = true, since, ctx
 	t.span = trace.SpanContextFromContext(ctx)
@@ -337,6 +342,7 @@ func (t *txIdent) set(ctx context.Context, since time.Time, site *callers) {
 
 // clear records that the transaction ended.
 func (t *txIdent) clear() {
+	t.g.Store(0)
 	t.mu.Lock()
 	t.open, t.ctx, t.site.n = false, nil, 0
 	t.mu.Unlock()
@@ -429,7 +435,12 @@ func resolveBlockers(holders []holder, blockers []pgBlocker, keys []lockKey) ([]
 			continue
 		}
 		h := oc.asHolder(keys)
-		h.PID, h.State, h.Statement = b.PID, b.State, b.Query
+		h.PID, h.State = b.PID, b.State
+		if h.SiteKind != siteTook {
+			// The last statement of a transaction tells where it is; that of
+			// a session-lock holder is often lockhooks' own pg_locks read.
+			h.Statement = b.Query
+		}
 		if h.Since.IsZero() && b.XactSeconds >= 0 {
 			h.Since = time.Now().Add(-time.Duration(b.XactSeconds * float64(time.Second)))
 		}
@@ -638,4 +649,80 @@ func (w *writerLock) waits(fn func(h writerHolder, wt writerWaiterInfo)) {
 		x.where = describeWriter(x.stmt, &x.site)
 		fn(h, x)
 	}
+}
+
+// advisoryHolders reads, on a side connection of its own, which backends
+// hold (granted) the advisory keys, as holders (connections of a lockhooks
+// database of this process) and blockers (the others). It names the holder
+// of a wait after the wait ended, when the server no longer shows it.
+func (c *connector) advisoryHolders(ctx context.Context, keys []lockKey) ([]holder, []pgBlocker, error) {
+	if len(keys) == 0 || c.opts.dialect != Postgres {
+		return nil, nil, nil
+	}
+	var conds []string
+	for _, k := range keys {
+		classid, objid, sub := k.k1>>32, k.k1&0xffffffff, 1
+		if k.pair {
+			classid, objid, sub = k.k1&0xffffffff, k.k2&0xffffffff, 2
+		}
+		conds = append(conds, fmt.Sprintf("(l.classid = %d AND l.objid = %d AND l.objsubid = %d)", classid, objid, sub))
+	}
+	side, err := c.inner.Connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer side.Close()
+	rows, err := queryDirect(ctx, side, `SELECT DISTINCT a.pid::bigint, coalesce(a.application_name, ''), coalesce(a.state, ''),
+	coalesce(extract(epoch FROM clock_timestamp() - a.xact_start)::float8, -1), left(coalesce(a.query, ''), 500)
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND (`+strings.Join(conds, " OR ")+`)`, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	var blockers []pgBlocker
+	dest := make([]driver.Value, 5)
+	for rows.Next(dest) == nil {
+		blockers = append(blockers, pgBlocker{PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[1]), State: asString(dest[2]),
+			XactSeconds: asFloat64(dest[3]), Query: asString(dest[4])})
+	}
+	holders, rest := resolveBlockers(nil, blockers, keys)
+	return holders, rest, nil
+}
+
+// nameHolder adds to the error of a Postgres lock wait that timed out or
+// was cancelled (the context, lock_timeout, statement_timeout) what it
+// waited for, how long, and who holds it: as the slow-wait log or the
+// lookup before the context's deadline found it, or, for advisory keys,
+// as pg_locks shows it now. It still wraps err.
+func (c *conn) nameHolder(w *lockWait, err error) error {
+	if w == nil || err == nil || errors.Is(err, ErrSelfWait) || errors.Is(err, ErrLockLost) {
+		return err
+	}
+	if o := outcomeOf(err); o != outcomeTimeout && o != outcomeCanceled {
+		return err
+	}
+	waited := time.Since(w.start).Round(time.Millisecond)
+	text := w.holderNamed()
+	if text == "" && len(w.advKeys) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
+		holders, blockers, lerr := c.connector.advisoryHolders(ctx, w.advKeys)
+		cancel()
+		if lerr == nil && len(holders)+len(blockers) > 0 {
+			text = describeHolders(holders, blockers, nil)
+		}
+	}
+	what := w.kind + " lock"
+	switch {
+	case w.namespace != "":
+		what += fmt.Sprintf(" %q ids %s", w.namespace, w.keys)
+	case w.keys != "":
+		what += " " + w.keys
+	case w.query != "":
+		what += fmt.Sprintf(" for %.120q", w.query)
+	}
+	if text == "" {
+		return fmt.Errorf("lockhooks: gave up waiting for the %s after %v (the holder was not looked up in time): %w", what, waited, err)
+	}
+	return fmt.Errorf("lockhooks: gave up waiting for the %s after %v; held by %s: %w", what, waited, text, err)
 }

@@ -59,11 +59,22 @@ type waitInfo struct {
 	advKeys   []lockKey // Postgres advisory keys, for the in-process holder
 
 	slow       int
-	holderText string // the holder as the "still waiting" line named it
+	holderText string // the holder as the "still waiting" line, or the lookup before the deadline, named it
 	ended      bool   // ended while its "still waiting" line was being written
 	endOutcome string
 	endWaited  time.Duration
+
+	// lookAt is when, shortly before its context's deadline, a Postgres
+	// wait looks up who holds what it waits for, so that the error of a
+	// wait that times out can name the holder (the server forgets the
+	// wait the moment the driver cancels it). Zero: no lookup.
+	lookAt time.Time
+	looked bool
 }
+
+// lookupLead is how long before its context's deadline a Postgres wait
+// looks up its holder: a quarter of the wait's budget, at most this.
+const lookupLead = time.Second
 
 // waitWatch is the set of lock waits in progress of one database, for the
 // debug page and the slow-wait log: an intrusive list (no allocation per
@@ -90,10 +101,14 @@ func newWaitWatch(c *connector) *waitWatch {
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 }
 
-// add lists w, reading its keys and namespace from the wait's attributes.
-func (ww *waitWatch) add(w *lockWait, attrs []attribute.KeyValue) {
+// add lists w, reading its keys and namespace from the wait's attributes
+// and, on Postgres, when to look up its holder from ctx's deadline.
+func (ww *waitWatch) add(ctx context.Context, w *lockWait, attrs []attribute.KeyValue) {
 	if ww == nil {
 		return
+	}
+	if deadline, ok := ctx.Deadline(); ok && ww.c != nil && ww.c.opts.dialect == Postgres {
+		w.lookAt = deadline.Add(-min(lookupLead, deadline.Sub(w.start)/4))
 	}
 	ww.started.Add(1)
 	for _, a := range attrs {
@@ -117,7 +132,8 @@ func (ww *waitWatch) add(w *lockWait, attrs []attribute.KeyValue) {
 		ww.head = w
 	}
 	ww.tail = w
-	start := !ww.running && ww.threshold > 0
+	watched := ww.threshold > 0 || !w.lookAt.IsZero()
+	start := !ww.running && watched
 	if start {
 		ww.running = true
 	}
@@ -125,7 +141,7 @@ func (ww *waitWatch) add(w *lockWait, attrs []attribute.KeyValue) {
 	if start {
 		go ww.run()
 	}
-	if ww.threshold > 0 {
+	if watched {
 		select {
 		case ww.wake <- struct{}{}:
 		default:
@@ -271,23 +287,38 @@ func (ww *waitWatch) run() {
 		for {
 			now := time.Now()
 			next := time.Duration(-1)
-			var due []waitView
+			soon := func(left time.Duration) {
+				if next < 0 || left < next {
+					next = left
+				}
+			}
+			var due, look []waitView
 			ww.mu.Lock()
 			for w := ww.head; w != nil; w = w.next {
-				if w.slow != slowNone {
-					continue
+				if ww.threshold > 0 && w.slow == slowNone {
+					left := ww.threshold - now.Sub(w.start)
+					if left <= 0 {
+						w.slow = slowReporting
+						due = append(due, viewLocked(w))
+					} else {
+						soon(left)
+					}
 				}
-				left := ww.threshold - now.Sub(w.start)
-				if left <= 0 {
-					w.slow = slowReporting
-					due = append(due, viewLocked(w))
-				} else if next < 0 || left < next {
-					next = left
+				if !w.lookAt.IsZero() && !w.looked && w.slow == slowNone {
+					if left := w.lookAt.Sub(now); left <= 0 {
+						w.looked = true
+						look = append(look, viewLocked(w))
+					} else {
+						soon(left)
+					}
 				}
 			}
 			ww.mu.Unlock()
 			for _, v := range due {
 				ww.report(v)
+			}
+			for _, v := range look {
+				ww.lookUp(v)
 			}
 			if next < 0 {
 				break
@@ -337,6 +368,35 @@ func (ww *waitWatch) report(v waitView) {
 	if ended {
 		ww.logEnd(v.w, outcome, waited, holder)
 	}
+}
+
+// lookUp finds, shortly before the deadline of v's context, who holds
+// what v waits for, for the error of a wait that times out.
+func (ww *waitWatch) lookUp(v waitView) {
+	v.symbolise()
+	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
+	holders, blockers, err := ww.c.holdersOf(ctx, v)
+	cancel()
+	if len(holders) == 0 && len(blockers) == 0 {
+		return
+	}
+	text := describeHolders(holders, blockers, err)
+	ww.mu.Lock()
+	if v.w.holderText == "" {
+		v.w.holderText = text
+	}
+	ww.mu.Unlock()
+}
+
+// holderNamed returns the holder of what w waits for, as the slow-wait
+// log or the lookup before the deadline named it, or "".
+func (w *lockWait) holderNamed() string {
+	if w == nil || w.t == nil || w.t.watch == nil {
+		return ""
+	}
+	w.t.watch.mu.Lock()
+	defer w.t.watch.mu.Unlock()
+	return w.holderText
 }
 
 // logEnd writes the last line of a slow wait.

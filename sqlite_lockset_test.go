@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -85,7 +83,7 @@ func TestLockTableLeavesNothingBehind(t *testing.T) {
 			for range 10000 / 8 {
 				k := r.IntN(20)
 				if r.IntN(2) == 0 {
-					if table.tryLock(k, owner, nil, trace.SpanContext{}) {
+					if table.tryLock(ctx, k, owner, nil) {
 						table.unlock(k, owner)
 					}
 					continue
@@ -475,11 +473,15 @@ func TestWriterLock(t *testing.T) {
 	db, _ := openSQLiteFile(t, WithBusyTimeout(100*time.Millisecond))
 	mustExec(t, db, "CREATE TABLE t (id INTEGER PRIMARY KEY)")
 	first := beginTx(t, db, nil)
+	// The waiters run on this goroutine with a context of their own: not
+	// the holder's call chain, so they wait (TestSelfWait* has the rest).
+	other, cancelOther := context.WithCancel(context.Background())
+	defer cancelOther()
 
 	// Writers have never waited: the holder's site was not recorded (a
 	// stack walk each write transaction would pay for), and the error says
 	// so and names its connection.
-	_, err := db.BeginTx(context.Background(), nil)
+	_, err := db.BeginTx(other, nil)
 	if !errors.Is(err, ErrWriterLockTimeout) || !strings.Contains(err.Error(), "connection #") || !strings.Contains(err.Error(), "not recorded") {
 		t.Fatalf("a second writer: %v, want ErrWriterLockTimeout naming the holder's connection", err)
 	}
@@ -492,11 +494,11 @@ func TestWriterLock(t *testing.T) {
 	// began.
 	holder := beginTx(t, db, nil)
 	defer holder.Rollback()
-	_, err = db.BeginTx(context.Background(), nil)
+	_, err = db.BeginTx(other, nil)
 	if !errors.Is(err, ErrWriterLockTimeout) || !strings.Contains(err.Error(), "_test.go:") || !strings.Contains(err.Error(), "transaction begun at") {
 		t.Fatalf("a writer after contention: %v, want ErrWriterLockTimeout naming where the holder began", err)
 	}
-	if _, err := db.Exec("INSERT INTO t VALUES (1)"); !errors.Is(err, ErrWriterLockTimeout) {
+	if _, err := db.ExecContext(other, "INSERT INTO t VALUES (1)"); !errors.Is(err, ErrWriterLockTimeout) {
 		t.Fatalf("an autocommit write: %v, want ErrWriterLockTimeout", err)
 	}
 	// A writer waiting for an autocommit statement is told the statement.
@@ -715,7 +717,9 @@ func TestReadOnlyCTEDoesNotTakeTheWriterLock(t *testing.T) {
 	// A WITH … INSERT still takes it.
 	tx := beginTx(t, db, nil)
 	defer tx.Rollback()
-	if _, err := db.Exec("WITH x AS (SELECT 4 AS id) INSERT INTO t SELECT id, 'g' FROM x"); !errors.Is(err, ErrWriterLockTimeout) {
+	other, cancel := context.WithCancel(context.Background()) // not the holder's call chain: it waits (see ErrSelfWait)
+	defer cancel()
+	if _, err := db.ExecContext(other, "WITH x AS (SELECT 4 AS id) INSERT INTO t SELECT id, 'g' FROM x"); !errors.Is(err, ErrWriterLockTimeout) {
 		t.Fatalf("a WITH … INSERT while a write transaction is open: %v, want ErrWriterLockTimeout", err)
 	}
 }

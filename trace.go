@@ -240,7 +240,8 @@ type lockWait struct {
 	kind  string
 	mode  string
 	scope string
-	stop  chan struct{} // stops the blockers lookup
+	stop  chan struct{}  // stops the blockers lookup
+	self  *selfWaitProbe // a row-lock wait that may be a self-wait (selfwait.go)
 	waitInfo
 }
 
@@ -254,7 +255,7 @@ func (t *telemetry) startWait(ctx context.Context, kind, mode, scope string, att
 			w.span = nil
 		}
 	}
-	t.watch.add(w, attrs)
+	t.watch.add(ctx, w, attrs)
 	return ctx, w
 }
 
@@ -561,6 +562,9 @@ func (c *conn) startRowLockWait(ctx context.Context, st statement) *lockWait {
 		AttrLockNoWait.Bool(st.locks&sqlscan.NoWait != 0), AttrLockSkipLocked.Bool(st.locks&sqlscan.SkipLocked != 0))
 	w.setWaiter(c, "", nil, st.text, nil)
 	c.watchBlockers(ctx, w)
+	if h := selfWaitHolder(ctx, c); h != nil && st.locks&(sqlscan.NoWait|sqlscan.SkipLocked) == 0 {
+		w.probeSelfWait(c, h)
+	}
 	return w
 }
 
