@@ -475,7 +475,7 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 		_, w := c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
 			AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
 		var site callers
-		site.capture()
+		site.captureFast()
 		w.setWaiter(c, "", &site, "", ks)
 		c.watchBlockers(ctx, w)
 		ok, err = c.locksetPostgres(ctx, namespace, keys, try)
@@ -525,7 +525,7 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 	_, w := t.c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
 		AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
 	var site callers
-	site.capture()
+	site.captureFast()
 	w.setWaiter(t.c, "", &site, "", nil)
 	taken := 0
 	for _, k := range keys {
@@ -707,8 +707,8 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 	if !w.held {
 		w.held, w.owner, w.since, w.stmt, w.span, w.ctx, w.g = true, owner, now, stmt, span, ctx, currentG()
 		w.site.n, w.siteLate = 0, false
-		if stmt == "" && now.Sub(w.contended) < siteWindow {
-			w.site.capture()
+		if stmt == "" && (fastCallers || now.Sub(w.contended) < siteWindow) {
+			w.site.captureFast()
 		}
 		w.mu.Unlock()
 		return nil
@@ -728,7 +728,7 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 	}
 	wt := &writerWaiter{owner: owner, since: now, granted: make(chan struct{}), stmt: stmt, span: span, ctx: ctx, g: currentG()}
 	if stmt == "" {
-		wt.site.capture()
+		wt.site.captureFast()
 	}
 	w.waiters = append(w.waiters, wt)
 	w.contended = now

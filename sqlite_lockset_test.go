@@ -478,12 +478,18 @@ func TestWriterLock(t *testing.T) {
 	other, cancelOther := context.WithCancel(context.Background())
 	defer cancelOther()
 
-	// Writers have never waited: the holder's site was not recorded (a
-	// stack walk each write transaction would pay for), and the error says
-	// so and names its connection.
+	// Writers have never waited. Where frame pointers make a stack capture
+	// cheap (amd64, arm64), the holder's site is recorded anyway; elsewhere
+	// it is not (a stack walk each write transaction would pay for), and
+	// the error says so and names its connection.
 	_, err := db.BeginTx(other, nil)
-	if !errors.Is(err, ErrWriterLockTimeout) || !strings.Contains(err.Error(), "connection #") || !strings.Contains(err.Error(), "not recorded") {
+	if !errors.Is(err, ErrWriterLockTimeout) || !strings.Contains(err.Error(), "connection #") {
 		t.Fatalf("a second writer: %v, want ErrWriterLockTimeout naming the holder's connection", err)
+	}
+	if want := "not recorded"; !fastCallers && !strings.Contains(err.Error(), want) {
+		t.Errorf("a second writer: %v, want %q", err, want)
+	} else if want := "transaction begun at"; fastCallers && !strings.Contains(err.Error(), want) {
+		t.Errorf("a second writer: %v, want %q", err, want)
 	}
 	first.Rollback()
 	if connectorOf(t, db).writer.siteWanted.Load() {
@@ -553,7 +559,7 @@ func TestWriterLockRecordsSitesAfterRecentWaits(t *testing.T) {
 		{"just now", time.Now(), true},
 	} {
 		where := whereAfterLock(c.lastWait)
-		if recorded := strings.Contains(where, "_test.go:"); recorded != c.recorded {
+		if recorded := strings.Contains(where, "_test.go:"); recorded != (c.recorded || fastCallers) {
 			t.Errorf("last wait %s: the holder's site is %q, recorded %v, want %v", c.name, where, recorded, c.recorded)
 		}
 	}
@@ -562,6 +568,9 @@ func TestWriterLockRecordsSitesAfterRecentWaits(t *testing.T) {
 // A writer that waits for a transaction whose site was not recorded asks
 // for it; the holder's next statement records where it runs.
 func TestWriterLockHolderSiteAtNextStatement(t *testing.T) {
+	if fastCallers {
+		t.Skip("SKIP: with frame-pointer captures (amd64, arm64) every write transaction records where it began; the next-statement fallback serves other architectures")
+	}
 	db, _ := openSQLiteFile(t, WithBusyTimeout(time.Minute))
 	mustExec(t, db, "CREATE TABLE t (id INTEGER PRIMARY KEY)")
 	w := &connectorOf(t, db).writer

@@ -84,10 +84,10 @@ func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions) 
 	t.span = trace.SpanFromContext(ctx)
 	if t.c.connector.pins != nil {
 		// Postgres: other connections' waiters find this transaction by its
-		// backend pid and name where it began (a stack walk, beside BEGIN's
-		// round trip).
+		// backend pid and name where it began (a frame-pointer walk of a few
+		// nanoseconds on amd64 and arm64, beside BEGIN's round trip).
 		var site callers
-		site.capture()
+		site.captureFast()
 		t.c.ident.set(ctx, time.Now(), &site)
 	}
 	return t
