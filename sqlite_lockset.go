@@ -530,7 +530,7 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 	taken := 0
 	for _, k := range keys {
 		key := locksetKey{namespace, k}
-		if w.recording() {
+		if w.wantsHolder() {
 			if h, ok := table.holder(key); ok && h.owner != owner {
 				w.heldBy(tableHolder(lockKeyName(namespace, describeID(k)), h))
 			}
@@ -741,7 +741,7 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 	// Contended: time the wait, linked to the holder.
 	_, wait := tel.startWait(ctx, "sqlite_writer", "exclusive", "transaction")
 	wait.setWaiter(ownerConn(owner), "", &wt.site, stmt, nil)
-	if wait.recording() {
+	if wait.wantsHolder() {
 		wait.heldBy(holder.identity())
 	}
 	defer func() { wait.end(ctx, "", err) }()

@@ -72,8 +72,12 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 }
 
 // WithRootSpans makes lockhooks start lock-wait spans also when the
-// context carries no recording span. By default it only adds spans to
-// traces that are already being recorded.
+// context carries no recording span: a span for every lock acquisition,
+// waited for or not. By default lockhooks adds spans to traces that are
+// already being recorded and, when a TracerProvider was given with
+// [WithTracerProvider], also records as a trace of its own every wait that
+// lasted at least 100ms in a context without a trace (the span starts when
+// the wait started): waits are rare and are what you want to see.
 func WithRootSpans(on bool) Option {
 	return func(o *options) { o.rootSpans = on }
 }
@@ -98,6 +102,7 @@ func WithStatementSpans(on bool) Option {
 type telemetry struct {
 	tracer           trace.Tracer
 	rootSpans        bool
+	orphanSpans      bool // a TracerProvider was given: waits of orphanWait or more outside a trace get a span of their own
 	statementSpans   bool
 	blockerThreshold time.Duration
 	system           attribute.KeyValue
@@ -134,6 +139,7 @@ func newTelemetry(o *options, pool string, observe func() (held, parked int64)) 
 	t := &telemetry{
 		tracer:           tp.Tracer(instrumentationName),
 		rootSpans:        o.rootSpans,
+		orphanSpans:      o.tracerProvider != nil && !o.rootSpans,
 		statementSpans:   o.statementSpans,
 		blockerThreshold: o.blockerThreshold,
 		system:           attrDBSystem.String(system),
@@ -242,8 +248,15 @@ type lockWait struct {
 	scope string
 	stop  chan struct{}  // stops the blockers lookup
 	self  *selfWaitProbe // a row-lock wait that may be a self-wait (selfwait.go)
+	// heldBy's holder, kept for a span started at the wait's end
+	// (orphanSpans) when the wait had none.
+	holders []holder
 	waitInfo
 }
+
+// orphanWait is how long a wait outside a trace must last for lockhooks
+// to record it as a trace of its own (see WithRootSpans).
+const orphanWait = 100 * time.Millisecond
 
 // startWait begins timing an acquisition of a lock of kind.
 func (t *telemetry) startWait(ctx context.Context, kind, mode, scope string, attrs ...attribute.KeyValue) (context.Context, *lockWait) {
@@ -262,10 +275,20 @@ func (t *telemetry) startWait(ctx context.Context, kind, mode, scope string, att
 // recording reports whether the wait has a recording span.
 func (w *lockWait) recording() bool { return w != nil && w.span != nil }
 
+// wantsHolder reports whether the wait records its holder: it has a
+// recording span, or may get one at its end (orphanSpans).
+func (w *lockWait) wantsHolder() bool {
+	return w.recording() || w != nil && w.span == nil && w.t.orphanSpans
+}
+
 // heldBy records what holds the lock this acquisition waits for, as the
 // model of holders names it: a link to the holder's span, and its
 // database, connection, backend pid, call site and since when.
 func (w *lockWait) heldBy(h holder) {
+	if w != nil && w.span == nil && w.t.orphanSpans {
+		w.holders = append(w.holders, h) // for a span at the wait's end
+		return
+	}
 	if !w.recording() {
 		return
 	}
@@ -293,6 +316,9 @@ func (w *lockWait) end(ctx context.Context, outcome string, err error) {
 		h.Record(ctx, time.Since(w.start).Seconds(), w.t.base, metric.WithAttributes(
 			AttrLockKind.String(w.kind), AttrLockMode.String(w.mode), AttrLockScope.String(w.scope), AttrLockOutcome.String(outcome)))
 	}
+	if w.span == nil && w.t.orphanSpans && time.Since(w.start) >= orphanWait && !trace.SpanContextFromContext(ctx).IsValid() {
+		w.orphanSpan(ctx)
+	}
 	if w.span == nil {
 		return
 	}
@@ -310,6 +336,36 @@ func (w *lockWait) end(ctx context.Context, outcome string, err error) {
 		}
 	}
 	w.span.End()
+}
+
+// orphanSpan starts, at the end of a wait outside any trace, the span it
+// would have had as a root span, from the wait's start, with its holders
+// (see WithRootSpans).
+func (w *lockWait) orphanSpan(ctx context.Context) {
+	attrs := []attribute.KeyValue{w.t.system, AttrLockKind.String(w.kind), AttrLockMode.String(w.mode), AttrLockScope.String(w.scope)}
+	if w.namespace != "" {
+		attrs = append(attrs, AttrLockNamespace.String(w.namespace))
+	}
+	if w.keys != "" {
+		attrs = append(attrs, AttrLockKeys.String(w.keys))
+	}
+	if w.conn != nil {
+		if pid := w.conn.pid.Load(); pid != 0 {
+			attrs = append(attrs, AttrBackendPID.Int64(int64(pid)))
+		}
+	}
+	if text := w.holderNamed(); text != "" && len(w.holders) == 0 {
+		attrs = append(attrs, attribute.String("lockhooks.holder", text))
+	}
+	_, w.span = w.t.tracer.Start(ctx, "lock.wait "+w.kind, trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithTimestamp(w.start), trace.WithAttributes(attrs...))
+	if !w.span.IsRecording() {
+		w.span = nil
+		return
+	}
+	for _, h := range w.holders {
+		w.heldBy(h)
+	}
 }
 
 // outcomeOf classifies the error of a lock acquisition.
@@ -535,7 +591,7 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, arg
 	}
 	_, w := c.connector.tel.startWait(ctx, "advisory", mode, scope, AttrLockKeys.String(strings.Join(keys, ", ")))
 	w.setWaiter(c, site, nil, "", resolved)
-	if !w.recording() {
+	if !w.wantsHolder() {
 		return w
 	}
 	for _, k := range resolved {
