@@ -166,6 +166,7 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 			s.Held = append(s.Held, de.Held...)
 		case oc != nil:
 			h = oc.asHolder(nil)
+			de.others = append(de.others, h) // for the wait span's link
 		}
 		if h.Conn != 0 {
 			if h.SiteKind == siteBegan {

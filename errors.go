@@ -136,6 +136,8 @@ type DeadlockError struct {
 	Sides   []DeadlockSide // the backends of the cycle, in the DETAIL's order
 	Advice  string         // what to change, for the deadlock's pattern
 	Note    string         // what could not be read about the other sides
+
+	others []holder // the other sides that are connections of this process
 }
 
 // Error is the driver's message, Postgres's DETAIL, each side of the cycle
@@ -258,5 +260,18 @@ func (c *conn) deadlockError(err error) error {
 	de = &DeadlockError{Err: err, Detail: errDetail(err), Held: held, Waiting: waiting}
 	c.explainDeadlock(de, errWhere(err))
 	c.connector.events.add(eventDeadlock, de.Error())
+	args := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", c.pid.Load()}
+	for _, s := range de.Sides {
+		if s.This {
+			args = append(args, "waited_for", s.WaitedFor)
+		}
+	}
+	for _, s := range de.Sides {
+		if !s.This {
+			args = append(args, "holder", s.Who, "holder_pid", s.PID, "holder_site", s.Site, "holder_ran", s.Ran.String())
+			break
+		}
+	}
+	c.connector.opts.logger.Warn("lockhooks: deadlock: Postgres aborted this transaction", append(args, "error", de.Error())...)
 	return de
 }

@@ -772,16 +772,16 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 			break
 		}
 	}
-	holder, held := w.holderLocked(), time.Since(w.since)
+	holder = w.holderLocked()
 	w.mu.Unlock()
 	if err != nil {
 		// Cancelled or past its deadline: say what it waited for, how long,
 		// and who holds it, still wrapping the context's error.
-		return fmt.Errorf("lockhooks: gave up waiting for the SQLite writer lock after %v; the holder has held it for %v, %s: %w",
-			time.Since(now).Round(time.Millisecond), held.Round(time.Millisecond), holder.describe(), err)
+		return fmt.Errorf("lockhooks: gave up waiting for the SQLite writer lock after %v; held by %s: %w",
+			time.Since(now).Round(time.Millisecond), holder.describe(), err)
 	}
-	err = fmt.Errorf("%w: waited %v; the holder has held it for %v, %s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
-		ErrWriterLockTimeout, timeout, held.Round(time.Millisecond), holder.describe())
+	err = fmt.Errorf("%w: waited %v; held by %s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
+		ErrWriterLockTimeout, timeout, holder.describe())
 	tel.events.add(eventWriterTimeout, err.Error())
 	return err
 }

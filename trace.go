@@ -208,6 +208,25 @@ func (t *telemetry) lockLost(ctx context.Context, kind string, n int) {
 	t.add(ctx, t.lost, int64(n), AttrLockKind.String(kind), AttrLockScope.String("session"))
 }
 
+// lockLostSpan records a lost lock as a span "lock.lost advisory" of its
+// own, linked to the span the lock was taken in, with the holder's
+// identity: when spans outside traces are wanted (WithTracerProvider or
+// WithRootSpans), since the loss happens on no request's behalf.
+func (t *telemetry) lockLostSpan(h holder, cause error) {
+	if !t.orphanSpans && !t.rootSpans {
+		return
+	}
+	attrs := append([]attribute.KeyValue{t.system, AttrLockKind.String("advisory"), AttrLockScope.String("session"),
+		AttrLockKeys.String(h.Key), AttrLockOutcome.String(outcomeLost)}, h.spanAttrs()...)
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...)}
+	if h.span.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: h.span}))
+	}
+	_, span := t.tracer.Start(context.Background(), "lock.lost advisory", opts...)
+	span.SetStatus(codes.Error, "lock lost: "+cause.Error())
+	span.End()
+}
+
 // unlockRerouted counts one rerouted unlock.
 func (t *telemetry) unlockRerouted(ctx context.Context) { t.add(ctx, t.rerouted, 1) }
 
