@@ -483,7 +483,7 @@ type connector struct {
 	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
 	names    keyNames   // Lock's advisory keys and their names, once DebugHandler showed the database
 
-	liveMu sync.Mutex
+	liveMu sync.RWMutex // read: openConns, the model of holders (self-waits)
 	live   map[*conn]struct{} // every open wrapped connection
 }
 
@@ -546,8 +546,8 @@ func (c *connector) forget(w *conn) {
 
 // openConns returns every open wrapped connection.
 func (c *connector) openConns() []*conn {
-	c.liveMu.Lock()
-	defer c.liveMu.Unlock()
+	c.liveMu.RLock()
+	defer c.liveMu.RUnlock()
 	return slices.Collect(maps.Keys(c.live))
 }
 

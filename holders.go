@@ -39,7 +39,7 @@ const maxDatabases = 1024
 // unclosed *sql.DB is never freed anyway: its pool's goroutine keeps it),
 // at most maxDatabases of them.
 type registry struct {
-	mu  sync.Mutex
+	mu  sync.RWMutex
 	dbs []*connector
 }
 
@@ -93,8 +93,8 @@ func (r *registry) leave(c *connector) {
 
 // list returns the open databases.
 func (r *registry) list() []*connector {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.mu.RLock()
+	defer r.mu.RUnlock()
 	return append([]*connector(nil), r.dbs...)
 }
 

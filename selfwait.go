@@ -75,13 +75,13 @@ func selfWaitHolder(ctx context.Context, except *conn) *conn {
 	if currentG() == 0 {
 		return nil
 	}
-	databases.mu.Lock()
-	defer databases.mu.Unlock()
+	databases.mu.RLock()
+	defer databases.mu.RUnlock()
 	for _, c := range databases.dbs {
 		if c.opts.dialect != Postgres {
 			continue
 		}
-		c.liveMu.Lock()
+		c.liveMu.RLock()
 		for oc := range c.live {
 			if oc == except {
 				continue
@@ -91,11 +91,11 @@ func selfWaitHolder(ctx context.Context, except *conn) *conn {
 			}
 			_, _, _, txCtx, open := oc.ident.snapshot()
 			if open && sameCallChain(ctx, txCtx, oc.ident.g.Load()) {
-				c.liveMu.Unlock()
+				c.liveMu.RUnlock()
 				return oc
 			}
 		}
-		c.liveMu.Unlock()
+		c.liveMu.RUnlock()
 	}
 	return nil
 }

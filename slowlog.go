@@ -59,7 +59,7 @@ type waitInfo struct {
 	advKeys   []lockKey // Postgres advisory keys, for the in-process holder
 
 	slow       int
-	holderText string // the holder as the "still waiting" line, or the lookup before the deadline, named it
+	holderText string // the holder as the "still waiting" line named it
 	ended      bool   // ended while its "still waiting" line was being written
 	endOutcome string
 	endWaited  time.Duration
@@ -70,6 +70,11 @@ type waitInfo struct {
 	// wait the moment the driver cancels it). Zero: no lookup.
 	lookAt time.Time
 	looked bool
+	// found is who held what the wait waits for, as the slow-wait log or
+	// the lookup found them (named again, with their ages then, by
+	// holderNamed).
+	found         []holder
+	foundBlockers []pgBlocker
 }
 
 // lookupLead is how long before its context's deadline a Postgres wait
@@ -363,6 +368,9 @@ func (ww *waitWatch) report(v waitView) {
 
 	ww.mu.Lock()
 	v.w.slow, v.w.holderText = slowReported, holder
+	if len(holders)+len(blockers) > 0 {
+		v.w.found, v.w.foundBlockers = holders, blockers
+	}
 	ended, outcome, waited := v.w.ended, v.w.endOutcome, v.w.endWaited
 	ww.mu.Unlock()
 	if ended {
@@ -375,28 +383,31 @@ func (ww *waitWatch) report(v waitView) {
 func (ww *waitWatch) lookUp(v waitView) {
 	v.symbolise()
 	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
-	holders, blockers, err := ww.c.holdersOf(ctx, v)
+	holders, blockers, _ := ww.c.holdersOf(ctx, v) // a failed read leaves the error as it was
 	cancel()
 	if len(holders) == 0 && len(blockers) == 0 {
 		return
 	}
-	text := describeHolders(holders, blockers, err)
 	ww.mu.Lock()
-	if v.w.holderText == "" {
-		v.w.holderText = text
+	if len(v.w.found)+len(v.w.foundBlockers) == 0 {
+		v.w.found, v.w.foundBlockers = holders, blockers
 	}
 	ww.mu.Unlock()
 }
 
-// holderNamed returns the holder of what w waits for, as the slow-wait
-// log or the lookup before the deadline named it, or "".
+// holderNamed names the holder of what w waits for, as the slow-wait log
+// or the lookup before the deadline found it (with its age now), or "".
 func (w *lockWait) holderNamed() string {
 	if w == nil || w.t == nil || w.t.watch == nil {
 		return ""
 	}
 	w.t.watch.mu.Lock()
-	defer w.t.watch.mu.Unlock()
-	return w.holderText
+	holders, blockers := w.found, w.foundBlockers
+	w.t.watch.mu.Unlock()
+	if len(holders)+len(blockers) == 0 {
+		return ""
+	}
+	return describeHolders(holders, blockers, nil)
 }
 
 // logEnd writes the last line of a slow wait.
