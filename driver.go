@@ -483,7 +483,7 @@ type connector struct {
 	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
 	names    keyNames   // Lock's advisory keys and their names, once DebugHandler showed the database
 
-	liveMu sync.RWMutex // read: openConns, the model of holders (self-waits)
+	liveMu sync.RWMutex       // read: openConns, the model of holders (self-waits)
 	live   map[*conn]struct{} // every open wrapped connection
 }
 
