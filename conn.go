@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
 // connCore is what every wrapped connection implements, whatever the inner
@@ -74,6 +76,10 @@ type conn struct {
 	// BeginTx begins write transactions as lockhooks must (see
 	// planModerncBegin), so lockhooks does not run BEGIN and COMMIT itself.
 	driverBegins bool
+
+	// ident is the open transaction as other goroutines see it (Postgres):
+	// a holder's identity in the model of holders (holders.go).
+	ident txIdent
 }
 
 var _ connCore = (*conn)(nil)
@@ -158,13 +164,9 @@ func (c *conn) Unwrap() driver.Conn { return c.inner }
 
 func (c *conn) state() *conn { return c }
 
-// String names the connection in errors and logs.
-func (c *conn) String() string {
-	if pid := c.pid.Load(); pid != 0 {
-		return fmt.Sprintf("connection #%d (backend pid %d)", c.id, pid)
-	}
-	return fmt.Sprintf("connection #%d", c.id)
-}
+// String names the connection in errors and logs as the model of holders
+// does: `connection #3 of "orders" (backend pid 812)`.
+func (c *conn) String() string { return connHolder(c).who() }
 
 // ExecContext runs query through the statement hooks.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
@@ -320,6 +322,16 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 // afterTracked brings the lock tracking up to date and ends the lock wait.
 func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
 	err = c.afterAdvisory(ctx, plan, results, err)
+	err = plan.wait.selfWaitResult(c, plan.st.text, err)
+	if !(plan.st.locks&sqlscan.NoWait != 0 && sqlState(err) == stateLockNotAvailable) { // NOWAIT did not wait
+		err = c.nameHolder(plan.wait, err)
+	}
+	var de *DeadlockError
+	if errors.As(err, &de) {
+		for _, h := range de.others { // the wait span links to the other side of the cycle
+			plan.wait.heldBy(h)
+		}
+	}
 	c.endLockWait(ctx, plan, err)
 	return err
 }

@@ -325,8 +325,14 @@ func (c *conn) markLost(why string, cause error, report bool) error {
 	if report {
 		c.connector.tel.lockLost(context.Background(), "advisory", n)
 		c.connector.events.add(eventLockLost, lost.Error())
-		c.connector.opts.logger.Error("lockhooks: advisory lock lost", "connection", c.id, "backend_pid", c.pid.Load(),
-			"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "parked", parked, "cause", cause.Error())
+		held := time.Since(oldest.since).Round(time.Millisecond)
+		c.connector.opts.logger.Error("lockhooks: advisory lock lost", "database", c.connector.pool, "connection", c.id, "backend_pid", c.pid.Load(),
+			"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "held_for", held.String(), "parked", parked, "cause", cause.Error())
+		// A span of its own (issue 20: the model of holders), linked to the
+		// span the lock was taken in.
+		h := connHolder(c)
+		h.Key, h.Site, h.Since, h.SiteKind = strings.Join(keys, ", "), oldest.site, oldest.since, siteTook
+		c.connector.tel.lockLostSpan(h.withSpan(oldest.span), cause)
 	}
 	close(lostCh) // after the log and the count, so whoever waits on Lost sees them
 	return lost

@@ -210,6 +210,10 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 	}
 	c.warnSelfWait(adv, plan.keys, plan.known, plan.site)
+	if err := c.selfWaitAdvisory(ctx, fmt.Sprintf("the statement %.120q", st.text), waitingKeys(adv, plan.keys, plan.known), nil); err != nil {
+		c.connector.events.add(eventSelfWait, err.Error())
+		return plan, nil, err
+	}
 	plan.wait = c.startAdvisoryWait(ctx, adv, args, plan.site)
 	c.pin.mu.Lock()
 	c.pin.busy++
