@@ -83,8 +83,8 @@ func TestHolderInAnotherDatabaseIsNamed(t *testing.T) {
 	line := buf.String()
 	t.Log(line)
 	for _, want := range []string{
-		fmt.Sprintf("holder_database=%s ", pa), "holder_connection=", "holder_pid=", "holder_site=wt-20a/" + began, "holder_age=",
-		"holder_trace_id=" + parent.SpanContext().TraceID().String(), "in a transaction begun at wt-20a/" + began,
+		fmt.Sprintf("holder_database=%s ", pa), "holder_connection=", "holder_pid=", "holder_site=" + testDir + began, "holder_age=",
+		"holder_trace_id=" + parent.SpanContext().TraceID().String(), "in a transaction begun at " + testDir + began,
 	} {
 		if !strings.Contains(line, want) {
 			t.Errorf("the slow-wait line lacks %q:\n%s", want, line)
@@ -123,7 +123,7 @@ func TestHolderInAnotherDatabaseIsNamed(t *testing.T) {
 		t.Fatalf("%d row-wait spans", len(spans))
 	}
 	s := spans[0]
-	wantAttrs(t, s, map[attribute.Key]string{AttrHolderPool: pa, AttrHolderSite: "wt-20a/" + began})
+	wantAttrs(t, s, map[attribute.Key]string{AttrHolderPool: pa, AttrHolderSite: testDir + began})
 	if links := s.Links(); len(links) != 1 || links[0].SpanContext.TraceID() != parent.SpanContext().TraceID() {
 		t.Errorf("links: %+v, want one to the holder's trace", links)
 	}
@@ -163,7 +163,7 @@ func TestAdvisoryHolderInAnotherDatabaseIsNamed(t *testing.T) {
 	}()
 	waitFor(t, 20*time.Second, "the still-waiting line", func() bool { return strings.Contains(buf.String(), "still waiting") })
 	line := buf.String()
-	for _, want := range []string{"holder_database=" + connectorOf(t, a).pool + " ", "which took it at wt-20a/" + took, "keys=7170"} {
+	for _, want := range []string{"holder_database=" + connectorOf(t, a).pool + " ", "which took it at " + testDir + took, "keys=7170"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("the slow-wait line lacks %q:\n%s", want, line)
 		}

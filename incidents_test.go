@@ -135,7 +135,7 @@ func TestIncidents(t *testing.T) {
 		_, err := AcquireAdvisoryLock(short, e.b, 9001)
 		cancel()
 		spanB.End()
-		site := "wt-20a/" + leak
+		site := testDir + leak
 		line := e.line(t, "still waiting", "keys=9001")
 		mentions(t, "the log line", line, "database=replica-b", "holder_database=replica-a", "holder_pid=", "holder_site="+site, "holder_age=")
 		if !errors.Is(err, context.DeadlineExceeded) {
@@ -191,7 +191,7 @@ func TestIncidents(t *testing.T) {
 		if berr := <-done; berr != nil {
 			t.Errorf("the other side failed too: %v", berr)
 		}
-		return err, "wt-20a/" + beganB, spanB
+		return err, testDir + beganB, spanB
 	}
 	checkDeadlock := func(t *testing.T, e *incidentEnv, err error, beganB string, spanB trace.Span, key string) {
 		t.Helper()
@@ -249,7 +249,7 @@ func TestIncidents(t *testing.T) {
 		})
 		cancel()
 		spanB.End()
-		site := "wt-20a/" + began
+		site := testDir + began
 		line := e.line(t, "still waiting", "kind=row")
 		mentions(t, "the log line", line, "database=replica-b", "holder_database=replica-a", "holder_pid=", "holder_site="+site, "holder_age=", "FOR NO KEY UPDATE")
 		if !errors.Is(err, context.DeadlineExceeded) {
@@ -282,7 +282,7 @@ func TestIncidents(t *testing.T) {
 		ctxB, spanB := tr.parent("starved writer")
 		_, err = db.ExecContext(ctxB, "INSERT INTO jobs VALUES (2, 'new')")
 		spanB.End()
-		site := "wt-20a/" + began
+		site := testDir + began
 		line := e.line(t, "still waiting", "kind=sqlite_writer")
 		mentions(t, "the log line", line, "database=jobs-sqlite", "holder_database=jobs-sqlite", "holder_connection=", "holder_site="+site, "holder_age=")
 		if !errors.Is(err, ErrWriterLockTimeout) {
@@ -311,7 +311,7 @@ func TestIncidents(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatal("the loss was not noticed")
 		}
-		site := "wt-20a/" + took
+		site := testDir + took
 		err = l.Err()
 		if !errors.Is(err, ErrLockLost) {
 			t.Fatalf("Err: %v", err)

@@ -188,7 +188,7 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 		}
 	}
 	if r.postgres && cfg.commitCheck {
-		ctx = context.WithValue(ctx, commitInfoKey{}, &r.info) // see retry_commit.go
+		ctx = runInTxContext{ctx, &r.info} // see retry_commit.go
 	}
 	for attempt := 1; ; attempt++ {
 		err := r.attempt(ctx)

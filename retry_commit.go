@@ -58,6 +58,24 @@ type commitInfo struct {
 // commitInfoKey carries RunInTx's *commitInfo in BeginTx's context.
 type commitInfoKey struct{}
 
+// runInTxContext is the context RunInTx begins its transactions with: the
+// caller's, which fn's statements run with, carrying the attempt's
+// *commitInfo. The transaction's identity is the caller's context (see
+// tx.begin), so that a statement of fn run on the *sql.DB with it is known
+// as the transaction's own call chain (ErrSelfWait).
+type runInTxContext struct {
+	context.Context
+	info *commitInfo
+}
+
+// Value returns the *commitInfo for commitInfoKey.
+func (c runInTxContext) Value(key any) any {
+	if _, ok := key.(commitInfoKey); ok {
+		return c.info
+	}
+	return c.Context.Value(key)
+}
+
 // The statements of the commit path.
 const (
 	// xidQuery assigns the transaction its id (none on a standby).

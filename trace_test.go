@@ -527,5 +527,5 @@ func TestLongWaitsWithoutAParentGetASpan(t *testing.T) {
 	if s.Parent().IsValid() || s.EndTime().Sub(s.StartTime()) < orphanWait || s.StartTime().Before(start) {
 		t.Errorf("span from %v to %v (wait began %v), parent %v", s.StartTime(), s.EndTime(), start, s.Parent())
 	}
-	wantAttrs(t, s, map[attribute.Key]string{AttrLockOutcome: "acquired", AttrHolderSite: "wt-20a/" + began})
+	wantAttrs(t, s, map[attribute.Key]string{AttrLockOutcome: "acquired", AttrHolderSite: testDir + began})
 }

@@ -95,7 +95,11 @@ func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions) 
 		// nanoseconds on amd64 and arm64, beside BEGIN's round trip).
 		var site callers
 		site.captureFast()
-		t.c.ident.set(ctx, time.Now(), &site)
+		idCtx := ctx
+		if rc, ok := ctx.(runInTxContext); ok {
+			idCtx = rc.Context // the context RunInTx's fn runs with
+		}
+		t.c.ident.set(idCtx, time.Now(), &site)
 	}
 	return t
 }
