@@ -69,6 +69,10 @@ type conn struct {
 
 	// order is the lock-order checker's state for the connection.
 	order connOrder
+
+	// ident is what the connection publishes of its identity to other
+	// processes (Postgres; pg_identity_publish.go).
+	ident connIdentity
 }
 
 var _ connCore = (*conn)(nil)
@@ -315,7 +319,7 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
 	err = c.afterAdvisory(ctx, plan, results, err)
 	c.endLockWait(ctx, plan, err)
-	return err
+	return c.nameRemoteHolder(plan, err) // pg_identity_blockers.go
 }
 
 // Prepare prepares query (rewritten by the statement hooks) on the inner
@@ -373,6 +377,10 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		// session lock of the connection with it. database/sql still rolls
 		// back when ctx ends, and statements still honour their own context.
 		innerCtx = context.WithoutCancel(ctx)
+		// Its BEGIN carries the transaction's identity (pg_identity_publish.go).
+		if t, ok, err := c.beginIdentified(ctx, innerCtx, opts); ok {
+			return t, err
+		}
 	}
 	inner, err := c.beginner.BeginTx(innerCtx, opts)
 	if err != nil {

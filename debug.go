@@ -316,23 +316,17 @@ func (c *connector) debugState(ctx context.Context) debugDatabase {
 	// Waits, and who holds what they wait for.
 	waits := c.waits.list()
 	edges := c.inProcessEdges()
-	var blocked map[int32]*blockedBackend
+	var blocked map[*conn]*blockedBackend // by the identity each backend shows (pg_identity_blockers.go)
 	if c.opts.dialect == Postgres {
-		var pids []int32
-		for _, oc := range conns {
-			if p := oc.pid.Load(); p != 0 {
-				pids = append(pids, p)
-			}
-		}
 		bctx, cancel := context.WithTimeout(ctx, blockerLookupTimeout)
 		var err error
-		blocked, err = c.blockersOf(bctx, pids)
+		blocked, err = c.blockedConns(bctx, conns)
 		cancel()
 		if err != nil {
 			d.Notes = append(d.Notes, err.Error())
 		}
 	}
-	shown := map[int32]bool{}
+	shown := map[*conn]bool{}
 	for _, v := range waits {
 		wt := debugWaiter{Kind: v.kind, Mode: v.mode, Scope: v.scope, Namespace: v.namespace, Keys: v.keys,
 			Since: v.start, WaitSeconds: secondsSince(now, v.start), Site: v.site, Statement: truncate(v.query, 500),
@@ -340,23 +334,22 @@ func (c *connector) debugState(ctx context.Context) debugDatabase {
 		if v.conn != nil {
 			wt.Conn, wt.PID = v.conn.id, v.conn.pid.Load()
 		}
-		if b := blocked[wt.PID]; wt.PID != 0 && b != nil {
-			wt.WaitEvent = b.waitEvent
+		if b := blocked[v.conn]; v.conn != nil && b != nil {
+			wt.PID, wt.WaitEvent = b.pid, b.waitEvent
 			for _, x := range b.blockers {
 				if x.Conn == 0 || !slicesContainsConn(wt.Holders, x.Conn) {
 					wt.Blockers = append(wt.Blockers, x) // not already shown as a holder
 				}
 			}
-			shown[wt.PID] = true
+			shown[v.conn] = true
 		}
 		d.Waiters = append(d.Waiters, wt)
 	}
 	// Connections the server shows blocked in a statement lockhooks does
 	// not time as a lock wait (an UPDATE waiting for a row, say).
 	for _, oc := range conns {
-		pid := oc.pid.Load()
-		if b := blocked[pid]; pid != 0 && b != nil && !shown[pid] {
-			d.Waiters = append(d.Waiters, debugWaiter{Kind: "server", Conn: oc.id, PID: pid, Statement: truncate(b.query, 500),
+		if b := blocked[oc]; b != nil && !shown[oc] {
+			d.Waiters = append(d.Waiters, debugWaiter{Kind: "server", Conn: oc.id, PID: b.pid, Statement: truncate(b.query, 500),
 				WaitEvent: b.waitEvent, Holders: []debugHolder{}, Blockers: b.blockers})
 		}
 	}
@@ -449,6 +442,9 @@ func buildGraph(waiters []debugWaiter, conns []*conn) debugGraph {
 			}
 		}
 		for _, b := range w.Blockers {
+			if b.Depth > 1 {
+				continue // blocks a blocker, not this waiter
+			}
 			if b.Conn != 0 {
 				edge(from, connNode(b.Conn), what)
 				continue

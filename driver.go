@@ -477,6 +477,7 @@ type connector struct {
 	events   *eventRing // recent events, for DebugHandler
 	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
 	names    keyNames   // Lock's advisory keys and their names, once DebugHandler showed the database
+	ident    dbIdentity // how the database publishes its holders' identities (Postgres; pg_identity_publish.go)
 
 	liveMu sync.Mutex
 	live   map[*conn]struct{} // every open wrapped connection
@@ -516,8 +517,9 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	w := wrapped.(connCore).state()
 	if c.pins != nil {
 		// The backend pid names the connection in pg_locks for the
-		// tracking, the monitor and the messages.
-		if _, err := w.backendPID(ctx); err != nil {
+		// tracking, the monitor and the messages; the same read tells
+		// whether the user named the application (pg_identity_publish.go).
+		if err := w.identifyOnConnect(ctx); err != nil {
 			inner.Close()
 			return nil, err
 		}

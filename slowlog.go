@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql/driver"
 	"fmt"
-	"io"
 	"log/slog"
 	"sort"
 	"strconv"
@@ -321,11 +320,17 @@ func (ww *waitWatch) report(v waitView) {
 		}
 	}
 	if len(blockers) > 0 {
-		pids := make([]string, len(blockers))
-		for i, b := range blockers {
-			pids[i] = strconv.Itoa(int(b.PID))
+		var pids []string
+		for _, b := range blockers {
+			if b.Depth <= 1 {
+				pids = append(pids, strconv.Itoa(int(b.PID)))
+			}
 		}
 		args = append(args, "blocking_pids", strings.Join(pids, ","))
+		if len(holders) == 0 {
+			args = append(args, remoteHolderArgs(blockers)...) // the holder at the root, in another process
+			v.w.remote.Store(&holder)                          // for the wait's error, if it fails
+		}
 	}
 	ww.logger.Warn("lockhooks: slow lock wait: still waiting", args...)
 	ww.c.events.add(eventSlowWait, fmt.Sprintf("%s lock %s waited more than %v; held by %s", v.kind, v.what(), ww.threshold, holder))
@@ -415,26 +420,9 @@ func describeHolders(holders []debugHolder, blockers []pgBlocker, err error) str
 		}
 		parts = append(parts, s)
 	}
-	for _, b := range blockers {
-		if b.Conn != 0 && slicesContainsConn(holders, b.Conn) {
-			continue
-		}
-		s := fmt.Sprintf("backend pid %d", b.PID)
-		if b.ApplicationName != "" {
-			s += fmt.Sprintf(" (%q)", b.ApplicationName)
-		}
-		if b.Conn != 0 {
-			s += fmt.Sprintf(" = connection #%d", b.Conn)
-		}
-		s += ", " + b.State
-		if b.XactSeconds >= 0 {
-			s += fmt.Sprintf(", transaction open %.1fs", b.XactSeconds)
-		}
-		if b.Query != "" {
-			s += fmt.Sprintf(", last statement %.120q", b.Query)
-		}
-		parts = append(parts, s)
-	}
+	parts = append(parts, describeBlockers(blockers, func(b pgBlocker) bool { // pg_identity_blockers.go
+		return b.Conn != 0 && slicesContainsConn(holders, b.Conn)
+	})...)
 	if err != nil {
 		parts = append(parts, "(reading pg_blocking_pids failed: "+err.Error()+")")
 	}
@@ -478,6 +466,13 @@ type pgBlocker struct {
 	XactSeconds     float64 `json:"xact_age_seconds"` // -1: no transaction
 	Query           string  `json:"query"`            // the statement text; never its arguments
 	Conn            uint64  `json:"conn,omitempty"`   // the connection of this database it is, if any
+
+	// The chain of waits, and who the backend is (pg_identity_blockers.go).
+	Depth       int             `json:"depth"`                  // 1: it blocks the waiter; 2: it blocks a blocker of depth 1; …
+	Waiting     bool            `json:"waiting"`                // it waits itself (queued ahead), so it is not the holder at the root
+	WaitSeconds float64         `json:"wait_seconds,omitempty"` // how long it has waited, when Waiting
+	HeldSeconds float64         `json:"held_seconds,omitempty"` // how long it has held, as far as known, when not Waiting
+	Holder      *holderIdentity `json:"holder,omitempty"`       // who it is, as the lockhooks of its process published it
 }
 
 // holdersOf finds who holds what v waits for: in-process holders from the
@@ -488,13 +483,17 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) ([]debugHolder, [
 	if c.opts.dialect != Postgres || v.conn == nil || v.conn.pid.Load() == 0 {
 		return holders, nil, nil
 	}
-	pid := v.conn.pid.Load()
-	blocked, err := c.blockersOf(ctx, []int32{pid})
+	blocked, err := c.blockedConns(ctx, []*conn{v.conn})
 	if err != nil {
 		return holders, nil, err
 	}
-	if b := blocked[pid]; b != nil {
+	if b := blocked[v.conn]; b != nil {
 		return holders, b.blockers, nil
+	}
+	if len(holders) == 0 && len(v.advKeys) > 0 {
+		// Not waiting on the server: through a transaction pooler lockhooks
+		// polls; pg_locks names the keys' holders (pg_identity_blockers.go).
+		return holders, c.keyHolders(ctx, v.conn, v.advKeys), nil
 	}
 	return holders, nil, nil // not waiting on the server (an in-process queue)
 }
@@ -539,69 +538,6 @@ func (c *connector) pinHolders(k lockKey, except *conn) []debugHolder {
 		h.pin.mu.Unlock()
 	}
 	return out
-}
-
-// blockedBackend is what Postgres says of one backend that waits.
-type blockedBackend struct {
-	waitEvent string // wait_event_type/wait_event
-	query     string
-	blockers  []pgBlocker
-}
-
-// blockersOf reads, on a side connection of its own (never a pool's), which
-// backends block each of pids: pid, application_name, state, transaction
-// age and statement of each. Backends that wait for nothing are absent.
-func (c *connector) blockersOf(ctx context.Context, pids []int32) (map[int32]*blockedBackend, error) {
-	if len(pids) == 0 {
-		return nil, nil
-	}
-	list := make([]string, len(pids))
-	for i, p := range pids {
-		list[i] = strconv.Itoa(int(p))
-	}
-	side, err := c.inner.Connect(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("lockhooks: connecting to read pg_blocking_pids: %w", err)
-	}
-	defer side.Close()
-	rows, err := queryDirect(ctx, side, `SELECT w.pid::bigint, coalesce(wa.wait_event_type || '/' || wa.wait_event, ''), left(coalesce(wa.query, ''), 500),
-	b.pid::bigint, coalesce(b.application_name, ''), coalesce(b.state, ''),
-	coalesce(extract(epoch FROM clock_timestamp() - b.xact_start)::float8, -1), left(coalesce(b.query, ''), 500)
-FROM unnest('{`+strings.Join(list, ",")+`}'::int[]) AS w(pid)
-CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS bp(pid)
-JOIN pg_stat_activity b ON b.pid = bp.pid
-LEFT JOIN pg_stat_activity wa ON wa.pid = w.pid
-ORDER BY 1, 4`, nil)
-	if err != nil {
-		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
-	}
-	defer rows.Close()
-	ours := map[int32]uint64{}
-	for _, oc := range c.openConns() {
-		if p := oc.pid.Load(); p != 0 {
-			ours[p] = oc.id
-		}
-	}
-	out := map[int32]*blockedBackend{}
-	dest := make([]driver.Value, 8)
-	for {
-		if err := rows.Next(dest); err != nil {
-			if err == io.EOF {
-				return out, nil
-			}
-			return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
-		}
-		w := int32(asInt64(dest[0]))
-		bb := out[w]
-		if bb == nil {
-			bb = &blockedBackend{waitEvent: asString(dest[1]), query: asString(dest[2])}
-			out[w] = bb
-		}
-		b := pgBlocker{PID: int32(asInt64(dest[3])), ApplicationName: asString(dest[4]), State: asString(dest[5]),
-			XactSeconds: asFloat64(dest[6]), Query: asString(dest[7])}
-		b.Conn = ours[b.PID]
-		bb.blockers = append(bb.blockers, b)
-	}
 }
 
 // asFloat64 converts the float values drivers return.
