@@ -160,7 +160,8 @@ func shortProcess(p string, n int) string {
 }
 
 // appName is the compact identity for application_name, at most
-// maxAppName bytes: the site first (a long one keeps its end, file:line),
+// maxAppName bytes: the site first (a long one loses its directory, then
+// its start),
 // then the time a session lock was taken and the pool, as room allows. The
 // trace (50 bytes in hex) never fits: only the annotation carries it.
 func (id *holderIdentity) appName() string {
@@ -180,6 +181,11 @@ func (id *holderIdentity) appName() string {
 			room -= 1 + len(since) // the time fits too
 		}
 		site := id.Site
+		if len(site) > room {
+			if i := strings.LastIndexByte(site, '/'); i >= 0 {
+				site = site[i+1:] // file:line, without its directory
+			}
+		}
 		if len(site) > room {
 			site = ""
 			if room >= minAppNameSite {

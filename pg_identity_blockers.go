@@ -101,6 +101,7 @@ ORDER BY 1, 5, 6`, d.simple)
 		wanted[oc] = true
 	}
 	out := map[*conn]*blockedBackend{}
+	byIdentity := map[*conn]bool{} // out[oc] was found by oc's identity, not by its pid at connect
 	seen := map[[2]int32]bool{}
 	dest := make([]driver.Value, 13)
 	for {
@@ -110,15 +111,22 @@ ORDER BY 1, 5, 6`, d.simple)
 			}
 			return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
 		}
-		wpid := int32(asInt64(dest[0]))
-		oc := c.ownerOf(wpid, asString(dest[1]), byPID, byID)
+		wpid, wapp := int32(asInt64(dest[0])), asString(dest[1])
+		oc := c.ownerOf(wpid, wapp, byPID, byID)
 		if oc == nil || !wanted[oc] {
 			continue // another client's backend, or a connection not asked about
 		}
+		identified := parseAppName(wapp) != nil
 		bb := out[oc]
+		if bb != nil && bb.pid != wpid && identified && !byIdentity[oc] {
+			bb = nil // its identity shows where it runs now; the pid it met at connect serves another client
+		}
 		if bb == nil {
 			bb = &blockedBackend{pid: wpid, waitEvent: asString(dest[2]), query: asString(dest[3])}
-			out[oc] = bb
+			out[oc], byIdentity[oc] = bb, identified
+		}
+		if bb.pid != wpid {
+			continue // a second backend claims the connection: keep the one found first
 		}
 		b := pgBlocker{Depth: int(asInt64(dest[4])), PID: int32(asInt64(dest[5])), Waiting: asBool(dest[6]),
 			ApplicationName: asString(dest[7]), State: asString(dest[8]), XactSeconds: asFloat64(dest[9]), Query: asString(dest[12])}
@@ -309,8 +317,11 @@ func (c *conn) nameRemoteHolder(plan advisoryPlan, err error) error {
 	default:
 		return err
 	}
-	desc := w.remote.Load()
-	if desc == nil && plan.st.advisory != nil {
+	var desc string
+	if seen := w.remote.Load(); seen != nil {
+		desc = strings.Join(describeBlockers(seen.aged(), nil), "; ")
+	}
+	if desc == "" && plan.st.advisory != nil {
 		var keys []lockKey
 		for i, call := range plan.st.advisory.Calls {
 			if plan.known[i] && call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) == 0 {
@@ -318,15 +329,38 @@ func (c *conn) nameRemoteHolder(plan advisoryPlan, err error) error {
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
-		if s := strings.Join(describeBlockers(c.connector.keyHolders(ctx, c, keys), nil), "; "); s != "" {
-			desc = &s
-		}
+		desc = strings.Join(describeBlockers(c.connector.keyHolders(ctx, c, keys), nil), "; ")
 		cancel()
 	}
-	if desc == nil {
+	if desc == "" {
 		return err
 	}
-	return fmt.Errorf("%w; lockhooks: it waited %v for the lock held by %s", err, time.Since(w.start).Round(time.Millisecond), *desc)
+	return fmt.Errorf("%w; lockhooks: it waited %v for the lock held by %s", err, time.Since(w.start).Round(time.Millisecond), desc)
+}
+
+// remoteSeen is what a wait's blockers read found, and when.
+type remoteSeen struct {
+	at       time.Time
+	blockers []pgBlocker
+}
+
+// aged returns the blockers with their ages brought up to now.
+func (r *remoteSeen) aged() []pgBlocker {
+	d := round3(time.Since(r.at).Seconds())
+	out := make([]pgBlocker, len(r.blockers))
+	for i, b := range r.blockers {
+		if b.HeldSeconds > 0 {
+			b.HeldSeconds += d
+		}
+		if b.WaitSeconds > 0 {
+			b.WaitSeconds += d
+		}
+		if b.XactSeconds >= 0 {
+			b.XactSeconds += d
+		}
+		out[i] = b
+	}
+	return out
 }
 
 // keyHolders returns the backends other than waiter's that hold the
@@ -404,10 +438,10 @@ func (c *connector) connIndex() (byPID map[int32]*conn, byID map[uint64]*conn) {
 
 // spanBlockers is what a wait span records of its blockers.
 type spanBlockers struct {
-	event  []attribute.KeyValue // the lockhooks.lock.blockers event: the backends that block the wait directly
-	holder []attribute.KeyValue // the span's attributes naming the holder at the root
-	link   trace.Link           // to the holder's span, when its process published one
-	text   string               // the holders as a slow-wait line names them
+	event    []attribute.KeyValue // the lockhooks.lock.blockers event: the backends that block the wait directly
+	holder   []attribute.KeyValue // the span's attributes naming the holder at the root
+	link     trace.Link           // to the holder's span, when its process published one
+	blockers []pgBlocker          // what was read
 }
 
 // blockers reads who blocks wc's statement, for its wait span.
@@ -464,7 +498,7 @@ func (c *connector) blockers(ctx context.Context, wc *conn, w *lockWait) (spanBl
 	if !ok {
 		return sb, nil
 	}
-	sb.text = strings.Join(describeBlockers(b.blockers, nil), "; ")
+	sb.blockers = b.blockers
 	sb.event = append(sb.event, attribute.Int64("lockhooks.blocker.root_pid", int64(root.PID)))
 	sb.holder = []attribute.KeyValue{AttrHolderPID.Int64(int64(root.PID)), AttrHolderDescription.String(root.describe())}
 	if root.HeldSeconds > 0 {

@@ -30,6 +30,11 @@ func TestIdentityAppNameRoundTrip(t *testing.T) {
 		want: holderIdentity{Process: "jobs-worker~-x2x4q/1", Database: 1, Conn: 12345, Holds: "lock",
 			Site: "~r_election.go:1234"},
 	}, {
+		name: "a long directory is left out first",
+		id: holderIdentity{Process: "web-1/4711", Database: 1, Conn: 3, Holds: "tx",
+			Site: "internal/scheduler/leadership/lease.go:42"},
+		want: holderIdentity{Process: "web-1/4711", Database: 1, Conn: 3, Holds: "tx", Site: "lease.go:42"},
+	}, {
 		name: "room for the pool, never for the trace",
 		id: holderIdentity{Process: "a/1", Database: 1, Conn: 1, Holds: "tx", Site: "x.go:1", Pool: "jobs",
 			TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", SpanID: "00f067aa0ba902b7"},

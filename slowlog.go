@@ -328,8 +328,8 @@ func (ww *waitWatch) report(v waitView) {
 		}
 		args = append(args, "blocking_pids", strings.Join(pids, ","))
 		if len(holders) == 0 {
-			args = append(args, remoteHolderArgs(blockers)...) // the holder at the root, in another process
-			v.w.remote.Store(&holder)                          // for the wait's error, if it fails
+			args = append(args, remoteHolderArgs(blockers)...)                // the holder at the root, in another process
+			v.w.remote.Store(&remoteSeen{at: time.Now(), blockers: blockers}) // for the wait's error, if it fails
 		}
 	}
 	ww.logger.Warn("lockhooks: slow lock wait: still waiting", args...)

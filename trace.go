@@ -240,9 +240,9 @@ type lockWait struct {
 	stop  chan struct{} // stops the blockers lookup
 	waitInfo
 
-	// remote is the holder, on Postgres, as the last blockers read named it
-	// (slow-wait line or span), for the wait's error (pg_identity_blockers.go).
-	remote atomic.Pointer[string]
+	// remote is what the last blockers read (slow-wait line or span) found
+	// on Postgres, for the wait's error (pg_identity_blockers.go).
+	remote atomic.Pointer[remoteSeen]
 }
 
 // startWait begins timing an acquisition of a lock of kind.
@@ -402,8 +402,8 @@ func (w *lockWait) lookForBlockers(wc *conn, pid int32) {
 		if sb.link.SpanContext.IsValid() {
 			span.AddLink(sb.link)
 		}
-		if sb.text != "" {
-			w.remote.Store(&sb.text)
+		if len(sb.blockers) > 0 {
+			w.remote.Store(&remoteSeen{at: time.Now(), blockers: sb.blockers})
 		}
 	}()
 }
