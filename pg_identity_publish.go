@@ -121,7 +121,8 @@ type connIdentity struct {
 	connectApp string // its application_name at connect
 	appName    string // the session-level application_name lockhooks last set ("" for none); guarded by pin.mu
 
-	beginKey  string // the site and options beginText was made for
+	beginSite string           // the site beginText was made for,
+	beginOpts driver.TxOptions // and the options
 	beginText string
 }
 
@@ -253,28 +254,32 @@ func (c *conn) beginIdentified(ctx, innerCtx context.Context, opts driver.TxOpti
 	if !c.ident.on || !d.publish || c.execer == nil || c.holdsLocks() {
 		return nil, false, nil
 	}
-	begin := "BEGIN"
+	var iso string
 	switch sql.IsolationLevel(opts.Isolation) {
 	case sql.LevelDefault:
 	case sql.LevelReadUncommitted:
-		begin += " ISOLATION LEVEL READ UNCOMMITTED"
+		iso = " ISOLATION LEVEL READ UNCOMMITTED"
 	case sql.LevelReadCommitted:
-		begin += " ISOLATION LEVEL READ COMMITTED"
+		iso = " ISOLATION LEVEL READ COMMITTED"
 	case sql.LevelRepeatableRead, sql.LevelSnapshot:
-		begin += " ISOLATION LEVEL REPEATABLE READ"
+		iso = " ISOLATION LEVEL REPEATABLE READ"
 	case sql.LevelSerializable:
-		begin += " ISOLATION LEVEL SERIALIZABLE"
+		iso = " ISOLATION LEVEL SERIALIZABLE"
 	default:
 		return nil, false, nil // the driver says what it does not support
 	}
-	if opts.ReadOnly {
-		begin += " READ ONLY"
-	}
 	site := d.callerSite()
-	if key := begin + "\x00" + site; key != c.ident.beginKey {
+	if site != c.ident.beginSite || opts != c.ident.beginOpts || c.ident.beginText == "" {
+		// A connection that runs one code path's transactions builds its
+		// BEGIN once.
+		begin := "BEGIN" + iso
+		if opts.ReadOnly {
+			begin += " READ ONLY"
+		}
 		id := c.baseIdentity()
 		id.Holds, id.Site = "tx", safeToken(site, "_")
-		c.ident.beginKey, c.ident.beginText = key, begin+"; SELECT "+setAppName(id.appName(), true, 0)
+		c.ident.beginSite, c.ident.beginOpts = site, opts
+		c.ident.beginText = begin + "; SELECT " + setAppName(id.appName(), true, 0)
 	}
 	if _, err := c.execer.ExecContext(innerCtx, c.ident.beginText, nil); err != nil {
 		return nil, true, c.observe(err)
