@@ -46,12 +46,13 @@ func openRaw(t testing.TB, dsn string) *sql.DB {
 	return db
 }
 
-// withParam returns the URL dsn with query parameter k set to v.
+// withDSNParam returns dsn (a URL, or key=value pairs) with parameter k
+// set to v.
 func withDSNParam(t testing.TB, dsn, k, v string) string {
 	t.Helper()
 	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return dsn + " " + k + "=" + v
 	}
 	q := u.Query()
 	q.Set(k, v)
@@ -523,5 +524,101 @@ func TestIdentityStatementCache(t *testing.T) {
 	}
 	if after := prepared(); after != before {
 		t.Errorf("pg_prepared_statements grew from %d to %d over 49 holds", before, after)
+	}
+}
+
+// lib/pq runs queries without arguments in the simple protocol, so
+// lockhooks publishes identities through it too, with the same BEGIN and
+// COMMIT.
+func TestIdentityLibPQ(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	raw := openRaw(t, dsn)
+	db, err := Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pid := connPID(t, c)
+	site := here(1)
+	tx, err := c.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if app, _ := activity(t, raw, pid); parseAppName(app) == nil || !siteMatches(parseAppName(app).Site, site) {
+		t.Errorf("lib/pq transaction: application_name %q", app)
+	}
+	if _, err := tx.Exec("SELECT 1/0"); err == nil {
+		t.Fatal("1/0 worked")
+	}
+	if err := tx.Commit(); sqlState(err) != "25P02" {
+		t.Errorf("COMMIT of an aborted transaction through lib/pq: %v", err)
+	}
+	site = here(1)
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(9)"); err != nil {
+		t.Fatal(err)
+	}
+	if app, query := activity(t, raw, pid); decodeIdentity(app, query) == nil || decodeIdentity(app, query).Site != site {
+		t.Errorf("lib/pq session lock: application_name %q, statement %q", app, query)
+	}
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_unlock(9)"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An advisory chain in one server: the holder is a session of another
+// application, another session waits for the key too, then lockhooks'
+// connection. The slow-wait line names the holder first and the other
+// waiter as queued, though pg_blocking_pids names both as blocking.
+func TestBlockersRootHolderAndQueue(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	raw := openRaw(t, withDSNParam(t, dsn, "application_name", "other-app"))
+	ctx := context.Background()
+	holder, hpid := rawBlocker(t, raw, 4242, "x")
+	defer holder.Close()
+	queued, err := raw.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer queued.Close()
+	qctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go queued.ExecContext(qctx, "SELECT pg_advisory_lock(4242) /* queued */")
+	var qpid int32
+	waitFor(t, 20*time.Second, "the queued session to wait", func() bool {
+		return raw.QueryRow("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%queued%'").Scan(&qpid) == nil
+	})
+	buf := &syncBuffer{}
+	db := openDSN(t, dsn, slowLogOptions(buf, 200*time.Millisecond)...)
+	wctx, wcancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = AcquireAdvisoryLock(wctx, db, 4242)
+	wcancel()
+	if err == nil {
+		t.Fatal("took a held lock")
+	}
+	line := ""
+	waitFor(t, 10*time.Second, "the slow-wait line", func() bool {
+		for _, l := range strings.Split(buf.String(), "\n") {
+			if strings.Contains(l, "still waiting") {
+				line = l
+			}
+		}
+		return line != ""
+	})
+	h, q := "backend pid "+strconv.Itoa(int(hpid)), "backend pid "+strconv.Itoa(int(qpid))
+	if !strings.Contains(line, "holder_pid="+strconv.Itoa(int(hpid))) || !strings.Contains(line, "queued_pids="+strconv.Itoa(int(qpid))) ||
+		!strings.Contains(line, "queued ahead") || strings.Index(line, h) < 0 || strings.Index(line, h) > strings.Index(line, q) {
+		t.Errorf("the slow-wait line does not name %s as the holder and %s as queued:\n%s", h, q, line)
+	}
+	if !strings.Contains(err.Error(), h) {
+		t.Errorf("the error does not name the holder: %v", err)
+	}
+	if _, err := holder.ExecContext(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+		t.Fatal(err)
 	}
 }
