@@ -34,18 +34,6 @@ type blockedBackend struct {
 	blockers  []pgBlocker // by depth: who blocks it, and whom those wait for, to the root
 }
 
-// roots returns the blockers at the root of the chain: they hold, and wait
-// for nothing.
-func (b *blockedBackend) roots() []pgBlocker {
-	var out []pgBlocker
-	for _, x := range b.blockers {
-		if !x.Waiting {
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
 // blockedConns reads, on a side connection of its own (never a pool's),
 // which of conns wait on the server and for whom. A connection is matched
 // to the backend that runs its statement by the identity it published (a

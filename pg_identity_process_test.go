@@ -211,6 +211,29 @@ func parentDB(t *testing.T, dsn string, pooler bool, buf *syncBuffer) (*sql.DB, 
 	return tr.openPG(t, dsn), tr
 }
 
+// cancelOnceNamed cancels the parent's wait once its slow-wait line is out
+// and its span (still open) names the holder: the wait's error then names
+// it too. The wait's own minute-long timeout is only a safety net.
+func cancelOnceNamed(tr *traced, buf *syncBuffer, span string, cancel func()) {
+	defer cancel()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if strings.Contains(buf.String(), "slow lock wait: still waiting") {
+			for _, s := range tr.spans.Started() {
+				if s.Name() != span {
+					continue
+				}
+				for _, kv := range s.Attributes() {
+					if kv.Key == AttrHolderProcess {
+						return
+					}
+				}
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // logLine returns the slow-wait line that says msg.
 func logLine(t *testing.T, buf *syncBuffer, msg string) string {
 	t.Helper()
@@ -292,7 +315,7 @@ func wantContains(t *testing.T, what, s string, want ...string) {
 
 // A session lock leaked in another process (taken on the pool and never
 // released, so the other process's lockhooks parks its connection): a
-// waiter here is told the other process, its backend, the Go line that took
+// waiter here (cancelled once it has looked) is told the other process, its backend, the Go line that took
 // the lock and how long ago, and its span links to the trace that took it.
 func TestIdentityLeakedLockInAnotherProcess(t *testing.T) {
 	for _, pooler := range []bool{false, true} {
@@ -304,7 +327,8 @@ func TestIdentityLeakedLockInAnotherProcess(t *testing.T) {
 			buf := &syncBuffer{}
 			db, tr := parentDB(t, dsn, pooler, buf)
 			ctx, parent := tr.parent("replica B")
-			wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			go cancelOnceNamed(tr, buf, "lock.wait advisory", cancel)
 			start := time.Now()
 			_, err := AcquireAdvisoryLock(wctx, db, identityKey)
 			cancel()
@@ -328,7 +352,7 @@ func TestIdentityLeakedLockInAnotherProcess(t *testing.T) {
 			s := waitSpan(t, tr, "lock.wait advisory")
 			wantAttrs(t, s, map[attribute.Key]string{
 				AttrHolderProcess: ch.label, AttrHolderPID: strconv.Itoa(int(hpid)),
-				AttrLockKeys: strconv.Itoa(identityKey), AttrLockOutcome: outcomeTimeout,
+				AttrLockKeys: strconv.Itoa(identityKey), AttrLockOutcome: outcomeCanceled,
 			})
 			wantSite(t, "the span", attrOf(s, AttrHolderSite).AsString(), site)
 			if held := attrOf(s, AttrHolderHeldSeconds).AsFloat64(); held <= 0 || held > maxAge.Seconds() {
@@ -367,7 +391,8 @@ func TestIdentityRowLockChainInAnotherProcess(t *testing.T) {
 			buf := &syncBuffer{}
 			db, tr := parentDB(t, dsn, pooler, buf)
 			ctx, parent := tr.parent("replica B")
-			wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			go cancelOnceNamed(tr, buf, "lock.wait row", cancel)
 			tx, err := db.BeginTx(wctx, nil)
 			if err != nil {
 				t.Fatal(err)

@@ -210,14 +210,15 @@ func setAppName(value string, local bool, onPID int32) string {
 // publishes its identity and holds session locks, it begins with the
 // holder's annotation and, when the identity changed, sets
 // application_name; setTo is then the value to remember once the read ran
-// on pid. Through a declared transaction pooler c reads its holder's locks
-// from another backend, and publishes nothing here.
+// on pid. Such a text changes with every hold, so pgx runs it in the
+// simple protocol; the plain read (a connection that holds nothing) stays a
+// cached statement. Through a declared transaction pooler c reads its
+// holder's locks from another backend, and publishes nothing here.
 func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue, setTo *string) {
 	from := "(SELECT 1) one"
 	var note string
 	d := &c.connector.ident
 	if d.publish && !c.connector.opts.txPooler {
-		args = d.simple
 		c.pin.mu.Lock()
 		id := c.holderIdentityLocked()
 		current := c.ident.appName
@@ -230,6 +231,9 @@ func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue,
 		if c.ident.on && want != current {
 			from = "(SELECT " + setAppName(want, false, pid) + ") one"
 			setTo = &want
+		}
+		if note != "" || setTo != nil {
+			args = d.simple // a text of this hold's: not for pgx's statement cache
 		}
 	}
 	return note + `SELECT pg_backend_pid(), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode

@@ -49,6 +49,7 @@ const (
 type waitInfo struct {
 	prev, next *lockWait
 	listed     bool
+	ended      bool // ended while its "still waiting" line was being written (next to listed: the record stays 416 bytes)
 
 	conn      *conn     // the waiting connection, when known
 	site      string    // where the wait was asked for, or
@@ -60,7 +61,6 @@ type waitInfo struct {
 
 	slow       int
 	holderText string // the holder as the "still waiting" line named it
-	ended      bool   // ended while its "still waiting" line was being written
 	endOutcome string
 	endWaited  time.Duration
 }
