@@ -80,6 +80,10 @@ type conn struct {
 	// ident is the open transaction as other goroutines see it (Postgres):
 	// a holder's identity in the model of holders (holders.go).
 	ident txIdent
+
+	// pub is what the connection publishes of its identity to other
+	// processes (Postgres; pg_identity_publish.go).
+	pub connIdentity
 }
 
 var _ connCore = (*conn)(nil)
@@ -396,6 +400,10 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		// session lock of the connection with it. database/sql still rolls
 		// back when ctx ends, and statements still honour their own context.
 		innerCtx = context.WithoutCancel(ctx)
+		// Its BEGIN carries the transaction's identity (pg_identity_publish.go).
+		if t, ok, err := c.beginIdentified(ctx, innerCtx, opts); ok {
+			return t, err
+		}
 	}
 	inner, err := c.beginner.BeginTx(innerCtx, opts)
 	if err != nil {

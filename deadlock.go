@@ -154,7 +154,7 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 			}
 		}
 		var h holder
-		switch oc := databases.connByPID(e.pid); {
+		switch oc := databases.connOf(e.pid, b.app, b.statement); {
 		case s.This:
 			h = c.asHolder(nil)
 			if m := whereRowRE.FindStringSubmatch(where); m != nil && txRE.MatchString(e.target) {

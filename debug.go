@@ -309,23 +309,17 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 	}
 
 	edges := c.inProcessEdges()
-	var blocked map[int32]*blockedBackend
+	var blocked map[*conn]*blockedBackend // by the identity each backend shows (pg_identity_blockers.go)
 	if c.opts.dialect == Postgres {
-		var pids []int32
-		for _, oc := range conns {
-			if p := oc.pid.Load(); p != 0 {
-				pids = append(pids, p)
-			}
-		}
 		bctx, cancel := context.WithTimeout(ctx, blockerLookupTimeout)
 		var err error
-		blocked, err = c.blockersOf(bctx, pids)
+		blocked, err = c.blockedConns(bctx, conns)
 		cancel()
 		if err != nil {
 			d.Notes = append(d.Notes, err.Error())
 		}
 	}
-	shown := map[int32]bool{}
+	shown := map[*conn]bool{}
 	for _, v := range waits {
 		wt := debugWaiter{Kind: v.kind, Mode: v.mode, Scope: v.scope, Namespace: v.namespace, Keys: v.keys,
 			Since: v.start, WaitSeconds: secondsSince(now, v.start), Site: v.site, Statement: truncate(v.query, 500),
@@ -333,23 +327,22 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 		if v.conn != nil {
 			wt.Conn, wt.PID = v.conn.id, v.conn.pid.Load()
 		}
-		if b := blocked[wt.PID]; wt.PID != 0 && b != nil {
-			wt.WaitEvent = b.waitEvent
+		if b := blocked[v.conn]; v.conn != nil && b != nil {
+			wt.PID, wt.WaitEvent = b.pid, b.waitEvent
 			wt.Holders, wt.Blockers = resolveBlockers(wt.Holders, b.blockers, v.advKeys)
-			shown[wt.PID] = true
+			shown[v.conn] = true
 		}
 		d.Waiters = append(d.Waiters, wt)
 	}
 	// Connections the server shows blocked in a statement lockhooks does
 	// not time as a lock wait (an UPDATE waiting for a row, say).
 	for _, oc := range conns {
-		pid := oc.pid.Load()
-		if b := blocked[pid]; pid != 0 && b != nil && !shown[pid] {
+		if b := blocked[oc]; b != nil && !shown[oc] {
 			nwaits++
 			if len(d.Waiters) >= debugMaxWaiters {
 				continue
 			}
-			w := debugWaiter{Kind: "server", Conn: oc.id, PID: pid, Statement: truncate(b.query, 500),
+			w := debugWaiter{Kind: "server", Conn: oc.id, PID: b.pid, Statement: truncate(b.query, 500),
 				WaitEvent: b.waitEvent, Holders: []holder{}, Blockers: b.blockers}
 			w.Holders, w.Blockers = resolveBlockers(w.Holders, w.Blockers, nil)
 			if b.waitSeconds >= 0 {
@@ -521,6 +514,9 @@ func buildGraph(waiters []debugWaiter, conns []*conn, pool string) debugGraph {
 			}
 		}
 		for _, b := range w.Blockers {
+			if b.Depth > 1 {
+				continue // blocks a blocker, not this waiter
+			}
 			if b.Conn != 0 {
 				edge(from, connNode(b.Conn), what)
 				continue

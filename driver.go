@@ -505,6 +505,7 @@ type connector struct {
 	nextID   atomic.Uint64
 	events   *eventRing // recent events, for DebugHandler
 	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
+	ident    dbIdentity // how the database publishes its holders' identities (Postgres; pg_identity_publish.go)
 
 	liveMu sync.RWMutex       // read: openConns, the model of holders (self-waits)
 	live   map[*conn]struct{} // every open wrapped connection
@@ -552,8 +553,9 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	}
 	if c.pins != nil {
 		// The backend pid names the connection in pg_locks for the
-		// tracking, the monitor and the messages.
-		if _, err := w.backendPID(ctx); err != nil {
+		// tracking, the monitor and the messages; the same read tells
+		// whether the user named the application (pg_identity_publish.go).
+		if err := w.identifyOnConnect(ctx); err != nil {
 			inner.Close()
 			return nil, err
 		}
@@ -576,6 +578,18 @@ func (c *connector) openConns() []*conn {
 	c.liveMu.RLock()
 	defer c.liveMu.RUnlock()
 	return slices.Collect(maps.Keys(c.live))
+}
+
+// openConn returns the open connection numbered id, or nil.
+func (c *connector) openConn(id uint64) *conn {
+	c.liveMu.RLock()
+	defer c.liveMu.RUnlock()
+	for oc := range c.live {
+		if oc.id == id {
+			return oc
+		}
+	}
+	return nil
 }
 
 // Driver returns the wrapped driver, as sql.DB.Driver reports it: the value

@@ -98,11 +98,29 @@ func (r *registry) list() []*connector {
 	return append([]*connector(nil), r.dbs...)
 }
 
-// connByPID returns the connection of any open Postgres database of the
-// process whose backend is pid (the connection's own, or the holder
-// connection it keeps through a transaction pooler), or nil.
-func (r *registry) connByPID(pid int32) *conn {
+// connOf returns the connection of any open Postgres database of the
+// process whose statements backend pid runs, as pg_stat_activity shows the
+// backend (its application_name app and last statement query), or nil. A
+// backend that shows a lockhooks identity is the connection it names (a
+// transaction through a pooler runs on any backend); one that shows none
+// is the connection that met it at connect, unless that database declared
+// a transaction pooler (the backend serves other clients then) or the
+// backend shows another application_name than the connection had (an
+// undeclared pooler gave it to another client); or the holder connection
+// a connection keeps through a transaction pooler.
+func (r *registry) connOf(pid int32, app, query string) *conn {
 	if pid == 0 {
+		return nil
+	}
+	if id := decodeIdentity(app, query); id != nil {
+		if !id.ofThisProcess() {
+			return nil
+		}
+		for _, c := range r.list() {
+			if c.opts.dialect == Postgres && c.ident.seq == id.Database {
+				return c.openConn(id.Conn)
+			}
+		}
 		return nil
 	}
 	for _, c := range r.list() {
@@ -110,7 +128,7 @@ func (r *registry) connByPID(pid int32) *conn {
 			continue
 		}
 		for _, oc := range c.openConns() {
-			if oc.pid.Load() == pid || oc.holderPID.Load() == pid {
+			if oc.holderPID.Load() == pid || oc.pid.Load() == pid && !c.opts.txPooler && app == oc.pub.connectApp {
 				return oc
 			}
 		}
@@ -279,20 +297,7 @@ func describeHolders(holders []holder, blockers []pgBlocker, err error) string {
 	for _, h := range holders {
 		parts = append(parts, h.String())
 	}
-	for _, b := range blockers {
-		s := fmt.Sprintf("backend pid %d", b.PID)
-		if b.ApplicationName != "" {
-			s += fmt.Sprintf(" (%q)", b.ApplicationName)
-		}
-		s += ", " + b.State
-		if b.XactSeconds >= 0 {
-			s += fmt.Sprintf(", transaction open %.1fs", b.XactSeconds)
-		}
-		if b.Query != "" {
-			s += fmt.Sprintf(", last statement %.120q", b.Query)
-		}
-		parts = append(parts, s)
-	}
+	parts = append(parts, describeBlockers(blockers, nil)...) // pg_identity_blockers.go
 	if err != nil {
 		parts = append(parts, "(reading pg_blocking_pids failed: "+err.Error()+")")
 	}
@@ -408,13 +413,18 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) ([]holder, []pgBl
 	if c.opts.dialect != Postgres || v.conn == nil || v.conn.pid.Load() == 0 {
 		return holders, nil, nil
 	}
-	pid := v.conn.pid.Load()
-	blocked, err := c.blockersOf(ctx, []int32{pid})
+	blocked, err := c.blockedConns(ctx, []*conn{v.conn})
 	if err != nil {
 		return holders, nil, err
 	}
-	if b := blocked[pid]; b != nil {
+	if b := blocked[v.conn]; b != nil {
 		holders, rest := resolveBlockers(holders, b.blockers, v.advKeys)
+		return holders, rest, nil
+	}
+	if len(holders) == 0 && len(v.advKeys) > 0 {
+		// Not waiting on the server: through a transaction pooler lockhooks
+		// polls; pg_locks names the keys' holders (pg_identity_blockers.go).
+		holders, rest := resolveBlockers(holders, c.keyHolders(ctx, v.conn, v.advKeys), v.advKeys)
 		return holders, rest, nil
 	}
 	return holders, nil, nil // not waiting on the server (an in-process queue)
@@ -426,7 +436,7 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) ([]holder, []pgBl
 func resolveBlockers(holders []holder, blockers []pgBlocker, keys []lockKey) ([]holder, []pgBlocker) {
 	rest := []pgBlocker{}
 	for _, b := range blockers {
-		oc := databases.connByPID(b.PID)
+		oc := databases.connOf(b.PID, b.ApplicationName, b.Query)
 		if oc == nil {
 			rest = append(rest, b)
 			continue

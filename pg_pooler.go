@@ -162,7 +162,7 @@ func (c *conn) runOnHolder(ctx context.Context, query string, args []driver.Name
 		}
 		return nil, err
 	}
-	if err := execDirect(ctx, h.inner, "RELEASE SAVEPOINT lockhooks_lock"); err != nil {
+	if err := c.releaseLockSavepoint(ctx, h); err != nil { // with the holder's identity (pg_identity_publish.go)
 		return nil, c.holderFailed(err)
 	}
 	return answer, nil

@@ -5,7 +5,6 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"io"
-	"strconv"
 	"time"
 )
 
@@ -135,12 +134,8 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 // queryOwnLocks reads the granted advisory locks of backend pid (0: of the
 // backend that answers), and the pid of the backend that answers.
 func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, err error) {
-	of := "pg_backend_pid()"
-	if pid != 0 {
-		of = strconv.Itoa(int(pid))
-	}
-	rows, err := queryDirect(ctx, c.inner, `SELECT pg_backend_pid(), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
-FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.pid = `+of+` AND l.locktype = 'advisory' AND l.granted`+c.afterDiscard(), nil)
+	query, args, setTo := c.ownLocksQuery(pid) // pg_identity_publish.go: the holder's identity rides on it
+	rows, err := queryDirect(ctx, c.inner, query, args)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -150,6 +145,9 @@ FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.pid = `+of+` AND l.locktype = 'adv
 	for {
 		if err := rows.Next(dest); err != nil {
 			if err == io.EOF {
+				if setTo != nil && (pid == 0 || ranOn == pid) {
+					c.publishedAppName(*setTo)
+				}
 				return held, ranOn, nil
 			}
 			return nil, 0, err

@@ -568,17 +568,6 @@ func TestRunInTxRoundTrips(t *testing.T) {
 	}
 }
 
-// openRaw opens dsn with pgx, without lockhooks, closed when t ends.
-func openRaw(t *testing.T, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
 // Through each PgBouncer of the test matrix in transaction mode, RunInTx
 // begins with the transaction id in BEGIN's round trip too (the simple
 // protocol needs no prepared statement), and commits.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql/driver"
 	"fmt"
-	"io"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -49,6 +48,7 @@ const (
 type waitInfo struct {
 	prev, next *lockWait
 	listed     bool
+	ended      bool // ended while its "still waiting" line was being written (next to listed: the record stays 416 bytes)
 
 	conn      *conn     // the waiting connection, when known
 	site      string    // where the wait was asked for, or
@@ -61,7 +61,6 @@ type waitInfo struct {
 	slow       int
 	holderText string        // the holder as the "still waiting" line named it
 	holderAt   time.Duration // how long the wait had lasted when it was named
-	ended      bool          // ended while its "still waiting" line was being written
 	endOutcome string
 	endWaited  time.Duration
 
@@ -359,11 +358,17 @@ func (ww *waitWatch) report(v waitView) {
 		args = append(args, "holder", holder)
 	}
 	if len(blockers) > 0 {
-		pids := make([]string, len(blockers))
-		for i, b := range blockers {
-			pids[i] = strconv.Itoa(int(b.PID))
+		var pids []string
+		for _, b := range blockers {
+			if b.Depth <= 1 {
+				pids = append(pids, strconv.Itoa(int(b.PID)))
+			}
 		}
 		args = append(args, "blocking_pids", strings.Join(pids, ","))
+		if len(holders) == 0 {
+			args = append(args, remoteHolderArgs(blockers)...)                // the holder at the root, in another process
+			v.w.remote.Store(&remoteSeen{at: time.Now(), blockers: blockers}) // for the wait's error, if it fails
+		}
 	}
 	ww.logger.Warn("lockhooks: slow lock wait: still waiting", args...)
 	ww.c.events.add(eventSlowWait, fmt.Sprintf("%s lock %s waited more than %v; held by %s", v.kind, v.what(), ww.threshold, holder))
@@ -484,71 +489,13 @@ type pgBlocker struct {
 	XactSeconds     float64 `json:"xact_age_seconds"` // -1: no transaction
 	Query           string  `json:"query"`            // the statement text; never its arguments
 	Conn            uint64  `json:"conn,omitempty"`   // the connection of this database it is, if any
-}
 
-// blockedBackend is what Postgres says of one backend that waits.
-type blockedBackend struct {
-	waitEvent   string // wait_event_type/wait_event
-	query       string
-	waitSeconds float64 // how long its statement has run (it waits in it); -1: unknown
-	blockers    []pgBlocker
-}
-
-// blockersOf reads, on a side connection of its own (never a pool's), which
-// backends block each of pids: pid, application_name, state, transaction
-// age and statement of each. Backends that wait for nothing are absent.
-func (c *connector) blockersOf(ctx context.Context, pids []int32) (map[int32]*blockedBackend, error) {
-	if len(pids) == 0 {
-		return nil, nil
-	}
-	list := make([]string, len(pids))
-	for i, p := range pids {
-		list[i] = strconv.Itoa(int(p))
-	}
-	side, err := c.inner.Connect(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("lockhooks: connecting to read pg_blocking_pids: %w", err)
-	}
-	defer side.Close()
-	rows, err := queryDirect(ctx, side, `SELECT w.pid::bigint, coalesce(wa.wait_event_type || '/' || wa.wait_event, ''), left(coalesce(wa.query, ''), 500),
-	b.pid::bigint, coalesce(b.application_name, ''), coalesce(b.state, ''),
-	coalesce(extract(epoch FROM clock_timestamp() - b.xact_start)::float8, -1), left(coalesce(b.query, ''), 500),
-	coalesce(extract(epoch FROM clock_timestamp() - wa.query_start)::float8, -1)
-FROM unnest('{`+strings.Join(list, ",")+`}'::int[]) AS w(pid)
-CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS bp(pid)
-JOIN pg_stat_activity b ON b.pid = bp.pid
-LEFT JOIN pg_stat_activity wa ON wa.pid = w.pid
-ORDER BY 1, 4`, nil)
-	if err != nil {
-		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
-	}
-	defer rows.Close()
-	ours := map[int32]uint64{}
-	for _, oc := range c.openConns() {
-		if p := oc.pid.Load(); p != 0 {
-			ours[p] = oc.id
-		}
-	}
-	out := map[int32]*blockedBackend{}
-	dest := make([]driver.Value, 9)
-	for {
-		if err := rows.Next(dest); err != nil {
-			if err == io.EOF {
-				return out, nil
-			}
-			return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
-		}
-		w := int32(asInt64(dest[0]))
-		bb := out[w]
-		if bb == nil {
-			bb = &blockedBackend{waitEvent: asString(dest[1]), query: asString(dest[2]), waitSeconds: asFloat64(dest[8])}
-			out[w] = bb
-		}
-		b := pgBlocker{PID: int32(asInt64(dest[3])), ApplicationName: asString(dest[4]), State: asString(dest[5]),
-			XactSeconds: asFloat64(dest[6]), Query: asString(dest[7])}
-		b.Conn = ours[b.PID]
-		bb.blockers = append(bb.blockers, b)
-	}
+	// The chain of waits, and who the backend is (pg_identity_blockers.go).
+	Depth       int             `json:"depth"`                  // 1: it blocks the waiter; 2: it blocks a blocker of depth 1; …
+	Waiting     bool            `json:"waiting"`                // it waits itself (queued ahead), so it is not the holder at the root
+	WaitSeconds float64         `json:"wait_seconds,omitempty"` // how long it has waited, when Waiting
+	HeldSeconds float64         `json:"held_seconds,omitempty"` // how long it has held, as far as known, when not Waiting
+	Holder      *holderIdentity `json:"holder,omitempty"`       // who it is, as the lockhooks of its process published it
 }
 
 // asFloat64 converts the float values drivers return.

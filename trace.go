@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -271,6 +272,10 @@ type lockWait struct {
 	// (orphanSpans) when the wait had none.
 	holders []holder
 	waitInfo
+
+	// remote is what the last blockers read (slow-wait line or span) found
+	// on Postgres, for the wait's error (pg_identity_blockers.go).
+	remote atomic.Pointer[remoteSeen]
 }
 
 // orphanWait is how long a wait outside a trace must last for lockhooks
@@ -443,7 +448,8 @@ func sqlState(err error) string {
 // lookForBlockers asks, once the wait has lasted the threshold, which
 // backends block backend pid, on a side connection of its own, and records
 // them as a span event. It never runs on the waiting connection.
-func (w *lockWait) lookForBlockers(c *connector, pid int32) {
+func (w *lockWait) lookForBlockers(wc *conn, pid int32) {
+	c := wc.connector
 	if !w.recording() || w.t.blockerThreshold <= 0 || pid == 0 || c.opts.dialect != Postgres {
 		return
 	}
@@ -459,64 +465,25 @@ func (w *lockWait) lookForBlockers(c *connector, pid int32) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.lockCheckTimeout)
 		defer cancel()
-		attrs, err := c.blockers(ctx, pid)
+		sb, err := c.blockers(ctx, wc, w, keys)
 		if err != nil {
 			span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attribute.String("lockhooks.error", err.Error())))
 			return
 		}
-		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attrs...))
-		w.blockedBy(attrs, keys)
+		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(sb.event...))
+		if len(sb.holder) > 0 { // the holder at the root, in another process (pg_identity_blockers.go)
+			span.SetAttributes(sb.holder...)
+		}
+		if sb.link.SpanContext.IsValid() {
+			span.AddLink(sb.link)
+		}
+		if len(sb.blockers) > 0 {
+			w.remote.Store(&remoteSeen{at: time.Now(), blockers: sb.blockers})
+		}
+		for _, h := range sb.inProcess { // connections of lockhooks databases of this process
+			w.heldBy(h)
+		}
 	}()
-}
-
-// blockedBy names, as holders (attributes and a link to their span), the
-// blocking backends that are connections of a lockhooks database of this
-// process.
-func (w *lockWait) blockedBy(attrs []attribute.KeyValue, keys []lockKey) {
-	for _, a := range attrs {
-		if a.Key != "lockhooks.blocker.backend_pids" {
-			continue
-		}
-		for _, pid := range a.Value.AsInt64Slice() {
-			if oc := databases.connByPID(int32(pid)); oc != nil {
-				w.heldBy(oc.asHolder(keys))
-			}
-		}
-	}
-}
-
-// blockers reads who blocks backend pid.
-func (c *connector) blockers(ctx context.Context, pid int32) ([]attribute.KeyValue, error) {
-	side, err := c.inner.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer side.Close()
-	rows, err := queryDirect(ctx, side, fmt.Sprintf(`SELECT a.pid::bigint, coalesce(a.state, ''), coalesce(to_char(a.xact_start, 'YYYY-MM-DD"T"HH24:MI:SS.USOF'), ''),
-	left(coalesce(a.query, ''), 200), coalesce(a.application_name, '')
-FROM pg_stat_activity a WHERE a.pid = ANY (pg_blocking_pids(%d))`, pid), nil)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var pids []int64
-	var states, starts, queries, apps []string
-	dest := make([]driver.Value, 5)
-	for rows.Next(dest) == nil {
-		pids = append(pids, asInt64(dest[0]))
-		states = append(states, asString(dest[1]))
-		starts = append(starts, asString(dest[2]))
-		queries = append(queries, asString(dest[3]))
-		apps = append(apps, asString(dest[4]))
-	}
-	return []attribute.KeyValue{
-		AttrBackendPID.Int64(int64(pid)),
-		attribute.Int64Slice("lockhooks.blocker.backend_pids", pids),
-		attribute.StringSlice("lockhooks.blocker.states", states),
-		attribute.StringSlice("lockhooks.blocker.xact_starts", starts),
-		attribute.StringSlice("lockhooks.blocker.queries", queries),
-		attribute.StringSlice("lockhooks.blocker.application_names", apps),
-	}, nil
 }
 
 // asString converts the text values drivers return.
@@ -653,7 +620,7 @@ func (c *conn) watchBlockers(ctx context.Context, w *lockWait) {
 		return
 	}
 	w.span.SetAttributes(AttrBackendPID.Int64(int64(pid)))
-	w.lookForBlockers(c.connector, pid)
+	w.lookForBlockers(c, pid)
 }
 
 // endLockWait ends the statement's lock wait and notes, in its

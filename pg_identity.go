@@ -1,0 +1,423 @@
+package lockhooks
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// A holder's identity across processes (Postgres).
+//
+// While a connection holds session advisory locks or is inside a
+// transaction, another process running lockhooks can read who it is from
+// what Postgres shows every session in pg_stat_activity, without any schema
+// object:
+//
+//   - application_name (at most 63 bytes), set by lockhooks only on
+//     connections whose application_name is empty (the user's configuration
+//     is law: a DSN, PGAPPNAME or SET that names the application turns it
+//     off), in a compact form:
+//
+//     lockhooks <host>/<pid>#<database>.<connection> tx <site>
+//     lockhooks <host>/<pid>#<database>.<connection> lock <site> @<since>
+//
+//     "tx" is a transaction begun at site (its age is pg_stat_activity's
+//     xact_start); "lock" a session advisory lock taken at site, since
+//     <since> (Unix milliseconds in base 36), then " %<pool>" when the
+//     database has a pool name. A long site keeps its end; what does not
+//     fit is left out (the trace never fits: only the annotation has it).
+//   - lockhooks' own statements on a holder (the pg_locks read after a lock
+//     statement, a transaction-pooler holder's statements) begin with a
+//     comment that names the holder in full:
+//
+//     /*lockhooks holder: process=<host>/<pid> db=<n> conn=<n> holds=<…>
+//     site=<file:line> since=<RFC 3339> trace=<trace id>-<span id>*/
+//
+//     so the last statement another process sees for a parked connection
+//     says whose it is instead of looking like application code.
+//
+// Both are written only into statements that run anyway (see
+// pg_identity_publish.go) and decoded by the waiters' blocker reads (see
+// pg_identity_blockers.go).
+
+// appNamePrefix starts every application_name lockhooks sets.
+const appNamePrefix = "lockhooks "
+
+// appNameProcessLen bounds the process label in application_name.
+const appNameProcessLen = 20
+
+// maxAppName is Postgres's limit (NAMEDATALEN - 1); longer values are
+// truncated by the server.
+const maxAppName = 63
+
+// annotationPrefix starts the comment on lockhooks' own statements.
+const annotationPrefix = "/*lockhooks holder: "
+
+// holderIdentity is who a Postgres backend is, as lockhooks published it:
+// the process, database and connection, and what it holds since when,
+// taken where, in which trace.
+type holderIdentity struct {
+	Process  string    `json:"process"`            // host/pid
+	Database uint64    `json:"database,omitempty"` // the lockhooks database's number in its process
+	Pool     string    `json:"pool,omitempty"`     // the database's pool name, when it has one
+	Conn     uint64    `json:"conn"`               // the connection's number in its database
+	Holds    string    `json:"holds,omitempty"`    // "tx" (a transaction), or "lock" plus the keys of a session lock
+	Site     string    `json:"site,omitempty"`     // where the transaction began or the lock was taken
+	Since    time.Time `json:"since,omitzero"`     // when the lock was taken (transactions: pg_stat_activity's xact_start)
+	TraceID  string    `json:"trace_id,omitempty"` // hex
+	SpanID   string    `json:"span_id,omitempty"`  // hex
+}
+
+// spanContext is the holder's span as a remote span context, for a link.
+func (id *holderIdentity) spanContext() trace.SpanContext {
+	if id == nil {
+		return trace.SpanContext{}
+	}
+	tid, err1 := trace.TraceIDFromHex(id.TraceID)
+	sid, err2 := trace.SpanIDFromHex(id.SpanID)
+	if err1 != nil || err2 != nil {
+		return trace.SpanContext{}
+	}
+	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})
+}
+
+// who names the holder's process and connection, e.g. "process web-1/4711,
+// connection #3 of database 1".
+func (id *holderIdentity) who() string {
+	s := "process " + id.Process + ", connection #" + strconv.FormatUint(id.Conn, 10)
+	switch {
+	case id.Pool != "":
+		s += " of pool " + strconv.Quote(id.Pool)
+	case id.Database != 0:
+		s += " of database " + strconv.FormatUint(id.Database, 10)
+	}
+	return s
+}
+
+// ofThisProcess reports whether the identity is one this process published
+// (application_name shortens the process label).
+func (id *holderIdentity) ofThisProcess() bool {
+	return id.Process == processLabel() || id.Process == shortProcess(processLabel(), appNameProcessLen)
+}
+
+// processLabel is this process as other processes see it: host/pid.
+var processLabel = sync.OnceValue(func() string {
+	host, _ := os.Hostname()
+	host = safeToken(host, "-")
+	if host == "" {
+		host = "localhost"
+	}
+	return host + "/" + strconv.Itoa(os.Getpid())
+})
+
+// databaseSeq numbers the lockhooks Postgres databases of this process, so
+// that identities of two *sql.DB of one process differ (their connection
+// numbers both start at 1). It is process-wide by nature and only grows.
+var databaseSeq atomic.Uint64
+
+// safeToken keeps the characters an identity may carry unquoted in a SQL
+// string literal, a comment and a space-separated list: letters, digits and
+// ._-/:@+~, and replaces the others with repl.
+func safeToken(s, repl string) string {
+	ok := func(r rune) bool {
+		return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-/:@+~", r)
+	}
+	clean := true
+	for _, r := range s {
+		if !ok(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if ok(r) {
+			b.WriteRune(r)
+		} else {
+			b.WriteString(repl)
+		}
+	}
+	return b.String()
+}
+
+// shortProcess fits a process label into n bytes for application_name:
+// a long host keeps its start and its end (a Kubernetes pod's unique
+// suffix), joined by "~".
+func shortProcess(p string, n int) string {
+	if len(p) <= n {
+		return p
+	}
+	host, pid, _ := strings.Cut(p, "/")
+	keep := n - len(pid) - 2 // "~" and "/"
+	if keep < 4 {
+		return p[:n]
+	}
+	tail := min(6, keep/2)
+	return host[:keep-tail] + "~" + host[len(host)-tail:] + "/" + pid
+}
+
+// appName is the compact identity for application_name, at most
+// maxAppName bytes: the site first (a long one loses its directory, then
+// its start),
+// then the time a session lock was taken and the pool, as room allows. The
+// trace (50 bytes in hex) never fits: only the annotation carries it.
+func (id *holderIdentity) appName() string {
+	head := appNamePrefix + shortProcess(id.Process, appNameProcessLen) + "#" + strconv.FormatUint(id.Database, 10) + "." + strconv.FormatUint(id.Conn, 10)
+	if len(head) > maxAppName {
+		return head[:maxAppName]
+	}
+	kind, _, _ := strings.Cut(id.Holds, " ") // "lock 42" -> "lock": the keys are in the annotation
+	if kind == "" {
+		return head
+	}
+	s := head + " " + kind
+	since := sinceField(id)
+	if id.Site != "" {
+		room := maxAppName - len(s) - 1
+		if since != "" && (len(id.Site) <= room-1-len(since) || room-1-len(since) >= minAppNameSite) {
+			room -= 1 + len(since) // the time fits too
+		}
+		site := id.Site
+		if len(site) > room {
+			if i := strings.LastIndexByte(site, '/'); i >= 0 {
+				site = site[i+1:] // file:line, without its directory
+			}
+		}
+		if len(site) > room {
+			site = ""
+			if room >= minAppNameSite {
+				site = "~" + id.Site[len(id.Site)-room+1:]
+			}
+		}
+		if site != "" {
+			s += " " + site
+		}
+	}
+	for _, f := range []string{since, poolField(id)} {
+		if f != "" && len(s)+1+len(f) <= maxAppName {
+			s += " " + f
+		}
+	}
+	return s
+}
+
+// minAppNameSite is the shortest site worth writing ("~" and a file:line).
+const minAppNameSite = 12
+
+func sinceField(id *holderIdentity) string {
+	if id.Since.IsZero() || id.Holds == "tx" {
+		return ""
+	}
+	return "@" + since36(id.Since)
+}
+
+func poolField(id *holderIdentity) string {
+	if id.Pool == "" {
+		return ""
+	}
+	return "%" + id.Pool
+}
+
+// since36 is t in Unix milliseconds, base 36.
+func since36(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 36) }
+
+// annotation is the comment that begins lockhooks' own statements on a
+// holder: every field, no length limit. It holds only safeToken
+// characters, so it can never end the comment early.
+func (id *holderIdentity) annotation() string {
+	var b strings.Builder
+	b.WriteString(annotationPrefix)
+	b.WriteString("process=" + id.Process)
+	b.WriteString(" db=" + strconv.FormatUint(id.Database, 10))
+	if id.Pool != "" {
+		b.WriteString(" pool=" + id.Pool)
+	}
+	b.WriteString(" conn=" + strconv.FormatUint(id.Conn, 10))
+	if id.Holds != "" {
+		b.WriteString(" holds=" + strings.ReplaceAll(id.Holds, " ", ":"))
+	}
+	if id.Site != "" {
+		b.WriteString(" site=" + id.Site)
+	}
+	if !id.Since.IsZero() {
+		b.WriteString(" since=" + id.Since.UTC().Format("2006-01-02T15:04:05.000Z"))
+	}
+	if id.TraceID != "" {
+		b.WriteString(" trace=" + id.TraceID + "-" + id.SpanID)
+	}
+	b.WriteString("*/ ")
+	return b.String()
+}
+
+// parseAppName decodes an application_name lockhooks set; nil if it is not
+// one.
+func parseAppName(s string) *holderIdentity {
+	rest, ok := strings.CutPrefix(s, appNamePrefix)
+	if !ok {
+		return nil
+	}
+	fields := strings.Fields(rest)
+	if len(fields) == 0 {
+		return nil
+	}
+	id := parseWho(fields[0])
+	if id == nil {
+		return nil
+	}
+	for i := 1; i < len(fields); i++ {
+		f := fields[i]
+		switch {
+		case f == "tx" || f == "lock":
+			id.Holds = f
+		case strings.HasPrefix(f, "@"):
+			if ms, err := strconv.ParseInt(f[1:], 36, 64); err == nil {
+				id.Since = time.UnixMilli(ms)
+			}
+		case strings.HasPrefix(f, "%"):
+			id.Pool = f[1:]
+		default:
+			id.Site = f
+		}
+	}
+	return id
+}
+
+// parseWho decodes "<host>/<pid>#<database>.<connection>".
+func parseWho(s string) *holderIdentity {
+	i := strings.LastIndexByte(s, '#')
+	if i <= 0 {
+		return nil
+	}
+	db, conn, ok := strings.Cut(s[i+1:], ".")
+	if !ok {
+		return nil
+	}
+	d, err1 := strconv.ParseUint(db, 10, 64)
+	c, err2 := strconv.ParseUint(conn, 10, 64)
+	if err1 != nil || err2 != nil {
+		return nil
+	}
+	return &holderIdentity{Process: s[:i], Database: d, Conn: c}
+}
+
+// parseAnnotation decodes the comment lockhooks puts on its own
+// statements; nil if query carries none.
+func parseAnnotation(query string) *holderIdentity {
+	i := strings.Index(query, annotationPrefix)
+	if i < 0 {
+		return nil
+	}
+	body := query[i+len(annotationPrefix):]
+	end := strings.Index(body, "*/")
+	if end < 0 {
+		return nil // cut by track_activity_query_size
+	}
+	id := &holderIdentity{}
+	for _, f := range strings.Fields(body[:end]) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "process":
+			id.Process = v
+		case "db":
+			id.Database, _ = strconv.ParseUint(v, 10, 64)
+		case "pool":
+			id.Pool = v
+		case "conn":
+			id.Conn, _ = strconv.ParseUint(v, 10, 64)
+		case "holds":
+			id.Holds = strings.ReplaceAll(v, ":", " ")
+		case "site":
+			id.Site = v
+		case "since":
+			id.Since, _ = time.Parse("2006-01-02T15:04:05.000Z", v)
+		case "trace":
+			id.TraceID, id.SpanID, _ = strings.Cut(v, "-")
+		}
+	}
+	if id.Process == "" || id.Conn == 0 {
+		return nil
+	}
+	return id
+}
+
+// decodeIdentity reads a backend's identity from its application_name and
+// its last statement: the statement's annotation, when it names the same
+// connection (or application_name names none), completes what the 63
+// bytes of application_name had to leave out.
+func decodeIdentity(appName, query string) *holderIdentity {
+	a, q := parseAppName(appName), parseAnnotation(query)
+	switch {
+	case a == nil:
+		return q
+	case q == nil || shortProcess(q.Process, appNameProcessLen) != a.Process || q.Database != a.Database || q.Conn != a.Conn:
+		return a
+	}
+	if a.Holds == "tx" && strings.HasPrefix(q.Holds, "lock") {
+		// In a transaction now; the statement is from before it.
+		return a
+	}
+	return q
+}
+
+// traceIDs returns the hex trace and span ids of sc, or "" when it is not
+// valid.
+func traceIDs(sc trace.SpanContext) (string, string) {
+	if !sc.IsValid() {
+		return "", ""
+	}
+	return sc.TraceID().String(), sc.SpanID().String()
+}
+
+// describe is the holder as a slow-wait line or an error names it, e.g.
+// "process web-1/4711, connection #3 of database 1 (backend pid 8161),
+// which took advisory lock 42 at jobs/leader.go:42 12.3s ago, trace
+// 4bf92f3577b34da6a3ce929d0e0e4736". age is how long it has held (0:
+// unknown).
+func (id *holderIdentity) describe(pid int32, age time.Duration) string {
+	s := id.who()
+	if pid != 0 {
+		s += fmt.Sprintf(" (backend pid %d)", pid)
+	}
+	switch {
+	case id.Holds == "tx":
+		s += ", in a transaction"
+		if id.Site != "" {
+			s += " begun at " + id.Site
+		}
+		if age > 0 {
+			s += fmt.Sprintf(", open %v", age.Round(time.Millisecond))
+		}
+	case strings.HasPrefix(id.Holds, "lock"):
+		what := "a session advisory lock"
+		if keys := strings.TrimSpace(strings.TrimPrefix(id.Holds, "lock")); keys != "" {
+			what = "session advisory lock " + keys
+		}
+		s += ", which took " + what
+		if id.Site != "" {
+			s += " at " + id.Site
+		}
+		if age > 0 {
+			s += fmt.Sprintf(", %v ago", age.Round(time.Millisecond))
+		}
+	default:
+		if age > 0 {
+			s += fmt.Sprintf(", for %v", age.Round(time.Millisecond))
+		}
+	}
+	if id.TraceID != "" {
+		s += ", trace " + id.TraceID
+	}
+	return s
+}

@@ -1,0 +1,624 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"net/url"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockhooks/lockhooks/internal/pgtest"
+)
+
+// here returns file:line of its caller plus delta lines, as lockhooks
+// names call sites.
+func here(delta int) string {
+	_, file, line, _ := runtime.Caller(1)
+	return shortFile(file) + ":" + strconv.Itoa(line+delta)
+}
+
+// activity reads a backend's application_name and last statement.
+func activity(t testing.TB, raw *sql.DB, pid int32) (app, query string) {
+	t.Helper()
+	if err := raw.QueryRow("SELECT application_name, query FROM pg_stat_activity WHERE pid = $1", pid).Scan(&app, &query); err != nil {
+		t.Fatalf("pg_stat_activity of backend %d: %v", pid, err)
+	}
+	return app, query
+}
+
+// openRaw opens dsn with pgx, without lockhooks.
+func openRaw(t testing.TB, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// withDSNParam returns dsn (a URL, or key=value pairs) with parameter k
+// set to v.
+func withDSNParam(t testing.TB, dsn, k, v string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return dsn + " " + k + "=" + v
+	}
+	q := u.Query()
+	q.Set(k, v)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// connPID returns the backend pid lockhooks knows for c.
+func connPID(t testing.TB, c *sql.Conn) int32 {
+	t.Helper()
+	var pid int32
+	if err := c.Raw(func(dc any) error { pid = dc.(connCore).state().pid.Load(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// A transaction's BEGIN sets application_name to the transaction's
+// identity for the transaction only: other sessions read who it is and
+// where it began while it is open, and nothing is left once it ends.
+func TestIdentityTransactionApplicationName(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	raw := openRaw(t, dsn)
+	db := openDSN(t, dsn)
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pid := connPID(t, c)
+	for _, end := range []string{"commit", "rollback"} {
+		site := here(1)
+		tx, err := c.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		app, _ := activity(t, raw, pid)
+		id := parseAppName(app)
+		if id == nil || id.Holds != "tx" || !siteMatches(id.Site, site) || id.Process != shortProcess(processLabel(), appNameProcessLen) || id.Conn == 0 {
+			t.Errorf("in a transaction begun at %s, application_name = %q (%+v)", site, app, id)
+		}
+		if end == "commit" {
+			err = tx.Commit()
+		} else {
+			err = tx.Rollback()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if app, _ := activity(t, raw, pid); app != "" {
+			t.Errorf("after %s, application_name = %q, want it empty again", end, app)
+		}
+	}
+	// The user's own SET is kept, in transactions too.
+	if _, err := c.ExecContext(ctx, "SET application_name = 'mine'"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := c.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if app, _ := activity(t, raw, pid); app != "mine" {
+		t.Errorf("in a transaction after SET application_name, application_name = %q, want mine", app)
+	}
+	tx.Rollback()
+}
+
+// A DSN that names the application is law: lockhooks never changes it.
+func TestIdentityKeepsTheUsersApplicationName(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	raw := openRaw(t, dsn)
+	db := openDSN(t, withDSNParam(t, dsn, "application_name", "billing"))
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pid := connPID(t, c)
+	tx, err := c.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if app, _ := activity(t, raw, pid); app != "billing" {
+		t.Errorf("in a transaction, application_name = %q, want billing", app)
+	}
+	tx.Rollback()
+	site := here(1)
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(5)"); err != nil {
+		t.Fatal(err)
+	}
+	app, query := activity(t, raw, pid)
+	if app != "billing" {
+		t.Errorf("holding a session lock, application_name = %q, want billing", app)
+	}
+	// The statement still names the holder.
+	if id := parseAnnotation(query); id == nil || id.Site != site || id.Holds != "lock 5" {
+		t.Errorf("holding a session lock, the last statement is %q, want lockhooks' annotated read naming %s", query, site)
+	}
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_unlock(5)"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A connection that holds session locks names its oldest lock in
+// application_name and in its last statement (lockhooks' read of
+// pg_locks), parked or in use, and stops once it holds none.
+func TestIdentitySessionLockApplicationName(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	raw := openRaw(t, dsn)
+	tr := newTraced()
+	db := tr.openPG(t, dsn)
+	ctx, span := tr.parent("leader")
+	defer span.End()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := connPID(t, c)
+	before := time.Now()
+	site := here(1)
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(42)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(43)"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close() // parked, holding both
+	app, query := activity(t, raw, pid)
+	id := decodeIdentity(app, query)
+	if id == nil || id.Holds != "lock 42" || id.Site != site || id.Since.Before(before.Add(-time.Millisecond)) || id.Since.After(time.Now()) ||
+		id.TraceID != span.SpanContext().TraceID().String() || id.SpanID == "" {
+		t.Errorf("parked holder: application_name %q, statement %q: %+v; want lock 42 at %s in trace %s", app, query, id, site, span.SpanContext().TraceID())
+	}
+	if a := parseAppName(app); a == nil || a.Since.IsZero() || !siteMatches(a.Site, site) {
+		t.Errorf("application_name %q does not say where and when", app)
+	}
+	if !strings.HasPrefix(query, annotationPrefix) {
+		t.Errorf("the parked connection's last statement %q does not begin with the annotation", query)
+	}
+	// Unlocked through the pool: the parked connection is closed once empty.
+	for _, k := range []int{43, 42} {
+		if _, err := db.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// In use: taken and released on one connection, which goes back to the
+	// pool without a name.
+	c2, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	pid2 := connPID(t, c2)
+	l, err := AcquireAdvisoryLockOn(ctx, c2, 44)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if app, _ := activity(t, raw, pid2); !strings.Contains(app, " lock ") {
+		t.Errorf("holding: application_name %q", app)
+	}
+	l()
+	if app, query := activity(t, raw, pid2); app != "" || !strings.HasPrefix(query, "SELECT pg_backend_pid()") {
+		t.Errorf("after the unlock: application_name %q, last statement %q; want it empty, and the plain read", app, query)
+	}
+}
+
+// AcquireAdvisoryLockOn takes session lock key on c and returns its unlock.
+func AcquireAdvisoryLockOn(ctx context.Context, c *sql.Conn, key int64) (func(), error) {
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+		return nil, err
+	}
+	return func() { c.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", key) }, nil
+}
+
+// openDSN opens dsn through lockhooks; closed when t ends.
+func openDSN(t testing.TB, dsn string, opts ...Option) *sql.DB {
+	t.Helper()
+	db, err := Open("pgx", dsn, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// lockhooks' own BEGIN honours the options, and its COMMIT never reports
+// success for a transaction Postgres rolled back.
+func TestIdentityBeginCommit(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	db := openDSN(t, dsn)
+	ctx := context.Background()
+	mustExec(t, db, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+	for _, tc := range []struct {
+		opts     *sql.TxOptions
+		iso, ro  string
+		identity bool
+	}{
+		{nil, "read committed", "off", true},
+		{&sql.TxOptions{Isolation: sql.LevelRepeatableRead}, "repeatable read", "off", true},
+		{&sql.TxOptions{Isolation: sql.LevelSnapshot}, "repeatable read", "off", true},
+		{&sql.TxOptions{Isolation: sql.LevelSerializable, ReadOnly: true}, "serializable", "on", true},
+		{&sql.TxOptions{Isolation: sql.LevelReadUncommitted}, "read uncommitted", "off", true},
+		{&sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}, "read committed", "on", true},
+	} {
+		tx, err := db.BeginTx(ctx, tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var iso, ro, app string
+		if err := tx.QueryRow("SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only'), current_setting('application_name')").Scan(&iso, &ro, &app); err != nil {
+			t.Fatal(err)
+		}
+		if iso != tc.iso || ro != tc.ro || strings.HasPrefix(app, appNamePrefix) != tc.identity {
+			t.Errorf("%+v: isolation %s, read only %s, application_name %q", tc.opts, iso, ro, app)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelLinearizable}); err == nil {
+		t.Error("LevelLinearizable began; pgx refuses it")
+	}
+
+	// An aborted transaction: COMMIT fails, nothing is committed, and the
+	// connection is usable.
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tx, err := c.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("INSERT INTO t VALUES (1, 1)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("SELECT 1/0"); err == nil {
+		t.Fatal("1/0 worked")
+	}
+	err = tx.Commit()
+	if err == nil || !strings.Contains(err.Error(), "rolled back") || sqlState(err) != "25P02" {
+		t.Errorf("COMMIT of an aborted transaction: %v", err)
+	}
+	var n int
+	if err := c.QueryRowContext(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != 0 {
+		t.Errorf("after the failed COMMIT: count %d, %v; want 0 and a usable connection", n, err)
+	}
+	// A failing COMMIT (deferred constraint) reports the server's error.
+	mustExec(t, db, "CREATE TABLE u (id int PRIMARY KEY DEFERRABLE INITIALLY DEFERRED)")
+	tx, err = c.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("INSERT INTO u VALUES (1), (1)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); sqlState(err) != "23505" {
+		t.Errorf("COMMIT with a deferred duplicate: %v, want 23505", err)
+	}
+	// A cancelled context rolls the transaction back (database/sql), and the
+	// connection survives it.
+	cctx, cancel := context.WithCancel(ctx)
+	tx, err = c.BeginTx(cctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("INSERT INTO t VALUES (2, 2)"); err != nil {
+		t.Fatal(err)
+	}
+	cpid := connPID(t, c)
+	cancel()
+	if err := tx.Commit(); !errors.Is(err, context.Canceled) && !errors.Is(err, sql.ErrTxDone) {
+		t.Errorf("Commit after cancel: %v", err)
+	}
+	// database/sql rolls back in the background.
+	waitFor(t, 10*time.Second, "the cancelled transaction to end", func() bool {
+		var open bool
+		if err := db.QueryRow("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND xact_start IS NOT NULL)", cpid).Scan(&open); err != nil {
+			t.Fatal(err)
+		}
+		return !open
+	})
+	if err := db.QueryRow("SELECT count(*) FROM t").Scan(&n); err != nil || n != 0 {
+		t.Errorf("after the cancelled transaction: count %d, %v", n, err)
+	}
+	// RunInTx commits through it.
+	if err := RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
+		_, err := tx.Exec("INSERT INTO t VALUES (3, 3)")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow("SELECT count(*) FROM t").Scan(&n); err != nil || n != 1 {
+		t.Errorf("after RunInTx: %d rows, %v", n, err)
+	}
+}
+
+// roundTrips is a TCP proxy in front of Postgres that counts the round
+// trips clients start: simple Query messages and Syncs.
+type roundTrips struct {
+	ln     net.Listener
+	target string
+	n      atomic.Int64
+	wg     sync.WaitGroup
+}
+
+func startRoundTrips(t *testing.T, dsn string) (*roundTrips, string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &roundTrips{ln: ln, target: u.Host}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() { ln.Close(); p.wg.Wait() })
+	u.Host = ln.Addr().String()
+	return p, u.String()
+}
+
+func (p *roundTrips) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); io.Copy(client, server); client.Close() }()
+		go func() { defer p.wg.Done(); p.count(server, client); server.Close() }()
+	}
+}
+
+// count copies client messages to server, counting 'Q' and 'S'.
+func (p *roundTrips) count(server, client net.Conn) {
+	var head [5]byte
+	// The startup message has no type byte.
+	if _, err := io.ReadFull(client, head[:4]); err != nil {
+		return
+	}
+	n := binary.BigEndian.Uint32(head[:4])
+	body := make([]byte, n-4)
+	if _, err := io.ReadFull(client, body); err != nil {
+		return
+	}
+	server.Write(head[:4])
+	server.Write(body)
+	for {
+		if _, err := io.ReadFull(client, head[:]); err != nil {
+			return
+		}
+		if head[0] == 'Q' || head[0] == 'S' {
+			p.n.Add(1)
+		}
+		n := binary.BigEndian.Uint32(head[1:])
+		body := make([]byte, n-4)
+		if _, err := io.ReadFull(client, body); err != nil {
+			return
+		}
+		if _, err := server.Write(append(head[:], body...)); err != nil {
+			return
+		}
+	}
+}
+
+// Publishing identities costs no round trip: a transaction through
+// lockhooks makes as many as through pgx alone (its BEGIN carries the
+// identity), plain statements too, and a session lock and its unlock each
+// make one more, the pg_locks read that was there before (and that now
+// carries the identity).
+func TestIdentityNoExtraRoundTrip(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	p, proxied := startRoundTrips(t, dsn)
+	mustExec(t, openRaw(t, dsn), "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0)")
+	ctx := context.Background()
+	count := func(db *sql.DB, work func(*sql.Conn)) int64 {
+		t.Helper()
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		work(c) // warm: pgx prepares each statement once
+		before := p.n.Load()
+		for range 10 {
+			work(c)
+		}
+		return p.n.Load() - before
+	}
+	tx := func(c *sql.Conn) {
+		tx, err := c.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE t SET v = v + 1 WHERE id = $1", 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plain := func(c *sql.Conn) {
+		var v int
+		if err := c.QueryRowContext(ctx, "SELECT v FROM t WHERE id = $1", 1).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lock := func(c *sql.Conn) {
+		for _, q := range []string{"SELECT pg_advisory_lock($1)", "SELECT pg_advisory_unlock($1)"} {
+			if _, err := c.ExecContext(ctx, q, 7); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	raw, wrapped := openRaw(t, proxied), openDSN(t, proxied)
+	for _, tc := range []struct {
+		name  string
+		work  func(*sql.Conn)
+		extra int64
+	}{{"transaction", tx, 0}, {"plain statement", plain, 0}, {"session lock and unlock", lock, 20}} {
+		r, w := count(raw, tc.work), count(wrapped, tc.work)
+		t.Logf("%s: %d round trips through pgx, %d through lockhooks", tc.name, r, w)
+		if w != r+tc.extra {
+			t.Errorf("%s: %d round trips through lockhooks, want %d (pgx alone: %d)", tc.name, w, r+tc.extra, r)
+		}
+	}
+}
+
+// Identities vary with every hold, yet pgx's statement cache does not
+// grow: lockhooks' own reads run in the simple protocol.
+func TestIdentityStatementCache(t *testing.T) {
+	db := openDSN(t, pgtest.DSN(t))
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	prepared := func() int {
+		var n int
+		if err := c.QueryRowContext(ctx, "SELECT count(*) FROM pg_prepared_statements").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	lockAt := func(k int) { // a different key and time each call
+		for _, q := range []string{"SELECT pg_advisory_lock($1)", "SELECT pg_advisory_unlock($1)"} {
+			if _, err := c.ExecContext(ctx, q, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	lockAt(0)
+	before := prepared()
+	for k := 1; k < 50; k++ {
+		lockAt(k)
+	}
+	if after := prepared(); after != before {
+		t.Errorf("pg_prepared_statements grew from %d to %d over 49 holds", before, after)
+	}
+}
+
+// lib/pq runs queries without arguments in the simple protocol, so
+// lockhooks publishes identities through it too, with the same BEGIN and
+// COMMIT.
+func TestIdentityLibPQ(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	raw := openRaw(t, dsn)
+	db, err := Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pid := connPID(t, c)
+	site := here(1)
+	tx, err := c.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if app, _ := activity(t, raw, pid); parseAppName(app) == nil || !siteMatches(parseAppName(app).Site, site) {
+		t.Errorf("lib/pq transaction: application_name %q", app)
+	}
+	if _, err := tx.Exec("SELECT 1/0"); err == nil {
+		t.Fatal("1/0 worked")
+	}
+	if err := tx.Commit(); sqlState(err) != "25P02" {
+		t.Errorf("COMMIT of an aborted transaction through lib/pq: %v", err)
+	}
+	site = here(1)
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(9)"); err != nil {
+		t.Fatal(err)
+	}
+	if app, query := activity(t, raw, pid); decodeIdentity(app, query) == nil || decodeIdentity(app, query).Site != site {
+		t.Errorf("lib/pq session lock: application_name %q, statement %q", app, query)
+	}
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_unlock(9)"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An advisory chain in one server: the holder is a session of another
+// application, another session waits for the key too, then lockhooks'
+// connection. The slow-wait line names the holder first and the other
+// waiter as queued, though pg_blocking_pids names both as blocking.
+func TestBlockersRootHolderAndQueue(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	raw := openRaw(t, withDSNParam(t, dsn, "application_name", "other-app"))
+	ctx := context.Background()
+	holder, hpid := rawBlocker(t, raw, 4242, "x")
+	defer holder.Close()
+	queued, err := raw.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer queued.Close()
+	qctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go queued.ExecContext(qctx, "SELECT pg_advisory_lock(4242) /* queued */")
+	var qpid int32
+	waitFor(t, 20*time.Second, "the queued session to wait", func() bool {
+		return raw.QueryRow("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%queued%'").Scan(&qpid) == nil
+	})
+	buf := &syncBuffer{}
+	db := openDSN(t, dsn, slowLogOptions(buf, 200*time.Millisecond)...)
+	wctx, wcancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = AcquireAdvisoryLock(wctx, db, 4242)
+	wcancel()
+	if err == nil {
+		t.Fatal("took a held lock")
+	}
+	line := ""
+	waitFor(t, 10*time.Second, "the slow-wait line", func() bool {
+		for _, l := range strings.Split(buf.String(), "\n") {
+			if strings.Contains(l, "still waiting") {
+				line = l
+			}
+		}
+		return line != ""
+	})
+	h, q := "backend pid "+strconv.Itoa(int(hpid)), "backend pid "+strconv.Itoa(int(qpid))
+	if !strings.Contains(line, "holder_pid="+strconv.Itoa(int(hpid))) || !strings.Contains(line, "queued_pids="+strconv.Itoa(int(qpid))) ||
+		!strings.Contains(line, "queued ahead") || strings.Index(line, h) < 0 || strings.Index(line, h) > strings.Index(line, q) {
+		t.Errorf("the slow-wait line does not name %s as the holder and %s as queued:\n%s", h, q, line)
+	}
+	if !strings.Contains(err.Error(), h) {
+		t.Errorf("the error does not name the holder: %v", err)
+	}
+	if _, err := holder.ExecContext(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+		t.Fatal(err)
+	}
+}
