@@ -495,17 +495,18 @@ type connector struct {
 	named    lockTable[int64]      // SQLite's in-process advisory locks
 	turns    lockTable[int64]      // Postgres: AcquireAdvisoryLock's in-process queue per key
 	tokens   tokenClock            // SQLite: the in-process advisory locks' fencing tokens
-	ownBegin simpleQuery           // Postgres: how RunInTx's BEGIN learns the transaction id (retry_commit.go)
+	own      ownStatements         // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
+	sites    siteCache             // Postgres: call sites of transactions' identities, by return address (callsite.go)
 	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
 	writer   writerLock            // SQLite's in-process writer lock
 	dsn      string                // "" when the inner connector was given
 	pool     string                // the pool name: WithPoolName's, or a default unique in the process
+	seq      uint64                // the database's number in the process, from 1 (identities name it: pg_identity.go)
 	joined   bool                  // in the process's registry of databases (holders.go)
 	sqlite   sqliteDSN             // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
 	events   *eventRing // recent events, for DebugHandler
 	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
-	ident    dbIdentity // how the database publishes its holders' identities (Postgres; pg_identity_publish.go)
 
 	liveMu sync.RWMutex       // read: openConns, the model of holders (self-waits)
 	live   map[*conn]struct{} // every open wrapped connection

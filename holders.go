@@ -39,20 +39,23 @@ const maxDatabases = 1024
 // unclosed *sql.DB is never freed anyway: its pool's goroutine keeps it),
 // at most maxDatabases of them.
 type registry struct {
-	mu  sync.RWMutex
-	dbs []*connector
+	mu   sync.RWMutex
+	dbs  []*connector
+	next uint64 // the number of the last database opened (connector.seq)
 }
 
 // databases is the process's registry.
 var databases registry
 
-// join registers c and settles its pool name: the one WithPoolName gave,
+// join registers c, numbers it and settles its pool name: the one WithPoolName gave,
 // or its default, made unique among the open databases by a "#2", "#3"…
 // suffix (two *sql.DB on one DSN are two pools; their gauges must not
 // share one attribute set).
 func (r *registry) join(c *connector, defaultName string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.next++
+	c.seq = r.next
 	taken := func(name string) bool {
 		for _, o := range r.dbs {
 			if o.pool == name {
@@ -117,7 +120,7 @@ func (r *registry) connOf(pid int32, app, query string) *conn {
 			return nil
 		}
 		for _, c := range r.list() {
-			if c.opts.dialect == Postgres && c.ident.seq == id.Database {
+			if c.opts.dialect == Postgres && c.seq == id.Database {
 				return c.openConn(id.Conn)
 			}
 		}

@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -115,11 +114,6 @@ var processLabel = sync.OnceValue(func() string {
 	}
 	return host + "/" + strconv.Itoa(os.Getpid())
 })
-
-// databaseSeq numbers the lockhooks Postgres databases of this process, so
-// that identities of two *sql.DB of one process differ (their connection
-// numbers both start at 1). It is process-wide by nature and only grows.
-var databaseSeq atomic.Uint64
 
 // safeToken keeps the characters an identity may carry unquoted in a SQL
 // string literal, a comment and a space-separated list: letters, digits and

@@ -59,9 +59,9 @@ func (c *connector) blockedConns(ctx context.Context, conns []*conn) (map[*conn]
 		return nil, fmt.Errorf("lockhooks: connecting to read pg_blocking_pids: %w", err)
 	}
 	defer side.Close()
-	d := c.identity(side)
+	d := c.own.of(side)
 	waiters := "SELECT unnest('{" + strings.Join(pids, ",") + "}'::int[])"
-	if d.publish {
+	if d.ok() {
 		waiters += "\n\tUNION SELECT pid FROM pg_stat_activity WHERE application_name LIKE '" + c.appNamePrefixOfDatabase() + "%'"
 	}
 	rows, err := queryDirect(ctx, side, `WITH RECURSIVE w(pid) AS (
@@ -79,7 +79,7 @@ SELECT c.waiter::bigint, coalesce(wa.application_name, ''), coalesce(wa.wait_eve
 	coalesce(extract(epoch FROM clock_timestamp() - b.query_start)::float8, -1),
 	left(coalesce(b.query, ''), 1000), coalesce(extract(epoch FROM clock_timestamp() - wa.query_start)::float8, -1)
 FROM chain c JOIN pg_stat_activity b ON b.pid = c.pid LEFT JOIN pg_stat_activity wa ON wa.pid = c.waiter
-ORDER BY 1, 5, 6`, d.simple)
+ORDER BY 1, 5, 6`, d.args)
 	if err != nil {
 		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
 	}
@@ -151,14 +151,14 @@ ORDER BY 1, 5, 6`, d.simple)
 // appNamePrefixOfDatabase is how the application_name of every connection
 // of this database begins while it publishes its identity.
 func (c *connector) appNamePrefixOfDatabase() string {
-	return appNamePrefix + shortProcess(processLabel(), appNameProcessLen) + "#" + strconv.FormatUint(c.ident.seq, 10) + "."
+	return appNamePrefix + shortProcess(processLabel(), appNameProcessLen) + "#" + strconv.FormatUint(c.seq, 10) + "."
 }
 
 // ownerOf returns the connection of this database that backend pid, showing
 // appName, is running the statements of; nil if none is.
 func (c *connector) ownerOf(pid int32, appName string, byPID map[int32]*conn, byID map[uint64]*conn) *conn {
 	if id := parseAppName(appName); id != nil {
-		if id.Process != shortProcess(processLabel(), appNameProcessLen) || id.Database != c.ident.seq {
+		if id.Process != shortProcess(processLabel(), appNameProcessLen) || id.Database != c.seq {
 			return nil // another process's, or another database's
 		}
 		return byID[id.Conn]
@@ -384,7 +384,7 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	AND l.pid <> `+strconv.Itoa(int(waiter.lockPID()))+` AND (`+strings.Join(match, " OR ")+`)
-ORDER BY 1`, c.identity(side).simple)
+ORDER BY 1`, c.own.of(side).args)
 	if err != nil {
 		return nil
 	}

@@ -72,18 +72,21 @@ type tx struct {
 	span                                           trace.Span
 	rowSince, xactSince, locksetSince, writerSince time.Time
 
-	// For a transaction lockhooks began itself for RunInTx (pgTx): the
-	// context of its COMMIT, and a buffer for BEGIN's row; and, once per
-	// connection, its pgx connection's transaction status (nil: not pgx).
+	// For a transaction lockhooks began itself (pgTx, pg_begin.go): the
+	// context of its COMMIT, the connection's last BEGIN message and a
+	// buffer for its row; and, once per connection, its pgx connection's
+	// transaction status (nil: not pgx).
 	ownCtx context.Context
+	msg    beginMessage
 	row    [1]driver.Value
-	status func() byte
+	status txStatuser
 }
 
 var _ driver.Tx = (*tx)(nil)
 
-// begin starts tracking the transaction inner and returns it wrapped.
-func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions) *tx {
+// begin starts tracking the transaction inner, begun at site (Postgres;
+// nil: not recorded), and returns it wrapped.
+func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions, site *callers) *tx {
 	t.inner, t.opts, t.ctx = inner, opts, ctx
 	t.gen++
 	t.read = false
@@ -91,15 +94,13 @@ func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions) 
 	t.span = trace.SpanFromContext(ctx)
 	if t.c.connector.pins != nil {
 		// Postgres: other connections' waiters find this transaction by its
-		// backend pid and name where it began (a frame-pointer walk of a few
-		// nanoseconds on amd64 and arm64, beside BEGIN's round trip).
-		var site callers
-		site.captureFast()
+		// backend pid (or the identity its BEGIN published) and name where
+		// it began.
 		idCtx := ctx
 		if rc, ok := ctx.(runInTxContext); ok {
 			idCtx = rc.Context // the context RunInTx's fn runs with
 		}
-		t.c.ident.set(idCtx, time.Now(), &site)
+		t.c.ident.set(idCtx, time.Now(), site)
 	}
 	return t
 }
