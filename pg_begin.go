@@ -255,9 +255,6 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *caller
 	if info != nil {
 		info.begun = id
 	}
-	if own.pgx && c.tx.status == nil {
-		c.tx.status = pgxTxStatus(c.inner) // once per connection
-	}
 	tx := c.tx.begin(ctx, pgTx{c}, opts, site)
 	tx.ownCtx = ownCtx
 	return tx, true, nil

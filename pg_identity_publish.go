@@ -45,8 +45,17 @@ import (
 type published struct {
 	on         bool   // the connection publishes (its application_name was the user's to set, and the user set none)
 	connectApp string // its application_name at connect
-	appName    string // the session-level application_name lockhooks last set ("" for none); guarded by pin.mu
+	// appName is the session-level application_name lockhooks last set
+	// ("" for none, appNameUnknown when a rollback may have undone it), and
+	// setInTx says that it was set inside the open transaction, whose
+	// rollback undoes it; both guarded by pin.mu.
+	appName string
+	setInTx bool
 }
+
+// appNameUnknown is published.appName when the server's value is not
+// known: it differs from every identity, so the next read sets it.
+const appNameUnknown = "\x00unknown"
 
 // identifyOnConnect reads, in the one statement Connect runs on Postgres
 // anyway, the backend pid and the application_name the user's
@@ -70,6 +79,9 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 		return fmt.Errorf("lockhooks: reading the backend pid of %v: %w", w, w.observe(err))
 	}
 	w.pid.Store(int32(asInt64(row.row[0])))
+	if own.pgx {
+		w.tx.status = pgxTxStatus(w.inner)
+	}
 	app := asString(row.row[1])
 	w.pub.connectApp = app
 	w.pub.on = app == "" || strings.HasPrefix(app, appNamePrefix)
@@ -173,10 +185,20 @@ func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue,
 FROM ` + from + ` LEFT JOIN pg_locks l ON l.pid = ` + of + ` AND l.locktype = 'advisory' AND l.granted` + c.afterDiscard(), args, setTo
 }
 
-// publishedAppName records what the read set.
+// publishedAppName records what the read set, and whether it did so
+// inside a transaction.
 func (c *conn) publishedAppName(v string) {
 	c.pin.mu.Lock()
 	c.pub.appName = v
+	inBlock := c.tx.inner != nil || c.pin.textTx
+	if !inBlock && c.tx.status != nil {
+		// A block begun by statement text lockhooks did not follow (the
+		// connection held no lock then): pgx knows from the server.
+		inBlock = c.tx.status.TxStatus() != 'I'
+	}
+	if inBlock {
+		c.pub.setInTx = true
+	}
 	c.pin.mu.Unlock()
 }
 

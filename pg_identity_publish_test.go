@@ -622,3 +622,74 @@ func TestBlockersRootHolderAndQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A session lock taken inside a transaction outlives the transaction's
+// rollback; its identity must too. The application_name its pg_locks read
+// set inside the transaction is undone by the rollback, so lockhooks reads
+// pg_locks again once a transaction that set it ends uncommitted, which
+// sets it again: database/sql's transactions and statement-text ones.
+func TestIdentitySessionLockSurvivesRollback(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	raw := openRaw(t, dsn)
+	for _, driverName := range []string{"pgx", "postgres"} {
+		t.Run(driverName, func(t *testing.T) {
+			db, err := Open(driverName, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			sessionLockSurvivesRollback(t, raw, db)
+		})
+	}
+}
+
+func sessionLockSurvivesRollback(t *testing.T, raw, db *sql.DB) {
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pid := connPID(t, c)
+	lock := func(exec func(context.Context, string, ...any) (sql.Result, error)) string {
+		t.Helper()
+		site := here(1)
+		if _, err := exec(ctx, "SELECT pg_advisory_lock(61)"); err != nil {
+			t.Fatal(err)
+		}
+		return site
+	}
+	check := func(what, site string) {
+		t.Helper()
+		app, _ := activity(t, raw, pid)
+		if id := parseAppName(app); id == nil || id.Holds != "lock" || !siteMatches(id.Site, site) {
+			t.Errorf("%s: application_name %q, want the session lock taken at %s", what, app, site)
+		}
+		if _, err := c.ExecContext(ctx, "SELECT pg_advisory_unlock(61)"); err != nil {
+			t.Fatal(err)
+		}
+		if app, _ := activity(t, raw, pid); app != "" {
+			t.Errorf("%s: after the unlock, application_name %q", what, app)
+		}
+	}
+	for _, end := range []string{"rollback", "commit"} {
+		tx, err := c.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		site := lock(tx.ExecContext)
+		if end == "rollback" {
+			err = tx.Rollback()
+		} else {
+			err = tx.Commit()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		check("database/sql transaction, "+end, site)
+	}
+	mustExecConn(t, c, "BEGIN")
+	site := lock(c.ExecContext)
+	mustExecConn(t, c, "ROLLBACK")
+	check("statement-text transaction, rollback", site)
+}

@@ -74,7 +74,7 @@ type tx struct {
 
 	// For a transaction lockhooks began itself (pgTx, pg_begin.go): the
 	// context of its COMMIT, the connection's last BEGIN message and a
-	// buffer for its row; and, once per connection, its pgx connection's
+	// buffer for its row; and, from Connect on, its pgx connection's
 	// transaction status (nil: not pgx).
 	ownCtx context.Context
 	msg    beginMessage
@@ -116,27 +116,28 @@ func (t *tx) took(since *time.Time) {
 func (t *tx) readOnly() bool { return t.opts.ReadOnly }
 
 // Commit commits the inner transaction, then runs what waits for its end.
-func (t *tx) Commit() error {
+func (t *tx) Commit() (err error) {
 	if hook := t.c.connector.opts.testReleaseBeforeCommit; hook != nil && len(t.locks) > 0 {
 		t.releaseLast(len(t.locks))
 		hook()
 	}
-	defer t.end() // even if the driver panics: the writer lock must not stay held
+	defer func() { t.end(err == nil) }() // even if the driver panics: the writer lock must not stay held
 	return t.c.observe(t.inner.Commit())
 }
 
 // Rollback rolls back the inner transaction, then runs what waits for its
 // end. database/sql also calls it when the transaction's context ends.
 func (t *tx) Rollback() error {
-	defer t.end()
+	defer t.end(false)
 	return t.c.observe(t.inner.Rollback())
 }
 
-// end runs once COMMIT or ROLLBACK returned (whatever it returned): it
-// releases the transaction's lockset holds and the SQLite writer lock, and,
-// if a statement in it changed session locks in ways only pg_locks can
-// tell, reads pg_locks now that the transaction's own locks are gone.
-func (t *tx) end() {
+// end runs once COMMIT or ROLLBACK returned (whatever it returned;
+// committed: COMMIT succeeded): it releases the transaction's lockset holds
+// and the SQLite writer lock, and, if a statement in it changed session
+// locks in ways only pg_locks can tell, reads pg_locks now that the
+// transaction's own locks are gone.
+func (t *tx) end(committed bool) {
 	t.inner, t.ctx, t.ownCtx = nil, nil, nil
 	if t.c.connector.pins != nil {
 		t.c.ident.clear()
@@ -152,7 +153,7 @@ func (t *tx) end() {
 	}
 	t.recordHolds()
 	if t.c.connector.pins != nil {
-		t.c.transactionEnded()
+		t.c.transactionEnded(committed)
 	}
 }
 
