@@ -154,7 +154,12 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 			}
 		}
 		var h holder
-		switch oc := databases.connOf(e.pid, b.app, b.statement); {
+		seen := pgBlocker{PID: e.pid, ApplicationName: b.app, State: b.state, XactSeconds: b.xactAge, Query: b.statement}
+		if !known {
+			seen.XactSeconds = -1
+		}
+		other, identified := identify(seen, nil)
+		switch {
 		case s.This:
 			h = c.asHolder(nil)
 			if m := whereRowRE.FindStringSubmatch(where); m != nil && txRE.MatchString(e.target) {
@@ -164,8 +169,9 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 				s.WaitedFor = strings.Join(de.Waiting, ", ") + ": " + s.WaitedFor
 			}
 			s.Held = append(s.Held, de.Held...)
-		case oc != nil:
-			h = oc.asHolder(nil)
+		case identified: // a connection of a lockhooks database, here or in another process
+			h = other
+			h.State, h.Statement = "", "" // the side says what it ran
 			de.others = append(de.others, h) // for the wait span's link
 		}
 		if h.Conn != 0 {

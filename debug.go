@@ -309,7 +309,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 	}
 
 	edges := c.inProcessEdges()
-	var blocked map[*conn]*blockedBackend // by the identity each backend shows (pg_identity_blockers.go)
+	var blocked map[*conn]*blockedBackend // by the identity each backend shows (pg_blockers.go)
 	if c.opts.dialect == Postgres {
 		bctx, cancel := context.WithTimeout(ctx, blockerLookupTimeout)
 		var err error
@@ -329,7 +329,9 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 		}
 		if b := blocked[v.conn]; v.conn != nil && b != nil {
 			wt.PID, wt.WaitEvent = b.pid, b.waitEvent
-			wt.Holders, wt.Blockers = resolveBlockers(wt.Holders, b.blockers, v.advKeys)
+			found := &blockage{holders: wt.Holders, blockers: wt.Blockers, at: now}
+			found.add(b.blockers, v.advKeys)
+			wt.Holders, wt.Blockers = found.holders, found.blockers
 			shown[v.conn] = true
 		}
 		d.Waiters = append(d.Waiters, wt)
@@ -342,9 +344,10 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 			if len(d.Waiters) >= debugMaxWaiters {
 				continue
 			}
+			found := &blockage{holders: []holder{}, blockers: []pgBlocker{}, at: now}
+			found.add(b.blockers, nil)
 			w := debugWaiter{Kind: "server", Conn: oc.id, PID: b.pid, Statement: truncate(b.query, 500),
-				WaitEvent: b.waitEvent, Holders: []holder{}, Blockers: b.blockers}
-			w.Holders, w.Blockers = resolveBlockers(w.Holders, w.Blockers, nil)
+				WaitEvent: b.waitEvent, Holders: found.holders, Blockers: found.blockers}
 			if b.waitSeconds >= 0 {
 				w.WaitSeconds = math.Round(b.waitSeconds*1000) / 1000
 				w.Since = now.Add(-time.Duration(b.waitSeconds * float64(time.Second)))
@@ -454,6 +457,19 @@ func secondsSince(now, t time.Time) float64 {
 	return math.Round(now.Sub(t).Seconds()*1000) / 1000
 }
 
+// holderNodeID names the graph node of a holder that is not a connection
+// of the database the graph is of.
+func holderNodeID(h holder) string {
+	id := "db-" + h.Database
+	if h.Database == "" {
+		id = "db#" + strconv.FormatUint(h.dbNum, 10)
+	}
+	if h.Process != "" {
+		id = "proc-" + h.Process + "-" + id
+	}
+	return id + "-conn-" + strconv.FormatUint(h.Conn, 10)
+}
+
 // buildGraph builds the wait-for graph of the waiters: an edge from each
 // waiter to each holder or blocking backend; an edge between connections
 // of this process that lies on a cycle is marked. The page draws it
@@ -501,25 +517,26 @@ func buildGraph(waiters []debugWaiter, conns []*conn, pool string) debugGraph {
 		}
 		for _, h := range w.Holders {
 			switch {
-			case h.Conn == 0:
-			case h.Database == "" || h.Database == pool:
+			case h.Conn == 0, h.Depth > 1: // unknown, or it blocks a blocker, not this waiter
+			case h.Process == "" && (h.Database == "" || h.Database == pool):
 				edge(from, connNode(h.Conn), what)
-			default: // a connection of another lockhooks database of the process
-				id := strconv.FormatUint(h.Conn, 10)
-				detail := h.Database
+			default: // a connection of another lockhooks database, of this process or another
+				id, detail := holderNodeID(h), h.Database
+				if detail == "" {
+					detail = "database " + strconv.FormatUint(h.dbNum, 10)
+				}
+				if h.Process != "" {
+					detail += ", process " + h.Process
+				}
 				if h.PID != 0 {
 					detail += ", pid " + strconv.Itoa(int(h.PID))
 				}
-				edge(from, node("db-"+h.Database+"-conn-"+id, "conn #"+id, detail, false), what)
+				edge(from, node(id, "conn #"+strconv.FormatUint(h.Conn, 10), detail, h.Process != ""), what)
 			}
 		}
 		for _, b := range w.Blockers {
 			if b.Depth > 1 {
 				continue // blocks a blocker, not this waiter
-			}
-			if b.Conn != 0 {
-				edge(from, connNode(b.Conn), what)
-				continue
 			}
 			detail := b.State
 			if b.ApplicationName != "" {

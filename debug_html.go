@@ -74,6 +74,12 @@ var debugTemplate = template.Must(template.New("locks").Funcs(template.FuncMap{
 		}
 		return many
 	},
+	"holderLabel": func(h holder, pool string) string {
+		if h.Process == "" && (h.Database == "" || h.Database == pool) {
+			return connLabel(h.Conn, h.PID)
+		}
+		return holderLabel(h)
+	},
 	"sub": func(a, b float64) float64 { return a - b },
 	"add": func(a, b float64) float64 { return a + b },
 }).Parse(debugHTML))
@@ -197,8 +203,8 @@ details > summary { cursor: pointer; color: #444; margin: 10px 0 4px; }
 <td data-label="waits for"><span class="meta">{{.Kind}}{{if .Mode}} {{.Mode}}{{end}}</span><br><span class="mono">{{if .Namespace}}{{wbr (short .Namespace 48)}} / {{end}}{{wbr (short .Keys 120)}}</span>{{if .Statement}}<br><code class="stmt">{{wbr (short .Statement 200)}}</code>{{end}}{{if .WaitEvent}}<br><span class="meta">{{.WaitEvent}}</span>{{end}}</td>
 <td data-label="waiter, asked at"><span class="nowrap">{{if .Conn}}conn #{{.Conn}}{{end}}{{if .PID}} · pid {{.PID}}{{end}}</span>{{if .Site}}<br><span class="mono">{{wbr .Site}}</span>{{end}}</td>
 <td data-label="held by">
-{{range .Holders}}<div class="holder" data-conn="{{.Conn}}"><span class="nowrap">conn #{{.Conn}}{{if .PID}} · pid {{.PID}}{{end}}</span>{{if .Key}} holds <code>{{wbr (short .Key 80)}}</code>{{end}}{{if .Site}}, taken at <code>{{wbr .Site}}</code>{{end}}{{if not .Since.IsZero}} <span class="meta nowrap">since {{clock .Since}}</span>{{end}}</div>{{end}}
-{{if .Blockers}}<ul class="blockers">{{range .Blockers}}<li class="blocker" data-pid="{{.PID}}"><span class="nowrap">backend pid {{.PID}}</span>{{if .Conn}} <span class="nowrap">= conn #{{.Conn}}</span>{{end}}{{if .ApplicationName}} · <code>{{.ApplicationName}}</code>{{end}} · {{.State}} · <span class="nowrap">{{xact .XactSeconds}}</span>{{if .Query}}<br><code class="stmt">{{wbr (short .Query 200)}}</code>{{end}}</li>{{end}}</ul>{{end}}
+{{range .Holders}}<div class="holder" data-conn="{{.Conn}}">{{if .Queued}}<span class="meta">queued ahead:</span> {{end}}<span class="nowrap">{{holderLabel . $db.Pool}}</span>{{if .Key}} holds <code>{{wbr (short .Key 80)}}</code>{{end}}{{if .Site}}, {{if eq .SiteKind "took_lock"}}taken{{else}}transaction begun{{end}} at <code>{{wbr .Site}}</code>{{end}}{{if not .Since.IsZero}} <span class="meta nowrap">since {{clock .Since}}</span>{{end}}{{if and .Queued .Statement}}<br><code class="stmt">{{wbr (short .Statement 200)}}</code>{{end}}</div>{{end}}
+{{if .Blockers}}<ul class="blockers">{{range .Blockers}}<li class="blocker" data-pid="{{.PID}}">{{if .Waiting}}<span class="meta">queued ahead:</span> {{end}}<span class="nowrap">backend pid {{.PID}}</span>{{if .ApplicationName}} · <code>{{.ApplicationName}}</code>{{end}} · {{.State}} · <span class="nowrap">{{xact .XactSeconds}}</span>{{if .Query}}<br><code class="stmt">{{wbr (short .Query 200)}}</code>{{end}}</li>{{end}}</ul>{{end}}
 {{if and (not .Holders) (not .Blockers)}}<span class="meta">unknown</span>{{end}}
 </td>
 </tr>

@@ -88,6 +88,7 @@ type summaryHolder struct {
 // dbView is one database on the page.
 type dbView struct {
 	Index        int
+	Pool         string // its pool name
 	Anchor       string
 	Label        string // "database 0 (sqlite)"
 	Error        string
@@ -202,7 +203,7 @@ func dbLabel(d *debugDatabase) string {
 }
 
 func buildDBView(d *debugDatabase) dbView {
-	v := dbView{Index: d.Index, Anchor: "db-" + strconv.Itoa(d.Index), Label: dbLabel(d), Error: d.Error, Notes: d.Notes,
+	v := dbView{Index: d.Index, Pool: d.Pool, Anchor: "db-" + strconv.Itoa(d.Index), Label: dbLabel(d), Error: d.Error, Notes: d.Notes,
 		WaitersTotal: max(d.WaitersTotal, len(d.Waiters)), HeldTotal: max(d.HeldTotal, len(d.Held))}
 
 	// Waiters: the longest first.
@@ -281,11 +282,10 @@ func buildSummary(rep debugReport, dbs []dbView) summaryView {
 		if dv == nil {
 			continue
 		}
-		ours := heldByConn(d)
 		waiters := append([]debugWaiter{}, d.Waiters...)
 		sort.SliceStable(waiters, func(i, j int) bool { return waiters[i].WaitSeconds > waiters[j].WaitSeconds })
 		for j, w := range waiters {
-			refs := holdersOf(w, ours)
+			refs := holdersOf(w, d.Pool)
 			sw := summaryWait{DB: dv, Waiter: w, What: waitWhat(w)}
 			if len(refs) > 0 {
 				sw.Holder, sw.Others = refs[0], len(refs)-1
@@ -343,50 +343,56 @@ func buildSummary(rep debugReport, dbs []dbView) summaryView {
 	return s
 }
 
-// heldByConn returns, for each connection of d with a held row, its
-// oldest held lock: where it took it and since when.
-func heldByConn(d *debugDatabase) map[uint64]debugHeld {
-	out := map[uint64]debugHeld{}
-	for _, h := range d.Held {
-		if h.Conn == 0 {
-			continue
-		}
-		if x, ok := out[h.Conn]; !ok || x.Since.IsZero() || (!h.Since.IsZero() && h.Since.Before(x.Since)) {
-			out[h.Conn] = h
-		}
-	}
-	return out
-}
-
-// holdersOf returns who holds what w waits for: its in-process holders,
-// then the server's blockers that are not among them; a blocker that is
-// a connection of this database is described by the locks it holds
-// (ours).
-func holdersOf(w debugWaiter, ours map[uint64]debugHeld) []holderRef {
-	var out []holderRef
+// holdersOf returns who holds what w, a waiter of the database pool,
+// waits for: the holders at the root (connections of lockhooks databases,
+// of this process or another) and the backends nobody identified, then
+// those queued ahead of it.
+func holdersOf(w debugWaiter, pool string) []holderRef {
+	var roots, queued []holderRef
 	for _, h := range w.Holders {
-		r := holderRef{Known: true, Label: connLabel(h.Conn, h.PID), Site: h.Site, Held: -1, key: "conn-" + strconv.FormatUint(h.Conn, 10)}
+		r := holderRef{Known: true, Label: connLabel(h.Conn, h.PID), Site: h.Site, Held: -1, State: h.State, key: "conn-" + strconv.FormatUint(h.Conn, 10)}
+		if h.Process != "" || h.Database != "" && h.Database != pool {
+			r.Label, r.key, r.External = holderLabel(h), holderNodeID(h), h.Process != ""
+		}
 		if !h.Since.IsZero() {
 			r.Held = math.Max(0, w.WaitSeconds+w.Since.Sub(h.Since).Seconds())
 		}
-		out = append(out, r)
+		if h.Queued {
+			r.Query = h.Statement
+			queued = append(queued, r)
+		} else {
+			roots = append(roots, r)
+		}
 	}
 	for _, b := range w.Blockers {
-		r := holderRef{Known: true, App: b.ApplicationName, State: b.State, Query: b.Query, Held: b.XactSeconds}
-		if b.Conn != 0 {
-			r.Label, r.key = connLabel(b.Conn, b.PID), "conn-"+strconv.FormatUint(b.Conn, 10)
-			if h, ok := ours[b.Conn]; ok && h.Site != "" {
-				r.Site = h.Site
-				if h.HeldSeconds > 0 {
-					r.Held = h.HeldSeconds
-				}
-			}
+		r := holderRef{Known: true, App: b.ApplicationName, State: b.State, Query: b.Query, Held: b.XactSeconds,
+			Label: "pid " + strconv.Itoa(int(b.PID)), key: "pid-" + strconv.Itoa(int(b.PID)), External: true}
+		if b.Waiting {
+			queued = append(queued, r)
 		} else {
-			r.Label, r.key, r.External = "pid "+strconv.Itoa(int(b.PID)), "pid-"+strconv.Itoa(int(b.PID)), true
+			roots = append(roots, r)
 		}
-		out = append(out, r)
 	}
-	return out
+	return append(roots, queued...)
+}
+
+// holderLabel names a holder that is not a connection of the database
+// shown: `conn #3 of "orders" · pid 812`, with its process when another.
+func holderLabel(h holder) string {
+	s := "conn #" + strconv.FormatUint(h.Conn, 10)
+	switch {
+	case h.Database != "":
+		s += fmt.Sprintf(" of %q", h.Database)
+	case h.dbNum != 0:
+		s += " of database " + strconv.FormatUint(h.dbNum, 10)
+	}
+	if h.Process != "" {
+		s += " · " + h.Process
+	}
+	if h.PID != 0 {
+		s += " · pid " + strconv.Itoa(int(h.PID))
+	}
+	return s
 }
 
 // connLabel names a connection of this process.

@@ -2,9 +2,9 @@ package lockhooks
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -102,38 +102,19 @@ func (r *registry) list() []*connector {
 }
 
 // connOf returns the connection of any open Postgres database of the
-// process whose statements backend pid runs, as pg_stat_activity shows the
-// backend (its application_name app and last statement query), or nil. A
-// backend that shows a lockhooks identity is the connection it names (a
-// transaction through a pooler runs on any backend); one that shows none
-// is the connection that met it at connect, unless that database declared
-// a transaction pooler (the backend serves other clients then) or the
-// backend shows another application_name than the connection had (an
-// undeclared pooler gave it to another client); or the holder connection
-// a connection keeps through a transaction pooler.
+// process whose statements backend pid runs, as pg_stat_activity shows
+// the backend (its application_name app and last statement query), or nil
+// (see connector.backendConn).
 func (r *registry) connOf(pid int32, app, query string) *conn {
 	if pid == 0 {
-		return nil
-	}
-	if id := decodeIdentity(app, query); id != nil {
-		if !id.ofThisProcess() {
-			return nil
-		}
-		for _, c := range r.list() {
-			if c.opts.dialect == Postgres && c.seq == id.Database {
-				return c.openConn(id.Conn)
-			}
-		}
 		return nil
 	}
 	for _, c := range r.list() {
 		if c.opts.dialect != Postgres {
 			continue
 		}
-		for _, oc := range c.openConns() {
-			if oc.holderPID.Load() == pid || oc.pid.Load() == pid && !c.opts.txPooler && app == oc.pub.connectApp {
-				return oc
-			}
+		if oc := c.backendConn(pid, app, query, c.index()); oc != nil {
+			return oc
 		}
 	}
 	return nil
@@ -148,8 +129,12 @@ const (
 )
 
 // holder is one holder of a lock someone waits for: the identity every
-// consumer shows (the page's JSON, errors, log lines, span attributes).
+// consumer shows (the page's JSON, errors, log lines, span attributes). It
+// is a connection of a lockhooks database of this process, with all the
+// model knows of it, or of another process, as that process published it
+// in what Postgres shows every session (pg_identity.go).
 type holder struct {
+	Process   string    `json:"process,omitempty"`  // host/pid of the holder's process, when it is another process
 	Database  string    `json:"database,omitempty"` // its database's pool name
 	Conn      uint64    `json:"conn"`
 	PID       int32     `json:"pid,omitempty"`
@@ -160,13 +145,22 @@ type holder struct {
 	State     string    `json:"state,omitempty"`     // the backend's state, as pg_stat_activity says
 	TraceID   string    `json:"trace_id,omitempty"`  // the trace of the span it took the lock (or began its transaction) in
 	SiteKind  string    `json:"site_kind,omitempty"` // what Site is: took_lock | began_transaction | later_statement
-	running   bool      // Statement is what holds the lock (an autocommit statement), not the last one
-	span      trace.SpanContext
+	// In a chain of waits on the server (A holds, C waits for A, the
+	// waiter waits behind C): 1 blocks the waiter, 2 blocks a backend that
+	// does, and so on (0: found in this process's lock tables). A holder
+	// that waits itself (C) is queued ahead of the waiter, not the holder
+	// at the root: Statement is what it waits in, for WaitSeconds.
+	Depth       int     `json:"depth,omitempty"`
+	Queued      bool    `json:"queued,omitempty"`
+	WaitSeconds float64 `json:"wait_seconds,omitempty"`
+	running     bool    // Statement is what holds the lock (an autocommit statement), not the last one
+	dbNum       uint64  // another process's number for its database, when it published no pool name
+	span        trace.SpanContext
 }
 
-// debugHolder is a holder as the debug page's waiters list it: in this
-// process (a connection of any lockhooks database); blocking backends
-// outside it are the waiters' Blockers.
+// debugHolder is a holder as the debug page's waiters list it: a
+// connection of any lockhooks database, here or in another process;
+// blocking backends nobody identified are the waiters' Blockers.
 type debugHolder = holder
 
 func (h holder) age() time.Duration {
@@ -176,7 +170,9 @@ func (h holder) age() time.Duration {
 	return time.Since(h.Since).Round(time.Millisecond)
 }
 
-// who is the holder's connection: `connection #3 of "orders" (backend pid 812)`.
+// who is the holder's connection: `connection #3 of "orders" (backend pid
+// 812)`, `connection #3 of "orders" in process web-7/4711 (backend pid
+// 812)`.
 func (h holder) who() string {
 	var b strings.Builder
 	if h.Conn != 0 {
@@ -184,8 +180,14 @@ func (h holder) who() string {
 	} else {
 		b.WriteString("a connection")
 	}
-	if h.Database != "" {
+	switch {
+	case h.Database != "":
 		fmt.Fprintf(&b, " of %q", h.Database)
+	case h.dbNum != 0:
+		fmt.Fprintf(&b, " of database %d", h.dbNum)
+	}
+	if h.Process != "" {
+		b.WriteString(" in process " + h.Process)
 	}
 	if h.PID != 0 {
 		fmt.Fprintf(&b, " (backend pid %d)", h.PID)
@@ -209,11 +211,22 @@ func (h holder) where() string {
 }
 
 // String names the holder, the one way every message does: who, where it
-// took the lock or began its transaction, for how long, and its trace.
+// took the lock or began its transaction, for how long, and its trace; a
+// queued one, what it waits in and for how long.
 func (h holder) String() string {
 	parts := []string{h.who()}
 	if w := h.where(); w != "" {
 		parts = append(parts, w)
+	}
+	if h.Queued {
+		s := "waiting"
+		if h.WaitSeconds > 0 {
+			s += fmt.Sprintf(" %.1fs", h.WaitSeconds)
+		}
+		if h.Statement != "" {
+			s += fmt.Sprintf(" in %.120q", h.Statement)
+		}
+		return strings.Join(append(parts, s), ", ")
 	}
 	if !h.Since.IsZero() {
 		parts = append(parts, "for "+h.age().String())
@@ -233,6 +246,9 @@ func (h holder) String() string {
 // logArgs are the holder's attributes in a log line.
 func (h holder) logArgs() []any {
 	args := []any{"holder", h.String()}
+	if h.Process != "" {
+		args = append(args, "holder_process", h.Process)
+	}
 	if h.Database != "" {
 		args = append(args, "holder_database", h.Database)
 	}
@@ -262,10 +278,14 @@ func (h holder) spanAttrs() []attribute.KeyValue {
 	}
 	attrs := []attribute.KeyValue{AttrHolderSite.String(site)}
 	if !h.Since.IsZero() {
-		attrs = append(attrs, AttrHolderSince.String(h.Since.UTC().Format(time.RFC3339Nano)))
+		attrs = append(attrs, AttrHolderSince.String(h.Since.UTC().Format(time.RFC3339Nano)),
+			AttrHolderHeldSeconds.Float64(time.Since(h.Since).Round(time.Millisecond).Seconds()))
 	}
 	if h.PID != 0 {
 		attrs = append(attrs, AttrHolderPID.Int64(int64(h.PID)))
+	}
+	if h.Process != "" {
+		attrs = append(attrs, AttrHolderProcess.String(h.Process))
 	}
 	if h.Database != "" {
 		attrs = append(attrs, AttrHolderPool.String(h.Database))
@@ -285,6 +305,11 @@ func (h holder) withSpan(span trace.SpanContext) holder {
 	return h
 }
 
+// same reports whether h and o are the same connection.
+func (h holder) same(o holder) bool {
+	return h.Conn == o.Conn && h.Database == o.Database && h.Process == o.Process && h.dbNum == o.dbNum
+}
+
 // connHolder is the identity of connection oc, without what it holds.
 func connHolder(oc *conn) holder {
 	if oc == nil {
@@ -293,16 +318,102 @@ func connHolder(oc *conn) holder {
 	return holder{Database: oc.connector.pool, Conn: oc.id, PID: oc.pid.Load()}
 }
 
-// describeHolders is the holder part of a slow-wait line or an error:
-// every holder, then the backends outside this process that block.
-func describeHolders(holders []holder, blockers []pgBlocker, err error) string {
-	var parts []string
-	for _, h := range holders {
-		parts = append(parts, h.String())
+// blockage is who holds what a wait waits for, as the model names it:
+// the holders (connections of lockhooks databases, here or in other
+// processes), the backends nobody identified, and what the server showed.
+// The slow-wait log, errors, spans and the page only format it.
+type blockage struct {
+	holders  []holder    // the holders at the root first, then those queued ahead of the wait
+	blockers []pgBlocker // backends no lockhooks identified, the root first
+	server   []pgBlocker // every backend of the chain, as Postgres showed it (nil: not read)
+	err      error       // reading the server failed
+	at       time.Time   // when it was read
+}
+
+// empty reports whether nobody was found.
+func (b *blockage) empty() bool { return b == nil || len(b.holders)+len(b.blockers) == 0 }
+
+// add identifies the backends Postgres showed blocking a wait for keys:
+// each one that is a connection of a lockhooks database becomes a holder
+// (unless already named), the others stay blockers; holders at the root
+// come before queued ones.
+func (b *blockage) add(server []pgBlocker, keys []lockKey) {
+	b.server = append(b.server, server...)
+	for _, s := range server {
+		h, ok := identify(s, keys)
+		if !ok {
+			b.blockers = append(b.blockers, s)
+			continue
+		}
+		if !slices.ContainsFunc(b.holders, h.same) {
+			b.holders = append(b.holders, h)
+		}
 	}
-	parts = append(parts, describeBlockers(blockers, nil)...) // pg_identity_blockers.go
-	if err != nil {
-		parts = append(parts, "(reading pg_blocking_pids failed: "+err.Error()+")")
+	sort.SliceStable(b.holders, func(i, j int) bool { return !b.holders[i].Queued && b.holders[j].Queued })
+	sort.SliceStable(b.blockers, func(i, j int) bool { return !b.blockers[i].Waiting && b.blockers[j].Waiting })
+}
+
+// root is the holder at the root, the first one not queued.
+func (b *blockage) root() (holder, bool) {
+	for _, h := range b.holders {
+		if !h.Queued {
+			return h, true
+		}
+	}
+	return holder{}, false
+}
+
+// rootBlocker is the first blocker not waiting itself.
+func (b *blockage) rootBlocker() (pgBlocker, bool) {
+	for _, x := range b.blockers {
+		if !x.Waiting {
+			return x, true
+		}
+	}
+	return pgBlocker{}, false
+}
+
+// aged is b with the ages the server gave brought up to now (the holders'
+// ages count from their Since).
+func (b *blockage) aged() *blockage {
+	d := time.Since(b.at).Seconds()
+	out := *b
+	out.holders = slices.Clone(b.holders)
+	for i := range out.holders {
+		if out.holders[i].Queued && out.holders[i].WaitSeconds > 0 {
+			out.holders[i].WaitSeconds += d
+		}
+	}
+	out.blockers = slices.Clone(b.blockers)
+	for i := range out.blockers {
+		out.blockers[i] = out.blockers[i].aged(d)
+	}
+	return &out
+}
+
+// String is the holder part of a slow-wait line or an error: the holders
+// at the root, then the backends queued ahead of the wait.
+func (b *blockage) String() string {
+	var parts, queued []string
+	for _, h := range b.holders {
+		if h.Queued {
+			queued = append(queued, h.String())
+		} else {
+			parts = append(parts, h.String())
+		}
+	}
+	for _, x := range b.blockers {
+		if x.Waiting {
+			queued = append(queued, x.String())
+		} else {
+			parts = append(parts, x.String())
+		}
+	}
+	if len(queued) > 0 {
+		parts = append(parts, "queued ahead of this wait, waiting too: "+strings.Join(queued, "; "))
+	}
+	if b.err != nil {
+		parts = append(parts, "(reading pg_blocking_pids failed: "+b.err.Error()+")")
 	}
 	if len(parts) == 0 {
 		return "unknown"
@@ -310,13 +421,81 @@ func describeHolders(holders []holder, blockers []pgBlocker, err error) string {
 	return strings.Join(parts, "; ")
 }
 
-func slicesContainsConn(hs []holder, db string, id uint64) bool {
-	for _, h := range hs {
-		if h.Conn == id && h.Database == db {
-			return true
+// logArgs are the slow-wait line's attributes of the holder at the root,
+// the backends nobody identified that block the wait directly
+// (blocking_pids) and the backends queued ahead (queued_pids).
+func (b *blockage) logArgs() []any {
+	text := b.String()
+	var args []any
+	if h, ok := b.root(); ok {
+		args = h.logArgs()
+		if len(b.holders) > 1 || len(b.blockers) > 0 {
+			args = append(args, "holders", text)
+		}
+	} else {
+		args = []any{"holder", text}
+		if x, ok := b.rootBlocker(); ok {
+			args = append(args, "holder_pid", x.PID)
+			if x.XactSeconds >= 0 {
+				args = append(args, "holder_age", time.Duration(x.XactSeconds*float64(time.Second)).Round(time.Millisecond).String())
+			}
 		}
 	}
-	return false
+	var direct, queued []string
+	for _, x := range b.blockers {
+		if x.Depth <= 1 {
+			direct = append(direct, strconv.Itoa(int(x.PID)))
+		}
+	}
+	for _, s := range b.server {
+		if s.Waiting {
+			queued = append(queued, strconv.Itoa(int(s.PID)))
+		}
+	}
+	if len(direct) > 0 {
+		args = append(args, "blocking_pids", strings.Join(direct, ","))
+	}
+	if len(queued) > 0 {
+		args = append(args, "queued_pids", strings.Join(queued, ","))
+	}
+	return args
+}
+
+// identify returns the holder that backend s is, when it is a connection
+// of a lockhooks database: of this process (all the model knows of it:
+// the lock among keys it holds, where and when it took it, or its
+// transaction), or of another (as it published itself). ok is false for a
+// backend nobody identified.
+func identify(s pgBlocker, keys []lockKey) (h holder, ok bool) {
+	id := decodeIdentity(s.ApplicationName, s.Query)
+	ownStatement := id != nil && parseAnnotation(s.Query) != nil // lockhooks' own read, not the application's
+	switch oc := databases.connOf(s.PID, s.ApplicationName, s.Query); {
+	case oc != nil:
+		h = oc.asHolder(keys)
+		if h.SiteKind != siteTook && !ownStatement {
+			// The last statement of a transaction tells where it is; that of
+			// a session-lock holder is often lockhooks' own pg_locks read.
+			h.Statement = s.Query
+		}
+	case id != nil:
+		h = id.holder()
+		if id.ofThisProcess() {
+			h.Process = "" // a connection closed since
+		}
+		if h.SiteKind != siteTook && !ownStatement {
+			h.Statement = s.Query
+		}
+	default:
+		return holder{}, false
+	}
+	h.PID, h.State, h.Depth = s.PID, s.State, s.Depth
+	if s.Waiting {
+		h.Queued, h.WaitSeconds, h.Statement = true, s.WaitSeconds, s.Query
+	}
+	if h.Since.IsZero() && s.XactSeconds >= 0 {
+		h.Since = time.Now().Add(-time.Duration(s.XactSeconds * float64(time.Second)))
+	}
+	return h, true
 }
 
 // txIdent is a connection's open transaction as other goroutines see it:
@@ -408,58 +587,26 @@ func conflicting(k lockKey) []lockKey {
 
 // holdersOf finds who holds what the wait v waits for: in-process holders
 // from the lock tables and the advisory-lock tracking and, on Postgres,
-// the backends pg_blocking_pids names; a backend that is a connection of
-// any lockhooks database of this process is a holder with its full
-// identity, the others are returned as blockers.
-func (c *connector) holdersOf(ctx context.Context, v waitView) ([]holder, []pgBlocker, error) {
-	holders := c.inProcessHolders(v, c.inProcessEdges())
+// the backends pg_blocking_pids names, followed to the root of the chain,
+// each identified where it is a connection of a lockhooks database (of
+// this process or another), or, for a wait that does not wait on the
+// server (through a transaction pooler lockhooks polls), the backends
+// pg_locks shows holding its advisory keys.
+func (c *connector) holdersOf(ctx context.Context, v waitView) *blockage {
+	b := &blockage{holders: c.inProcessHolders(v, c.inProcessEdges()), at: time.Now()}
 	if c.opts.dialect != Postgres || v.conn == nil || v.conn.pid.Load() == 0 {
-		return holders, nil, nil
+		return b
 	}
 	blocked, err := c.blockedConns(ctx, []*conn{v.conn})
-	if err != nil {
-		return holders, nil, err
+	switch bb := blocked[v.conn]; {
+	case err != nil:
+		b.err = err
+	case bb != nil:
+		b.add(bb.blockers, v.advKeys)
+	case len(b.holders) == 0 && len(v.advKeys) > 0:
+		b.add(c.keyHolders(ctx, v.conn, v.advKeys), v.advKeys)
 	}
-	if b := blocked[v.conn]; b != nil {
-		holders, rest := resolveBlockers(holders, b.blockers, v.advKeys)
-		return holders, rest, nil
-	}
-	if len(holders) == 0 && len(v.advKeys) > 0 {
-		// Not waiting on the server: through a transaction pooler lockhooks
-		// polls; pg_locks names the keys' holders (pg_identity_blockers.go).
-		holders, rest := resolveBlockers(holders, c.keyHolders(ctx, v.conn, v.advKeys), v.advKeys)
-		return holders, rest, nil
-	}
-	return holders, nil, nil // not waiting on the server (an in-process queue)
-}
-
-// resolveBlockers turns the blocking backends that are connections of a
-// lockhooks database of this process into holders (with their call site,
-// age and trace), and returns the rest.
-func resolveBlockers(holders []holder, blockers []pgBlocker, keys []lockKey) ([]holder, []pgBlocker) {
-	rest := []pgBlocker{}
-	for _, b := range blockers {
-		oc := databases.connOf(b.PID, b.ApplicationName, b.Query)
-		if oc == nil {
-			rest = append(rest, b)
-			continue
-		}
-		if slicesContainsConn(holders, oc.connector.pool, oc.id) {
-			continue
-		}
-		h := oc.asHolder(keys)
-		h.PID, h.State = b.PID, b.State
-		if h.SiteKind != siteTook {
-			// The last statement of a transaction tells where it is; that of
-			// a session-lock holder is often lockhooks' own pg_locks read.
-			h.Statement = b.Query
-		}
-		if h.Since.IsZero() && b.XactSeconds >= 0 {
-			h.Since = time.Now().Add(-time.Duration(b.XactSeconds * float64(time.Second)))
-		}
-		holders = append(holders, h)
-	}
-	return holders, rest
+	return b // otherwise not waiting on the server (an in-process queue)
 }
 
 // inProcessHolders returns the holders in this process of what v waits
@@ -673,50 +820,12 @@ func (w *writerLock) waits(fn func(h writerHolder, wt writerWaiterInfo)) {
 	}
 }
 
-// advisoryHolders reads, on a side connection of its own, which backends
-// hold (granted) the advisory keys, as holders (connections of a lockhooks
-// database of this process) and blockers (the others). It names the holder
-// of a wait after the wait ended, when the server no longer shows it.
-func (c *connector) advisoryHolders(ctx context.Context, keys []lockKey) ([]holder, []pgBlocker, error) {
-	if len(keys) == 0 || c.opts.dialect != Postgres {
-		return nil, nil, nil
-	}
-	var conds []string
-	for _, k := range keys {
-		classid, objid, sub := k.k1>>32, k.k1&0xffffffff, 1
-		if k.pair {
-			classid, objid, sub = k.k1&0xffffffff, k.k2&0xffffffff, 2
-		}
-		conds = append(conds, fmt.Sprintf("(l.classid = %d AND l.objid = %d AND l.objsubid = %d)", classid, objid, sub))
-	}
-	side, err := c.inner.Connect(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer side.Close()
-	rows, err := queryDirect(ctx, side, `SELECT DISTINCT a.pid::bigint, coalesce(a.application_name, ''), coalesce(a.state, ''),
-	coalesce(extract(epoch FROM clock_timestamp() - a.xact_start)::float8, -1), left(coalesce(a.query, ''), 500)
-FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted AND (`+strings.Join(conds, " OR ")+`)`, nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer rows.Close()
-	var blockers []pgBlocker
-	dest := make([]driver.Value, 5)
-	for rows.Next(dest) == nil {
-		blockers = append(blockers, pgBlocker{PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[1]), State: asString(dest[2]),
-			XactSeconds: asFloat64(dest[3]), Query: asString(dest[4])})
-	}
-	holders, rest := resolveBlockers(nil, blockers, keys)
-	return holders, rest, nil
-}
-
 // nameHolder adds to the error of a Postgres lock wait that timed out or
 // was cancelled (the context, lock_timeout, statement_timeout) what it
-// waited for, how long, and who holds it: as the slow-wait log or the
-// lookup before the context's deadline found it, or, for advisory keys,
-// as pg_locks shows it now. It still wraps err.
+// waited for, how long, and who holds it: as the slow-wait log, the wait
+// span's blockers read or the lookup before the context's deadline found
+// it (whichever came first, with its ages now), or, for advisory keys, as
+// pg_locks shows it now. It still wraps err.
 func (c *conn) nameHolder(w *lockWait, err error) error {
 	if w == nil || err == nil || errors.Is(err, ErrSelfWait) || errors.Is(err, ErrLockLost) {
 		return err
@@ -726,12 +835,15 @@ func (c *conn) nameHolder(w *lockWait, err error) error {
 	}
 	waited := time.Since(w.start).Round(time.Millisecond)
 	text := w.holderNamed()
-	if text == "" && len(w.advKeys) > 0 {
+	if text == "" && len(w.advKeys) > 0 && c.connector.opts.dialect == Postgres {
+		// Nobody looked in time; the keys' holders, as pg_locks shows them
+		// now (the server forgot the wait).
 		ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
-		holders, blockers, lerr := c.connector.advisoryHolders(ctx, w.advKeys)
+		b := &blockage{at: time.Now()}
+		b.add(c.connector.keyHolders(ctx, c, w.advKeys), w.advKeys)
 		cancel()
-		if lerr == nil && len(holders)+len(blockers) > 0 {
-			text = describeHolders(holders, blockers, nil)
+		if !b.empty() {
+			text = b.String()
 		}
 	}
 	what := w.kind + " lock"

@@ -1,7 +1,6 @@
 package lockhooks
 
 import (
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -86,17 +85,48 @@ func (id *holderIdentity) spanContext() trace.SpanContext {
 	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})
 }
 
-// who names the holder's process and connection, e.g. "process web-1/4711,
-// connection #3 of database 1".
-func (id *holderIdentity) who() string {
-	s := "process " + id.Process + ", connection #" + strconv.FormatUint(id.Conn, 10)
-	switch {
-	case id.Pool != "":
-		s += " of pool " + strconv.Quote(id.Pool)
-	case id.Database != 0:
-		s += " of database " + strconv.FormatUint(id.Database, 10)
+// holder is the identity as a holder of the model (holders.go): the
+// process, database and connection it names, where and since when it took
+// its session lock, or where its transaction began (whose start the
+// server's xact_start says), and its trace.
+func (id *holderIdentity) holder() holder {
+	h := holder{Process: id.Process, Database: id.Pool, Conn: id.Conn, Site: id.Site, TraceID: id.TraceID, span: id.spanContext()}
+	if id.Pool == "" {
+		h.dbNum = id.Database
 	}
-	return s
+	switch {
+	case id.Holds == "tx":
+		h.SiteKind = siteBegan
+	case strings.HasPrefix(id.Holds, "lock"):
+		h.SiteKind, h.Since = siteTook, id.Since
+		if k, ok := parseKeyToken(strings.TrimSpace(strings.TrimPrefix(id.Holds, "lock"))); ok {
+			h.Key = k.String()
+		}
+	}
+	if h.Site == "" {
+		h.SiteKind = siteNone
+	}
+	return h
+}
+
+// parseKeyToken reads a key as keyToken writes it: 42, 1/2, 42-shared.
+func parseKeyToken(s string) (lockKey, bool) {
+	var k lockKey
+	s, k.shared = strings.CutSuffix(s, "-shared")
+	a, b, pair := strings.Cut(s, "/")
+	k1, err := strconv.ParseInt(a, 10, 64)
+	if err != nil {
+		return lockKey{}, false
+	}
+	k.k1 = k1
+	if pair {
+		k2, err := strconv.ParseInt(b, 10, 64)
+		if err != nil {
+			return lockKey{}, false
+		}
+		k.pair, k.k2 = true, k2
+	}
+	return k, true
 }
 
 // ofThisProcess reports whether the identity is one this process published
@@ -372,46 +402,4 @@ func traceIDs(sc trace.SpanContext) (string, string) {
 		return "", ""
 	}
 	return sc.TraceID().String(), sc.SpanID().String()
-}
-
-// describe is the holder as a slow-wait line or an error names it, e.g.
-// "process web-1/4711, connection #3 of database 1 (backend pid 8161),
-// which took advisory lock 42 at jobs/leader.go:42 12.3s ago, trace
-// 4bf92f3577b34da6a3ce929d0e0e4736". age is how long it has held (0:
-// unknown).
-func (id *holderIdentity) describe(pid int32, age time.Duration) string {
-	s := id.who()
-	if pid != 0 {
-		s += fmt.Sprintf(" (backend pid %d)", pid)
-	}
-	switch {
-	case id.Holds == "tx":
-		s += ", in a transaction"
-		if id.Site != "" {
-			s += " begun at " + id.Site
-		}
-		if age > 0 {
-			s += fmt.Sprintf(", open %v", age.Round(time.Millisecond))
-		}
-	case strings.HasPrefix(id.Holds, "lock"):
-		what := "a session advisory lock"
-		if keys := strings.TrimSpace(strings.TrimPrefix(id.Holds, "lock")); keys != "" {
-			what = "session advisory lock " + keys
-		}
-		s += ", which took " + what
-		if id.Site != "" {
-			s += " at " + id.Site
-		}
-		if age > 0 {
-			s += fmt.Sprintf(", %v ago", age.Round(time.Millisecond))
-		}
-	default:
-		if age > 0 {
-			s += fmt.Sprintf(", for %v", age.Round(time.Millisecond))
-		}
-	}
-	if id.TraceID != "" {
-		s += ", trace " + id.TraceID
-	}
-	return s
 }

@@ -347,7 +347,7 @@ func TestIdentityLeakedLockInAnotherProcess(t *testing.T) {
 			if age := logAge(t, line, "holder_age"); age <= 0 || age > maxAge {
 				t.Errorf("holder_age=%v, want (0, %v]", age, maxAge)
 			}
-			wantContains(t, "the error", err.Error(), who, shortSite(site), pidText, "ago")
+			wantContains(t, "the error", err.Error(), who, shortSite(site), pidText, "for ")
 
 			s := waitSpan(t, tr, "lock.wait advisory")
 			wantAttrs(t, s, map[attribute.Key]string{

@@ -1,6 +1,7 @@
 package lockhooks
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -127,33 +128,56 @@ func TestIdentityDecode(t *testing.T) {
 	}
 }
 
-// The holder as a slow-wait line and an error name it.
-func TestIdentityDescribe(t *testing.T) {
-	id := &holderIdentity{Process: "web-1/4711", Database: 1, Conn: 3, Holds: "lock 42", Site: "jobs/leader.go:42",
+// A holder in another process, as its identity makes it a holder of the
+// model: a slow-wait line and an error name it like any other, with its
+// process; the holders at the root come before those queued ahead.
+func TestIdentityAsHolder(t *testing.T) {
+	since := time.Now().Add(-12300 * time.Millisecond)
+	id := &holderIdentity{Process: "web-1/4711", Database: 1, Conn: 3, Holds: "lock 42", Site: "jobs/leader.go:42", Since: since,
 		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", SpanID: "00f067aa0ba902b7"}
-	got := id.describe(8161, 12300*time.Millisecond)
-	want := "process web-1/4711, connection #3 of database 1 (backend pid 8161), which took session advisory lock 42 at jobs/leader.go:42, 12.3s ago, trace 4bf92f3577b34da6a3ce929d0e0e4736"
-	if got != want {
-		t.Errorf("describe:\n got %s\nwant %s", got, want)
+	h := id.holder()
+	h.PID = 8161
+	got := h.String()
+	for _, s := range []string{"connection #3 of database 1 in process web-1/4711 (backend pid 8161), which took it at jobs/leader.go:42, for 12.3",
+		"trace 4bf92f3577b34da6a3ce929d0e0e4736"} {
+		if !strings.Contains(got, s) {
+			t.Errorf("%q does not say %q", got, s)
+		}
+	}
+	if h.Key != "42" || !h.span.IsValid() || !h.span.IsRemote() {
+		t.Errorf("key %q, span %v: want 42 and the holder's span, remote", h.Key, h.span)
 	}
 	tx := &holderIdentity{Process: "web-1/4711", Database: 1, Pool: "jobs", Conn: 3, Holds: "tx", Site: "jobs/run.go:7"}
-	if got, want := tx.describe(8161, 2*time.Second), `process web-1/4711, connection #3 of pool "jobs" (backend pid 8161), in a transaction begun at jobs/run.go:7, open 2s`; got != want {
-		t.Errorf("describe:\n got %s\nwant %s", got, want)
+	if got, want := tx.holder().who(), `connection #3 of "jobs" in process web-1/4711`; got != want {
+		t.Errorf("who:\n got %s\nwant %s", got, want)
 	}
-	bs := []pgBlocker{
-		{PID: 8170, Depth: 1, Waiting: true, WaitSeconds: 2.1, Query: "UPDATE t SET v = 2 WHERE id = 1",
-			Holder: &holderIdentity{Process: "web-2/12", Database: 1, Conn: 5, Holds: "tx", Site: "jobs/b.go:9"}},
-		{PID: 8161, Depth: 2, HeldSeconds: 12.3, Holder: tx},
-	}
-	line := strings.Join(describeBlockers(bs, nil), "; ")
-	for _, s := range []string{"process web-1/4711", "backend pid 8161", "jobs/run.go:7", "open 12.3s",
-		"queued ahead of this wait, waiting too: process web-2/12", "backend pid 8170", "waiting 2.1s", `"UPDATE t SET v = 2 WHERE id = 1"`} {
+
+	// The chain: 8161 (another process) holds, 8170 (a third) waits for it
+	// and blocks the waiter too, 8180 (no lockhooks) holds something else.
+	app := func(id holderIdentity) string { return id.appName() }
+	b := &blockage{at: time.Now()}
+	b.add([]pgBlocker{
+		{PID: 8170, Depth: 1, Waiting: true, WaitSeconds: 2.1, State: "active", XactSeconds: 3, Query: "UPDATE t SET v = 2 WHERE id = 1",
+			ApplicationName: app(holderIdentity{Process: "web-2/12", Database: 1, Conn: 5, Holds: "tx", Site: "jobs/b.go:9"})},
+		{PID: 8161, Depth: 2, State: "idle in transaction", XactSeconds: 12.3, Query: "UPDATE t SET v = 1 WHERE id = 1", ApplicationName: app(*tx)},
+		{PID: 8180, Depth: 1, State: "idle", XactSeconds: -1, ApplicationName: "psql", Query: "SELECT pg_advisory_lock(1)"},
+	}, nil)
+	line := b.String()
+	for _, s := range []string{`connection #3 of "jobs" in process web-1/4711 (backend pid 8161), in a transaction begun at jobs/run.go:7, for 12.3`,
+		`last statement "UPDATE t SET v = 1 WHERE id = 1"`, `backend pid 8180 ("psql"), idle`,
+		"queued ahead of this wait, waiting too: connection #5 of database 1 in process web-2/12 (backend pid 8170), in a transaction begun at jobs/b.go:9, waiting 2.1s in \"UPDATE t SET v = 2 WHERE id = 1\""} {
 		if !strings.Contains(line, s) {
 			t.Errorf("%q does not say %q", line, s)
 		}
 	}
 	if strings.Index(line, "8161") > strings.Index(line, "8170") {
 		t.Errorf("the root holder is not named first: %s", line)
+	}
+	args := fmt.Sprintln(b.logArgs()...)
+	for _, s := range []string{"holder_process web-1/4711", "holder_pid 8161", "holder_site jobs/run.go:7", "blocking_pids 8180", "queued_pids 8170"} {
+		if !strings.Contains(args, s) {
+			t.Errorf("log attributes %q lack %q", args, s)
+		}
 	}
 }
 
@@ -166,7 +190,7 @@ func FuzzDecodeIdentity(f *testing.F) {
 	f.Add("lockhooks #.", "/*lockhooks holder: */")
 	f.Fuzz(func(t *testing.T, app, query string) {
 		if got := decodeIdentity(app, query); got != nil {
-			_ = got.describe(1, time.Second)
+			_ = got.holder().String()
 			_ = got.spanContext()
 			if s := got.appName(); len(s) > maxAppName {
 				t.Errorf("re-encoded %q is %d bytes", s, len(s))

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,11 +69,10 @@ type waitInfo struct {
 	// wait the moment the driver cancels it). Zero: no lookup.
 	lookAt time.Time
 	looked bool
-	// found is who held what the wait waits for, as the slow-wait log or
-	// the lookup found them (named again, with their ages then, by
-	// holderNamed).
-	found         []holder
-	foundBlockers []pgBlocker
+	// found is who held what the wait waits for, as the slow-wait log, the
+	// span's blockers read or the lookup found them first (named again,
+	// with their ages now, by holderNamed).
+	found *blockage
 }
 
 // lookupLead is how long before its context's deadline a Postgres wait
@@ -344,39 +342,18 @@ func (ww *waitWatch) run() {
 func (ww *waitWatch) report(v waitView) {
 	v.symbolise()
 	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
-	holders, blockers, err := ww.c.holdersOf(ctx, v)
+	found := ww.c.holdersOf(ctx, v)
 	cancel()
-	holder := describeHolders(holders, blockers, err)
+	holder := found.String()
 	at := time.Since(v.start).Round(time.Millisecond)
-	args := append(v.logArgs(), "waited", at.String())
-	if len(holders) > 0 {
-		args = append(args, holders[0].logArgs()...)
-		if len(holders) > 1 || len(blockers) > 0 {
-			args = append(args, "holders", holder)
-		}
-	} else {
-		args = append(args, "holder", holder)
-	}
-	if len(blockers) > 0 {
-		var pids []string
-		for _, b := range blockers {
-			if b.Depth <= 1 {
-				pids = append(pids, strconv.Itoa(int(b.PID)))
-			}
-		}
-		args = append(args, "blocking_pids", strings.Join(pids, ","))
-		if len(holders) == 0 {
-			args = append(args, remoteHolderArgs(blockers)...)                // the holder at the root, in another process
-			v.w.remote.Store(&remoteSeen{at: time.Now(), blockers: blockers}) // for the wait's error, if it fails
-		}
-	}
+	args := append(append(v.logArgs(), "waited", at.String()), found.logArgs()...)
 	ww.logger.Warn("lockhooks: slow lock wait: still waiting", args...)
 	ww.c.events.add(eventSlowWait, fmt.Sprintf("%s lock %s waited more than %v; held by %s", v.kind, v.what(), ww.threshold, holder))
 
 	ww.mu.Lock()
 	v.w.slow, v.w.holderText, v.w.holderAt = slowReported, holder, at
-	if len(holders)+len(blockers) > 0 {
-		v.w.found, v.w.foundBlockers = holders, blockers
+	if !found.empty() {
+		v.w.found = found
 	}
 	ended, outcome, waited := v.w.ended, v.w.endOutcome, v.w.endWaited
 	ww.mu.Unlock()
@@ -390,31 +367,38 @@ func (ww *waitWatch) report(v waitView) {
 func (ww *waitWatch) lookUp(v waitView) {
 	v.symbolise()
 	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
-	holders, blockers, _ := ww.c.holdersOf(ctx, v) // a failed read leaves the error as it was
+	found := ww.c.holdersOf(ctx, v) // a failed read leaves the error as it was
 	cancel()
-	if len(holders) == 0 && len(blockers) == 0 {
-		return
-	}
-	ww.mu.Lock()
-	if len(v.w.found)+len(v.w.foundBlockers) == 0 {
-		v.w.found, v.w.foundBlockers = holders, blockers
-	}
-	ww.mu.Unlock()
+	v.w.noteFound(found)
 }
 
-// holderNamed names the holder of what w waits for, as the slow-wait log
-// or the lookup before the deadline found it (with its age now), or "".
+// noteFound keeps found as who holds what w waits for, unless someone
+// found them first.
+func (w *lockWait) noteFound(found *blockage) {
+	if found.empty() || w == nil || w.t == nil || w.t.watch == nil {
+		return
+	}
+	w.t.watch.mu.Lock()
+	if w.found == nil {
+		w.found = found
+	}
+	w.t.watch.mu.Unlock()
+}
+
+// holderNamed names the holder of what w waits for, as the slow-wait log,
+// the span's blockers read or the lookup found it (with its ages now), or
+// "".
 func (w *lockWait) holderNamed() string {
 	if w == nil || w.t == nil || w.t.watch == nil {
 		return ""
 	}
 	w.t.watch.mu.Lock()
-	holders, blockers := w.found, w.foundBlockers
+	found := w.found
 	w.t.watch.mu.Unlock()
-	if len(holders)+len(blockers) == 0 {
+	if found.empty() {
 		return ""
 	}
-	return describeHolders(holders, blockers, nil)
+	return found.aged().String()
 }
 
 // logEnd writes the last line of a slow wait. The holder is not read
@@ -479,24 +463,6 @@ func truncate(s string, n int) string {
 }
 
 func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
-
-// pgBlocker is a Postgres backend that blocks one of the database's
-// connections, as pg_blocking_pids and pg_stat_activity show it.
-type pgBlocker struct {
-	PID             int32   `json:"pid"`
-	ApplicationName string  `json:"application_name"`
-	State           string  `json:"state"`
-	XactSeconds     float64 `json:"xact_age_seconds"` // -1: no transaction
-	Query           string  `json:"query"`            // the statement text; never its arguments
-	Conn            uint64  `json:"conn,omitempty"`   // the connection of this database it is, if any
-
-	// The chain of waits, and who the backend is (pg_identity_blockers.go).
-	Depth       int             `json:"depth"`                  // 1: it blocks the waiter; 2: it blocks a blocker of depth 1; …
-	Waiting     bool            `json:"waiting"`                // it waits itself (queued ahead), so it is not the holder at the root
-	WaitSeconds float64         `json:"wait_seconds,omitempty"` // how long it has waited, when Waiting
-	HeldSeconds float64         `json:"held_seconds,omitempty"` // how long it has held, as far as known, when not Waiting
-	Holder      *holderIdentity `json:"holder,omitempty"`       // who it is, as the lockhooks of its process published it
-}
 
 // asFloat64 converts the float values drivers return.
 func asFloat64(v driver.Value) float64 {

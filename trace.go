@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -38,11 +37,16 @@ const (
 	AttrHolderPID      = attribute.Key("lockhooks.holder.backend_pid")
 	AttrHolderPool     = attribute.Key("lockhooks.holder.pool.name")  // the holder's database (its pool name)
 	AttrHolderConn     = attribute.Key("lockhooks.holder.connection") // the holder's connection number in its database
-	attrPoolName       = attribute.Key("db.client.connection.pool.name")
-	attrDBSystem       = attribute.Key("db.system.name")
-	attrDBStatus       = attribute.Key("db.response.status_code")
-	attrErrorType      = attribute.Key("error.type")
-	attrDBQueryText    = attribute.Key("db.query.text")
+	// AttrHolderProcess is the holder's process (host/pid), when it is
+	// another process: as that process's lockhooks published it.
+	AttrHolderProcess     = attribute.Key("lockhooks.holder.process")
+	AttrHolderHeldSeconds = attribute.Key("lockhooks.holder.held_seconds") // how long it had held when the wait named it, as far as known
+	AttrHolderDescription = attribute.Key("lockhooks.holder.description")  // the holder as the slow-wait line and the error name it
+	attrPoolName          = attribute.Key("db.client.connection.pool.name")
+	attrDBSystem          = attribute.Key("db.system.name")
+	attrDBStatus          = attribute.Key("db.response.status_code")
+	attrErrorType         = attribute.Key("error.type")
+	attrDBQueryText       = attribute.Key("db.query.text")
 )
 
 // Outcomes of a lock acquisition.
@@ -272,10 +276,6 @@ type lockWait struct {
 	// (orphanSpans) when the wait had none.
 	holders []holder
 	waitInfo
-
-	// remote is what the last blockers read (slow-wait line or span) found
-	// on Postgres, for the wait's error (pg_identity_blockers.go).
-	remote atomic.Pointer[remoteSeen]
 }
 
 // orphanWait is how long a wait outside a trace must last for lockhooks
@@ -320,7 +320,7 @@ func (w *lockWait) heldBy(h holder) {
 	if h.span.IsValid() {
 		w.span.AddLink(trace.Link{SpanContext: h.span, Attributes: attrs})
 	}
-	w.span.SetAttributes(attrs...)
+	w.span.SetAttributes(append(attrs, AttrHolderDescription.String(h.String()))...)
 }
 
 // end finishes the acquisition with an outcome; a zero outcome is derived
@@ -378,8 +378,23 @@ func (w *lockWait) orphanSpan(ctx context.Context) {
 			attrs = append(attrs, AttrBackendPID.Int64(int64(pid)))
 		}
 	}
-	if text := w.holderNamed(); text != "" && len(w.holders) == 0 {
-		attrs = append(attrs, attribute.String("lockhooks.holder", text))
+	holders := w.holders
+	if len(holders) == 0 && w.t.watch != nil {
+		// Named by the slow-wait log or the lookup: on Postgres, the
+		// holders at the root of the chain the server showed.
+		w.t.watch.mu.Lock()
+		found := w.found
+		w.t.watch.mu.Unlock()
+		if found != nil {
+			for _, h := range found.holders {
+				if !h.Queued {
+					holders = append(holders, h)
+				}
+			}
+		}
+	}
+	if text := w.holderNamed(); text != "" && len(holders) == 0 {
+		attrs = append(attrs, AttrHolderDescription.String(text)) // backends nobody identified
 	}
 	_, w.span = w.t.tracer.Start(ctx, "lock.wait "+w.kind, trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithTimestamp(w.start), trace.WithAttributes(attrs...))
@@ -387,7 +402,7 @@ func (w *lockWait) orphanSpan(ctx context.Context) {
 		w.span = nil
 		return
 	}
-	for _, h := range w.holders {
+	for _, h := range holders {
 		w.heldBy(h)
 	}
 }
@@ -445,16 +460,20 @@ func sqlState(err error) string {
 	return ""
 }
 
-// lookForBlockers asks, once the wait has lasted the threshold, which
-// backends block backend pid, on a side connection of its own, and records
-// them as a span event. It never runs on the waiting connection.
+// lookForBlockers asks, once the wait has lasted the threshold, who
+// blocks the statement of wc (backend pid), on a side connection of its
+// own, as the model of holders names them: an event lists the backends
+// Postgres shows, and the holders it finds there (at the root of the
+// chain) are the span's holders, with links to their spans. It never runs
+// on the waiting connection.
 func (w *lockWait) lookForBlockers(wc *conn, pid int32) {
 	c := wc.connector
 	if !w.recording() || w.t.blockerThreshold <= 0 || pid == 0 || c.opts.dialect != Postgres {
 		return
 	}
 	w.stop = make(chan struct{})
-	stop, span, threshold, keys := w.stop, w.span, w.t.blockerThreshold, w.advKeys
+	stop, span, threshold := w.stop, w.span, w.t.blockerThreshold
+	v := waitView{w: w, kind: w.kind, conn: wc, advKeys: w.advKeys}
 	go func() {
 		timer := time.NewTimer(threshold)
 		defer timer.Stop()
@@ -465,25 +484,67 @@ func (w *lockWait) lookForBlockers(wc *conn, pid int32) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.lockCheckTimeout)
 		defer cancel()
-		sb, err := c.blockers(ctx, wc, w, keys)
-		if err != nil {
-			span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attribute.String("lockhooks.error", err.Error())))
+		found := c.holdersOf(ctx, v)
+		if found.err != nil {
+			span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attribute.String("lockhooks.error", found.err.Error())))
 			return
 		}
-		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(sb.event...))
-		if len(sb.holder) > 0 { // the holder at the root, in another process (pg_identity_blockers.go)
-			span.SetAttributes(sb.holder...)
+		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(found.eventAttrs(pid)...))
+		for _, h := range found.holders {
+			if h.Depth > 0 && !h.Queued { // the in-process holders were named when the wait began
+				w.heldBy(h)
+			}
 		}
-		if sb.link.SpanContext.IsValid() {
-			span.AddLink(sb.link)
+		if _, ok := found.root(); !ok {
+			if x, ok := found.rootBlocker(); ok { // a backend nobody identified
+				attrs := []attribute.KeyValue{AttrHolderPID.Int64(int64(x.PID)), AttrHolderDescription.String(x.String())}
+				if x.XactSeconds >= 0 {
+					attrs = append(attrs, AttrHolderHeldSeconds.Float64(x.XactSeconds))
+				}
+				span.SetAttributes(attrs...)
+			}
 		}
-		if len(sb.blockers) > 0 {
-			w.remote.Store(&remoteSeen{at: time.Now(), blockers: sb.blockers})
-		}
-		for _, h := range sb.inProcess { // connections of lockhooks databases of this process
-			w.heldBy(h)
-		}
+		w.noteFound(found)
 	}()
+}
+
+// eventAttrs are the attributes of a wait span's lockhooks.lock.blockers
+// event: the backends that block the wait (of waiter pid) directly, as
+// Postgres shows them, the one at the root and those queued ahead.
+func (b *blockage) eventAttrs(pid int32) []attribute.KeyValue {
+	var pids, queued []int64
+	var states, starts, queries, apps []string
+	for _, x := range b.server {
+		if x.Waiting {
+			queued = append(queued, int64(x.PID))
+		}
+		if x.Depth > 1 {
+			continue
+		}
+		start := ""
+		if x.XactSeconds >= 0 {
+			start = b.at.Add(-time.Duration(x.XactSeconds * float64(time.Second))).UTC().Format(time.RFC3339Nano)
+		}
+		pids, states, starts = append(pids, int64(x.PID)), append(states, x.State), append(starts, start)
+		queries, apps = append(queries, truncate(x.Query, 200)), append(apps, x.ApplicationName)
+	}
+	attrs := []attribute.KeyValue{
+		AttrBackendPID.Int64(int64(pid)),
+		attribute.Int64Slice("lockhooks.blocker.backend_pids", pids),
+		attribute.StringSlice("lockhooks.blocker.states", states),
+		attribute.StringSlice("lockhooks.blocker.xact_starts", starts),
+		attribute.StringSlice("lockhooks.blocker.queries", queries),
+		attribute.StringSlice("lockhooks.blocker.application_names", apps),
+	}
+	if len(queued) > 0 {
+		attrs = append(attrs, attribute.Int64Slice("lockhooks.blocker.queued_pids", queued))
+	}
+	if h, ok := b.root(); ok && h.PID != 0 {
+		attrs = append(attrs, attribute.Int64("lockhooks.blocker.root_pid", int64(h.PID)))
+	} else if x, ok := b.rootBlocker(); ok {
+		attrs = append(attrs, attribute.Int64("lockhooks.blocker.root_pid", int64(x.PID)))
+	}
+	return attrs
 }
 
 // asString converts the text values drivers return.
