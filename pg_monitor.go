@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -252,21 +253,53 @@ func asInt64(v driver.Value) int64 {
 
 // connectionBroken reports whether err means the connection is gone, so its
 // session locks are too: a driver error that is not the server's, or the
-// server's own "terminating connection" and connection-exception errors.
+// server's own "terminating connection" and connection-exception errors:
+// any FATAL (the server ends the session after it), among them 57P01
+// (pg_terminate_backend), 57P05 (idle_session_timeout) and 25P03
+// (idle_in_transaction_session_timeout).
 func (c *conn) connectionBroken(err error) bool {
 	if errors.Is(err, driver.ErrBadConn) {
 		return true
 	}
 	var pg interface{ SQLState() string }
 	if errors.As(err, &pg) {
-		code := pg.SQLState()
-		return strings.HasPrefix(code, "08") || code == "57P01" || code == "57P02" || code == "57P03"
+		switch code := pg.SQLState(); {
+		case strings.HasPrefix(code, "08"), code == "57P01", code == "57P02", code == "57P03", code == "57P05", code == stateIdleInTx:
+			return true
+		}
+		return fatal(err)
 	}
 	if !c.suspect.Load() {
 		return false
 	}
 	// Not the server's error: ask whether the connection is still there.
 	return !c.alive()
+}
+
+// fatal reports whether a server error has severity FATAL or PANIC: the
+// server ends the session after sending it. Neither pgx's *pgconn.PgError
+// nor lib/pq's *pq.Error has a method for it, only string fields
+// (SeverityUnlocalized, which does not depend on lc_messages, and
+// Severity), read by reflection so that the root package imports no driver.
+func fatal(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		v := reflect.ValueOf(e)
+		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+			if v.IsNil() {
+				break
+			}
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct {
+			continue
+		}
+		for _, name := range [...]string{"SeverityUnlocalized", "Severity"} {
+			if f := v.FieldByName(name); f.IsValid() && f.Kind() == reflect.String && f.String() != "" {
+				return f.String() == "FATAL" || f.String() == "PANIC"
+			}
+		}
+	}
+	return false
 }
 
 // alive pings the connection.
