@@ -88,7 +88,7 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 	}
 	got, err := l.lockOnServer(ctx, try)
 	if err != nil || !got {
-		l.conn.Close()
+		l.abandon()
 		turns.unlock(key, l.turn)
 		return nil, false, err
 	}
@@ -98,6 +98,33 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 		return nil, false, fmt.Errorf("%w: advisory lock %d: the database was closed while it was acquired", ErrLockLost, key)
 	}
 	return l, true, nil
+}
+
+// abandon gives back the connection of an acquire that failed. The failed
+// statement may still have taken the lock: a lock_timeout, statement_timeout
+// or cancel racing the grant, or a context that ended after the server's
+// answer arrived but before it was read (database/sql then reports the
+// context's error). lockhooks' tracking, which the server confirms after any
+// error, says whether the connection holds the key; if it does, the key is
+// unlocked before the connection goes back to the pool, or, if that fails,
+// the connection is closed for good (which ends its backend), so no lock
+// stays behind on a parked connection for this process's next acquirer to
+// wait on. The error-free path never gets here.
+func (l *AdvisoryLock) abandon() {
+	defer l.conn.Close()
+	k := lockKey{k1: l.key}
+	if !l.c.holds(k) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	var ok bool
+	err := l.conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
+	if err == nil && ok && !l.c.holds(k) {
+		return
+	}
+	why := fmt.Sprintf("could not be unlocked after its acquire failed (unlock: %v, %v), so its connection is closed", ok, err)
+	l.c.markLost(why, errors.New(why), false)
 }
 
 // lockhooksConn takes a connection of db and its lockhooks state.

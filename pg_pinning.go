@@ -357,10 +357,19 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 			}
 			return err
 		}
-		// A failed statement of several calls may have taken some; a
-		// blocking lock cancelled (57014) may have been granted just before.
-		if !adv.Simple || !plan.exact || sqlState(err) == "57014" {
-			c.reconcile(ctx, plan.site, nil, true)
+		// Any error on a statement that may have taken or released a lock
+		// makes the server say what the backend holds now: a lock_timeout
+		// (55P03), statement_timeout or cancel (57014) or deadlock (40P01)
+		// racing the grant leaves the lock granted; a statement of several
+		// calls may have run some of them. One read, on the error path
+		// only. (Inside a transaction the error aborted it, the read fails,
+		// and the connection is read once the transaction ends.)
+		if len(adv.Calls) > 0 {
+			if rerr := c.reconcile(ctx, plan.site, nil, !adv.Simple || !plan.exact); rerr != nil && c.connectionBroken(rerr) {
+				if lost := c.loseLocks(rerr); lost != nil {
+					err = c.lostError(lost, err)
+				}
+			}
 		}
 		c.connector.pins.settle(c)
 		if c.connector.opts.txPooler {
