@@ -21,10 +21,19 @@ type AdvisoryLock struct {
 	conn *sql.Conn
 	c    *conn // the wrapper's state of conn
 
-	turn any // the owner of this key's turn in the in-process queue (Postgres)
+	turn     any // the owner of this key's turn in the in-process queue (Postgres)
+	turnOnce sync.Once
 
 	mu       sync.Mutex
 	released bool
+}
+
+// freeTurn gives up l's turn in the in-process queue of its key, once: at
+// Release, or as soon as the lock is lost (so that another acquirer of
+// this process may take the key at once, instead of waiting for the lost
+// lock's Release).
+func (l *AdvisoryLock) freeTurn() {
+	l.turnOnce.Do(func() { l.c.connector.turns.unlock(l.key, l.turn) })
 }
 
 // AcquireAdvisoryLock takes the exclusive session advisory lock key
@@ -89,13 +98,17 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 	got, err := l.lockOnServer(ctx, try)
 	if err != nil || !got {
 		l.abandon()
-		turns.unlock(key, l.turn)
+		l.freeTurn()
 		return nil, false, err
 	}
 	if !l.c.connector.pins.track(l) {
 		l.conn.Close() // db.Close ran meanwhile: the lock goes with the connection
-		turns.unlock(key, l.turn)
+		l.freeTurn()
 		return nil, false, fmt.Errorf("%w: advisory lock %d: the database was closed while it was acquired", ErrLockLost, key)
+	}
+	l.c.advisory.Store(l)
+	if l.Err() != nil {
+		l.freeTurn() // lost before the line above: markLost could not see l
 	}
 	return l, true, nil
 }
@@ -124,7 +137,7 @@ func (l *AdvisoryLock) abandon() {
 		return
 	}
 	why := fmt.Sprintf("could not be unlocked after its acquire failed (unlock: %v, %v), so its connection is closed", ok, err)
-	l.c.markLost(why, errors.New(why), false)
+	l.c.markLost(why, errors.New(why), lossEnd)
 }
 
 // lockhooksConn takes a connection of db and its lockhooks state.
@@ -227,7 +240,8 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		l.c.connector.named.unlock(l.key, l)
 		return nil
 	}
-	defer l.c.connector.turns.unlock(l.key, l.turn) // the next acquirer of this process, after the unlock
+	defer l.c.advisory.CompareAndSwap(l, nil) // before the connection goes back
+	defer l.freeTurn()                        // the next acquirer of this process, after the unlock
 	defer l.c.connector.pins.untrack(l)
 	if err := l.Err(); err != nil {
 		return err

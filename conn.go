@@ -69,6 +69,10 @@ type conn struct {
 
 	// order is the lock-order checker's state for the connection.
 	order connOrder
+
+	// advisory is the AdvisoryLock held on this connection, if any: a loss
+	// frees its in-process turn at once.
+	advisory atomic.Pointer[AdvisoryLock]
 }
 
 var _ connCore = (*conn)(nil)

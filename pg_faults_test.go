@@ -447,3 +447,275 @@ func TestPoolerFailedAcquireLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Point 2: through a transaction pooler, the holder keeping the lock is
+// terminated; the protected work's next statement, and the COMMIT of a
+// transaction begun before, fail with ErrLockLost before they run (the
+// monitor is off: the statements find out themselves).
+func TestPoolerLostHolderStopsTheNextStatement(t *testing.T) {
+	e := newPoolerEnv(t, nil)
+	db := e.open(t, WithTransactionPooler(), WithLockCheckInterval(time.Hour))
+	mustExec(t, e.raw, "CREATE TABLE work (n int)")
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, db, 91)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, l.Conn(), "INSERT INTO work VALUES (1)")
+	tx, err := l.Conn().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO work VALUES (2)"); err != nil {
+		t.Fatal(err)
+	}
+	holder := l.c.holderPID.Load()
+	terminate(t, e.raw, holder)
+	waitFor(t, 20*time.Second, "the holder's backend to exit", func() bool { return !backendAlive(t, e.raw, holder) })
+	if err := tx.Commit(); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("COMMIT of the protected work after the holder died: %v, want ErrLockLost", err)
+	}
+	if _, err := l.Conn().ExecContext(ctx, "INSERT INTO work VALUES (3)"); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("a statement of the protected work after the holder died: %v, want ErrLockLost", err)
+	}
+	var n int
+	if err := e.raw.QueryRow("SELECT count(*) FROM work WHERE n > 1").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d rows written after the lock was lost (%v)", n, err)
+	}
+	lostWithin(t, l, time.Second)
+	if err := l.Release(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Release: %v, want ErrLockLost", err)
+	}
+}
+
+// Point 3: the server cannot be reached (a partition: the proxy refuses
+// new connections and black-holes the open ones): Lost fires, as no
+// reachable server means the lock cannot be assumed held. Once the server
+// can be reached again, the lost holder's backend, which kept the lock all
+// along, is ended, so the key is free.
+func TestUnreachableServerLosesTheLock(t *testing.T) {
+	e := newFaultEnv(t, nil, withCheckTimeout(500*time.Millisecond))
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, e.wrapped, 92)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := l.c.pid.Load()
+	e.proxy.Refuse()
+	e.proxy.BlackHoleAll()
+	lostWithin(t, l, 20*time.Second)
+	if !errors.Is(l.Err(), ErrLockLost) || !strings.Contains(l.Err().Error(), "could not be reached") {
+		t.Fatalf("Err() = %v", l.Err())
+	}
+	if !grantedTo(t, e.raw, pid, 92) {
+		t.Fatal("the partitioned holder's backend no longer holds the lock; the test needs it to")
+	}
+	if err := e.proxy.Listen(); err != nil { // new connections work again; the holder's stays black-holed
+		t.Fatal(err)
+	}
+	e.waitGone(t, pid)
+	if n := heldCount(t, e.raw, 92); n != 0 {
+		t.Fatalf("%d holders of 92 after the lost holder was ended", n)
+	}
+	if err := l.Release(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Release: %v, want ErrLockLost", err)
+	}
+}
+
+// Point 3: PgBouncer crashes (SIGKILL): the holder's connection is gone,
+// the server's backend with it, and another session can take the key.
+// Lost fires, although the monitor cannot open its side connection.
+func TestPoolerCrashLosesTheLock(t *testing.T) {
+	p := pgtest.StartPooler(t, pgtest.PoolerOptions{})
+	e := newPoolerEnv(t, p)
+	db := e.open(t, WithTransactionPooler())
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, db, 93)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Crash(t)
+	e.waitNoAdvisoryLocks(t)
+	lostWithin(t, l, 20*time.Second)
+	var got bool
+	if err := e.raw.QueryRow("SELECT pg_try_advisory_lock(93)").Scan(&got); err != nil || !got {
+		t.Fatalf("another session taking the key: %v, %v", got, err)
+	}
+	mustExec(t, e.raw, "SELECT pg_advisory_unlock_all()")
+	if _, err := l.Conn().ExecContext(ctx, "SELECT 1"); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("a statement of the protected work: %v, want ErrLockLost", err)
+	}
+}
+
+// Point 3: PgBouncer's admin KILL drops the database's client and server
+// connections, and new clients wait until RESUME: the monitor's side
+// connection cannot be opened within its check timeout. Lost fires.
+func TestPoolerAdminKillLosesTheLock(t *testing.T) {
+	p := pgtest.StartPooler(t, pgtest.PoolerOptions{})
+	e := newPoolerEnv(t, p)
+	db := e.open(t, WithTransactionPooler(), withCheckTimeout(500*time.Millisecond))
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, db, 94)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	if err := e.raw.QueryRow("SELECT current_database()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	p.Admin(t, "KILL "+name)
+	t.Cleanup(func() { p.Admin(t, "RESUME "+name) }) // runs before the cleanup of e.open (registered earlier)
+	e.waitNoAdvisoryLocks(t)
+	lostWithin(t, l, 20*time.Second)
+	if !errors.Is(l.Err(), ErrLockLost) {
+		t.Fatalf("Err() = %v", l.Err())
+	}
+}
+
+// Point 8: the holder's socket is half-open (the client's side is broken,
+// the server keeps its socket and the backend its lock, until TCP
+// keepalive). lockhooks finds the connection broken at its next statement,
+// reports the lock lost, and ends the backend, so the key is truly free;
+// this process's next acquirer takes it.
+func TestHalfOpenHolderIsEnded(t *testing.T) {
+	e := newFaultEnv(t, nil)
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, e.wrapped, 95)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := l.c.pid.Load()
+	e.linkOf(t, pid).CutClient()
+	if _, err := l.Conn().ExecContext(ctx, "SELECT 1"); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("a statement on the half-open holder: %v, want ErrLockLost", err)
+	}
+	lostWithin(t, l, time.Second)
+	e.waitGone(t, pid)
+	l2, ok, err := TryAdvisoryLock(ctx, e.wrapped, 95)
+	if err != nil || !ok {
+		t.Fatalf("the next acquirer: %v, %v; want the key", ok, err)
+	}
+	if err := l2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(e.log.String(), "ended the backend of a lost advisory lock holder") {
+		t.Errorf("no log line for the ended backend:\n%s", e.log)
+	}
+	l.Release(ctx)
+
+	// A parked holder gone half-open: the rerouted unlock finds it broken,
+	// and its backend is ended too.
+	c := otherConn(t, e.wrapped)
+	mustExec(t, c, "SELECT pg_advisory_lock(96)")
+	pid = trackedConn(t, c).pid.Load()
+	c.Close() // parked
+	e.linkOf(t, pid).CutClient()
+	if _, err := unlock(t, e.wrapped, 96); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("the unlock rerouted to the half-open parked holder: %v, want ErrLockLost", err)
+	}
+	e.waitGone(t, pid)
+}
+
+// Point 9: db.Close with a silent network (every link and every new
+// connection black-holed) returns promptly, although a check in flight
+// would wait its whole timeout (a minute here): Close cuts it.
+func TestCloseWithASilentNetworkIsPrompt(t *testing.T) {
+	e := newFaultEnv(t, nil, withCheckTimeout(time.Minute))
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, e.wrapped, 97)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, e.wrapped, "SELECT pg_advisory_lock(98)") // a parked holder too
+	e.proxy.SetMode(faultproxy.BlackHole)
+	e.proxy.BlackHoleAll()
+	// The monitor checks every 20 ms: within this it is inside a check that
+	// cannot complete (the test holds either way; this makes it exercise
+	// the cut).
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- e.wrapped.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("db.Close did not return within 30s with a silent network")
+	}
+	t.Logf("db.Close returned after %v", time.Since(start))
+	if err := l.Release(ctx); err == nil {
+		t.Fatal("Release after db.Close succeeded")
+	}
+	e.proxy.Close() // the server's sockets close: the backends exit
+}
+
+// Point 10: through a transaction pooler, a blocking AcquireAdvisoryLock
+// polls the server; db.Close stops it at once, with an error.
+func TestPoolerAcquireStopsAtClose(t *testing.T) {
+	e := newPoolerEnv(t, nil)
+	db := e.open(t, WithTransactionPooler())
+	blocker := otherConn(t, e.raw)
+	mustExec(t, blocker, "SELECT pg_advisory_lock(99)")
+	done := make(chan error, 1)
+	go func() {
+		l, err := AcquireAdvisoryLock(context.Background(), db, 99)
+		if err == nil {
+			l.Release(context.Background())
+			err = errors.New("acquired")
+		}
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // it polls by now (the test holds either way)
+	db.Close()
+	select {
+	case err := <-done:
+		if !strings.Contains(fmt.Sprint(err), "database was closed") {
+			t.Fatalf("AcquireAdvisoryLock after db.Close: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("AcquireAdvisoryLock kept polling after db.Close")
+	}
+	mustExec(t, blocker, "SELECT pg_advisory_unlock(99)")
+}
+
+// Measured after the list: a lost lock frees its in-process turn. After
+// Lost(), another acquirer of this process takes the key at once, without
+// waiting for the lost lock's Release.
+func TestLostLockFreesItsTurn(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, e.wrapped, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := l.c.pid.Load()
+	terminate(t, e.raw, pid)
+	waitFor(t, 20*time.Second, "the holder's backend to exit", func() bool { return !backendAlive(t, e.raw, pid) })
+	lostWithin(t, l, 20*time.Second)
+	l2, ok, err := TryAdvisoryLock(ctx, e.wrapped, 100)
+	if err != nil || !ok {
+		t.Fatalf("TryAdvisoryLock after Lost(): %v, %v; want the key", ok, err)
+	}
+	// A blocking acquirer too, while l2 holds it: it waits for l2, not l.
+	done := make(chan error, 1)
+	go func() {
+		l3, err := AcquireAdvisoryLock(ctx, e.wrapped, 100)
+		if err == nil {
+			err = l3.Release(ctx)
+		}
+		done <- err
+	}()
+	if err := l2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the blocking acquirer still waits after the live holder released")
+	}
+	if err := l.Release(ctx); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Release of the lost lock: %v, want ErrLockLost", err)
+	}
+}

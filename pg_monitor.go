@@ -3,19 +3,19 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
-	"errors"
 	"fmt"
 	"io"
-	"reflect"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 )
 
 // monitor checks, every interval, that the holders' backends still hold
-// their locks, until no connection holds any.
-func (p *pinning) monitor(stop, done chan struct{}) {
+// their locks, and ends the backends of lost holders that may still hold
+// them, until there is nothing more to do. Cancelling ctx (db.Close) stops
+// it at once, also in the middle of a check: a silent network must not
+// hold db.Close up.
+func (p *pinning) monitor(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	var side driver.Conn
 	defer func() {
@@ -27,19 +27,24 @@ func (p *pinning) monitor(stop, done chan struct{}) {
 	defer t.Stop()
 	for {
 		select {
-		case <-stop:
+		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-p.ends.kick:
+		}
+		if ctx.Err() != nil {
+			return // db.Close and a tick came together: no new check
 		}
 		p.mu.Lock()
-		if len(p.holders) == 0 {
-			p.stop = nil
+		if len(p.holders) == 0 && p.ends.empty() {
+			p.cancelMonitor()
+			p.cancelMonitor = nil
 			p.mu.Unlock()
 			return
 		}
 		p.mu.Unlock()
 		var err error
-		if side, err = p.check(side); err != nil {
+		if side, err = p.check(ctx, side); err != nil && ctx.Err() == nil {
 			p.c.opts.logger.Warn("lockhooks: checking advisory-lock holders failed; will retry", "error", err)
 		}
 	}
@@ -47,20 +52,23 @@ func (p *pinning) monitor(stop, done chan struct{}) {
 
 // holderSnapshot is what the monitor knows of one holder before it asks.
 type holderSnapshot struct {
-	c    *conn
-	pid  int32
-	gen  uint64
-	keys []lockKey
+	c      *conn
+	pid    int32
+	gen    uint64
+	keys   []lockKey
+	parked bool
 }
 
 // check asks the server whether the holders' backends are alive and hold
-// their locks, on a side connection of its own (never a holder's).
-func (p *pinning) check(side driver.Conn) (driver.Conn, error) {
+// their locks, on a side connection of its own (never a holder's), and
+// ends the backends of lost holders. When the server cannot be reached,
+// a holder that cannot be confirmed is lost (see unreachable).
+func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, error) {
 	var snaps []holderSnapshot
 	for _, h := range p.snapshot() {
 		h.pin.mu.Lock()
 		if pid := h.lockPID(); pid != 0 && h.pin.busy == 0 && h.pin.lost == nil && len(h.pin.held) > 0 {
-			s := holderSnapshot{c: h, pid: pid, gen: h.pin.gen}
+			s := holderSnapshot{c: h, pid: pid, gen: h.pin.gen, parked: h.pin.parked}
 			for k := range h.pin.held {
 				s.keys = append(s.keys, k)
 			}
@@ -69,36 +77,25 @@ func (p *pinning) check(side driver.Conn) (driver.Conn, error) {
 		h.pin.mu.Unlock()
 	}
 	p.warnParked()
-	if len(snaps) == 0 {
+	if len(snaps) == 0 && p.ends.empty() {
 		return side, nil
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), p.c.opts.lockCheckTimeout)
+	cctx, cancel := context.WithTimeout(ctx, p.c.opts.lockCheckTimeout)
 	defer cancel()
-	if side == nil {
-		var err error
-		if side, err = p.c.inner.Connect(ctx); err != nil {
-			return nil, err
-		}
-	}
-	pids := make([]string, len(snaps))
-	for i, s := range snaps {
-		pids[i] = strconv.Itoa(int(s.pid))
-	}
-	alive, held, err := queryAdvisoryLocks(ctx, side, "a.pid IN ("+strings.Join(pids, ",")+")")
+	alive, held, side, err := p.ask(cctx, side, snaps)
 	if err != nil {
-		side.Close()
+		if ctx.Err() == nil && !isServerError(err) {
+			p.unreachable(ctx, snaps, err)
+		}
 		return nil, err
 	}
 	for _, s := range snaps {
-		s.c.pin.mu.Lock()
-		changed := s.c.pin.gen != s.gen || s.c.pin.busy > 0
-		s.c.pin.mu.Unlock()
-		if changed {
+		if s.c.changedSince(s.gen) {
 			continue // it ran a lock statement meanwhile; look again next time
 		}
 		if !alive[s.pid] {
-			s.c.loseLocks(fmt.Errorf("its backend (pid %d) is gone", s.pid))
+			s.c.markLost(fmt.Sprintf("its backend (pid %d) is gone", s.pid), fmt.Errorf("backend %d is gone", s.pid), lossReport)
 			p.settle(s.c)
 			continue
 		}
@@ -106,24 +103,83 @@ func (p *pinning) check(side driver.Conn) (driver.Conn, error) {
 		for _, k := range s.keys {
 			missing = missing || !held[s.pid][k]
 		}
-		s.c.pin.mu.Lock()
-		parked := s.c.pin.parked
-		s.c.pin.mu.Unlock()
-		if missing && parked {
+		if missing && s.parked {
 			// Released by something lockhooks could not see (a server-side
 			// function), or the backend is exiting: the parked connection
 			// itself tells which. An in-use connection is read when it is
 			// returned and parked.
-			s.c.verifyParked()
+			s.c.verifyParked(ctx)
 		}
 		p.settle(s.c)
+	}
+	if err := p.endBackends(cctx, side); err != nil {
+		side.Close()
+		return nil, err
 	}
 	return side, nil
 }
 
+// ask reads the holders' backends (alive, and their advisory locks) on the
+// side connection, opening it if needed. A side connection kept from an
+// earlier check may have been ended meanwhile (idle_session_timeout, a
+// pooler's server_lifetime): its failure is tried again once on a fresh
+// one, so that only the server's own unreachability counts.
+func (p *pinning) ask(ctx context.Context, side driver.Conn, snaps []holderSnapshot) (alive map[int32]bool, held map[int32]map[lockKey]bool, _ driver.Conn, err error) {
+	pids := make([]string, len(snaps))
+	for i, s := range snaps {
+		pids[i] = strconv.Itoa(int(s.pid))
+	}
+	for reused := side != nil; ; reused = false {
+		if side == nil {
+			if side, err = p.c.inner.Connect(ctx); err != nil {
+				return nil, nil, nil, err
+			}
+		}
+		if len(snaps) == 0 {
+			return nil, nil, side, nil
+		}
+		if alive, held, err = queryAdvisoryLocks(ctx, side, "a.pid IN ("+strings.Join(pids, ",")+")"); err == nil {
+			return alive, held, side, nil
+		}
+		side.Close()
+		side = nil
+		if !reused || ctx.Err() != nil {
+			return nil, nil, nil, err
+		}
+	}
+}
+
+// unreachable handles a check that got no answer from the server (it
+// refused the connection, the network is silent, the pooler is gone): no
+// reachable server means a lock cannot be assumed held. A parked holder is
+// asked on its own connection, which may still work; any other holder is
+// lost now (Lost fires, its next statement fails), and its backend is
+// ended once the server can be reached again.
+func (p *pinning) unreachable(ctx context.Context, snaps []holderSnapshot, cause error) {
+	for _, s := range snaps {
+		if s.c.changedSince(s.gen) {
+			continue // its own statement found out, one way or the other
+		}
+		if s.parked {
+			s.c.verifyParked(ctx)
+		} else {
+			s.c.markLost(fmt.Sprintf("the server could not be reached to confirm it (%v), so it cannot be assumed held", cause), cause, lossReport|lossEnd)
+		}
+		p.settle(s.c)
+	}
+}
+
+// changedSince reports whether c ran a lock statement since generation gen,
+// or runs one now.
+func (c *conn) changedSince(gen uint64) bool {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	return c.pin.gen != gen || c.pin.busy > 0
+}
+
 // verifyParked reads pg_locks on the parked connection c: a connection
 // that fails is lost, one that works makes the tracking true.
-func (c *conn) verifyParked() {
+func (c *conn) verifyParked(ctx context.Context) {
 	c.pin.exec.Lock()
 	defer c.pin.exec.Unlock()
 	c.pin.mu.Lock()
@@ -132,9 +188,9 @@ func (c *conn) verifyParked() {
 	if closed {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.connector.opts.lockCheckTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.connector.opts.lockCheckTimeout)
 	defer cancel()
-	if err := c.reconcile(ctx, "unknown", nil, false); err != nil && c.connectionBroken(err) {
+	if err := c.reconcile(ctx, "unknown", nil, false); err != nil && (!isServerError(err) || c.connectionBroken(err)) {
 		c.loseLocks(err)
 	}
 }
@@ -249,141 +305,4 @@ func asInt64(v driver.Value) int64 {
 		return n
 	}
 	return 0
-}
-
-// connectionBroken reports whether err means the connection is gone, so its
-// session locks are too: a driver error that is not the server's, or the
-// server's own "terminating connection" and connection-exception errors:
-// any FATAL (the server ends the session after it), among them 57P01
-// (pg_terminate_backend), 57P05 (idle_session_timeout) and 25P03
-// (idle_in_transaction_session_timeout).
-func (c *conn) connectionBroken(err error) bool {
-	if errors.Is(err, driver.ErrBadConn) {
-		return true
-	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		switch code := pg.SQLState(); {
-		case strings.HasPrefix(code, "08"), code == "57P01", code == "57P02", code == "57P03", code == "57P05", code == stateIdleInTx:
-			return true
-		}
-		return fatal(err)
-	}
-	if !c.suspect.Load() {
-		return false
-	}
-	// Not the server's error: ask whether the connection is still there.
-	return !c.alive()
-}
-
-// fatal reports whether a server error has severity FATAL or PANIC: the
-// server ends the session after sending it. Neither pgx's *pgconn.PgError
-// nor lib/pq's *pq.Error has a method for it, only string fields
-// (SeverityUnlocalized, which does not depend on lc_messages, and
-// Severity), read by reflection so that the root package imports no driver.
-func fatal(err error) bool {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		v := reflect.ValueOf(e)
-		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
-			if v.IsNil() {
-				break
-			}
-			v = v.Elem()
-		}
-		if v.Kind() != reflect.Struct {
-			continue
-		}
-		for _, name := range [...]string{"SeverityUnlocalized", "Severity"} {
-			if f := v.FieldByName(name); f.IsValid() && f.Kind() == reflect.String && f.String() != "" {
-				return f.String() == "FATAL" || f.String() == "PANIC"
-			}
-		}
-	}
-	return false
-}
-
-// alive pings the connection.
-func (c *conn) alive() bool {
-	if c.pinger == nil {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-	defer cancel()
-	return c.pinger.Ping(ctx) == nil
-}
-
-// loseLocks records that c's session locks are gone because its
-// connection died, reports it (log, metric, Lost), and returns the error
-// to give to whoever relied on them (nil if c held none). The caller
-// settles c afterwards (a parked one is closed).
-func (c *conn) loseLocks(cause error) error {
-	return c.markLost("its connection died ("+cause.Error()+")", cause, true)
-}
-
-// markLost records that c's session locks are gone (why completes "…held
-// advisory lock k and"); report says whether to log and count it as a loss
-// (db.Close reports its own way).
-func (c *conn) markLost(why string, cause error, report bool) error {
-	c.pin.mu.Lock()
-	if c.pin.lost != nil {
-		defer c.pin.mu.Unlock()
-		return c.pin.lost
-	}
-	if len(c.pin.held) == 0 {
-		c.pin.mu.Unlock()
-		return nil
-	}
-	keys := make([]string, 0, len(c.pin.held))
-	var oldest *heldLock
-	for k, l := range c.pin.held {
-		keys = append(keys, k.String())
-		if oldest == nil || l.since.Before(oldest.since) {
-			oldest = l
-		}
-	}
-	sort.Strings(keys)
-	n := len(c.pin.held)
-	c.pin.lost = fmt.Errorf("%w: %v held advisory lock %s (taken at %s, %v ago) and %s; the work it protected must stop",
-		ErrLockLost, c, strings.Join(keys, ", "), oldest.site, time.Since(oldest.since).Round(time.Millisecond), why)
-	c.pin.held = nil
-	c.pin.gen++
-	parked := c.pin.parked
-	if c.pin.lostCh == nil {
-		c.pin.lostCh = make(chan struct{})
-	}
-	lostCh, lost := c.pin.lostCh, c.pin.lost
-	c.updateActiveLocked() // statements now fail with lost
-	c.pin.mu.Unlock()
-
-	if report {
-		c.connector.tel.lockLost(context.Background(), "advisory", n)
-		c.connector.events.add(eventLockLost, lost.Error())
-		c.connector.opts.logger.Error("lockhooks: advisory lock lost", "connection", c.id, "backend_pid", c.pid.Load(),
-			"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "parked", parked, "cause", cause.Error())
-	}
-	close(lostCh) // after the log and the count, so whoever waits on Lost sees them
-	return lost
-}
-
-// lostError combines the lost-lock error with the driver's error; a
-// driver.ErrBadConn is not wrapped, so database/sql does not retry the
-// protected work on a fresh connection.
-func (c *conn) lostError(lost, err error) error {
-	if lost == nil {
-		return err
-	}
-	if errors.Is(err, driver.ErrBadConn) {
-		return lost
-	}
-	return fmt.Errorf("%w (the statement failed with: %w)", lost, err)
-}
-
-// lostChan returns the channel closed when c's locks are lost.
-func (c *conn) lostChan() <-chan struct{} {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	if c.pin.lostCh == nil {
-		c.pin.lostCh = make(chan struct{})
-	}
-	return c.pin.lostCh
 }

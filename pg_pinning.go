@@ -135,6 +135,9 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	}
 	adv := st.advisory
 	if adv == nil {
+		if err := c.checkHolder(ctx); err != nil {
+			return plan, nil, err
+		}
 		if st.rowLock {
 			plan.wait = c.startRowLockWait(ctx, st)
 		}
@@ -158,6 +161,11 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	}
 	if plan.onHolder, err = c.onHolder(adv); err != nil {
 		return plan, nil, err
+	}
+	if !plan.onHolder {
+		if err := c.checkHolder(ctx); err != nil {
+			return plan, nil, err
+		}
 	}
 	if c.connector.opts.txPooler {
 		if err := c.splitConflict(adv, plan.keys, plan.known); err != nil {
@@ -398,7 +406,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		case errors.Is(verr, ErrTransactionPooler):
 			// The statement ran on another backend than the connection's:
 			// its locks cannot be trusted.
-			c.markLost(verr.Error(), verr, true)
+			c.markLost(verr.Error(), verr, lossReport) // not ours to end: other clients use that backend
 		case verr != nil && c.connectionBroken(verr):
 			verr = c.lostError(c.loseLocks(verr), verr)
 		default:

@@ -201,6 +201,9 @@ func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query str
 		case <-ctx.Done():
 			t.Stop()
 			return nil, ctx.Err()
+		case <-c.connector.pins.closing:
+			t.Stop()
+			return nil, fmt.Errorf("lockhooks: pg_advisory_lock%s(%s) on %v: the database was closed while the lock was awaited", sharedSuffix(k), k, c)
 		case <-t.C:
 		}
 		delay = min(2*delay, poolerPollMax)
@@ -239,12 +242,46 @@ func (c *conn) holder(ctx context.Context) (*holderConn, error) {
 // holderFailed drops a holder whose statement failed outside the server's
 // control: its transaction, and the locks it kept, are gone.
 func (c *conn) holderFailed(err error) error {
+	pid := c.holderPID.Load()
 	if h := c.hold; h != nil {
 		h.inner.Close()
 		c.hold = nil
 	}
 	c.holderPID.Store(0)
-	return c.lostError(c.loseLocks(err), err)
+	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, lossReport|lossEnd)
+	return c.lostError(lost, err)
+}
+
+// checkHolder confirms, before a statement of the protected work runs on
+// the connection (not on its holder), that the holder keeping its session
+// locks is still there: through a transaction pooler the statement runs on
+// another server connection, so nothing else would stop it from running
+// after the lock was lost. It costs one round trip (a ping of the holder)
+// per such statement while the connection holds session locks, and
+// nothing otherwise.
+func (c *conn) checkHolder(ctx context.Context) error {
+	h := c.hold
+	if h == nil || !h.inTx || c.holderPID.Load() == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// The ping runs with a bounded context of its own: the caller's
+	// cancellation in the middle of it would make the driver close the
+	// holder, and every lock on it would be lost.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	var err error
+	if p, ok := h.inner.(driver.Pinger); ok {
+		err = p.Ping(ctx)
+	} else {
+		err = execDirect(ctx, h.inner, "SELECT 1")
+	}
+	if err != nil {
+		return c.holderFailed(fmt.Errorf("its holder did not answer a ping: %w", err))
+	}
+	return nil
 }
 
 // releaseHolder ends the holder's transaction once c holds nothing: the

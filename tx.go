@@ -102,6 +102,19 @@ func (t *tx) Commit() error {
 		hook()
 	}
 	defer t.end() // even if the driver panics: the writer lock must not stay held
+	if t.c.hold != nil {
+		// Through a transaction pooler the work commits on another server
+		// connection than the one keeping its session locks: not after
+		// the lock is lost.
+		ctx := t.ctx
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		if err := t.c.checkHolder(ctx); err != nil {
+			t.inner.Rollback()
+			return err
+		}
+	}
 	return t.c.observe(t.inner.Commit())
 }
 
