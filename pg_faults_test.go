@@ -719,3 +719,55 @@ func TestLostLockFreesItsTurn(t *testing.T) {
 		t.Fatalf("Release of the lost lock: %v, want ErrLockLost", err)
 	}
 }
+
+// Point 12: Lock of more ids than a Postgres target list may hold (1664)
+// works, as on SQLite: all of them are held by the transaction, in one
+// statement; TryLock of as many is all or none.
+func TestLockOfManyIDs(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	ids := make([]any, 2000)
+	for i := range ids {
+		ids[i] = i
+	}
+	tx, err := e.wrapped.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := Lock(ctx, tx, "many", ids...); err != nil {
+		t.Fatalf("Lock of %d ids: %v", len(ids), err)
+	}
+	var held int
+	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()").Scan(&held); err != nil || held != len(ids) {
+		t.Fatalf("%d advisory locks held (%v), want %d", held, err, len(ids))
+	}
+	other, err := e.wrapped.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback()
+	if ok, err := TryLock(ctx, other, "many", ids...); err != nil || ok {
+		t.Fatalf("TryLock of ids another transaction holds: %v, %v", ok, err)
+	}
+	var mine int
+	if err := other.QueryRowContext(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&mine); err != nil || mine != 0 {
+		t.Fatalf("a failed TryLock left %d keys held (%v)", mine, err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := TryLock(ctx, other, "many", ids...); err != nil || !ok {
+		t.Fatalf("TryLock of %d free ids: %v, %v", len(ids), ok, err)
+	}
+	if err := other.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if n := func() int {
+		var n int
+		e.raw.QueryRow("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").Scan(&n)
+		return n
+	}(); n != 0 {
+		t.Fatalf("%d advisory locks left after both transactions ended", n)
+	}
+}
