@@ -771,3 +771,77 @@ func TestLockOfManyIDs(t *testing.T) {
 		t.Fatalf("%d advisory locks left after both transactions ended", n)
 	}
 }
+
+// Measured after the list: the undeclared-pooler guard never sleeps. A
+// session lock taken through PgBouncer's transaction mode, on a database
+// not opened with WithTransactionPooler, while the pool is idle (its lock
+// statement and the read after it run on the backend the connection was
+// opened on, so nothing looks wrong yet): it is reported lost with
+// ErrTransactionPooler at once (the monitor's first look, on another
+// client connection, lands on the holder's backend; the periodic check is
+// off here), before other clients share that backend; the holder's next
+// statement fails, and the database refuses session locks from then on.
+func TestUndeclaredPoolerWithAnIdlePoolIsReported(t *testing.T) {
+	p := pgtest.StartPooler(t, pgtest.PoolerOptions{}) // idle: no other test's clients
+	e := newPoolerEnv(t, p)
+	db := e.open(t, WithLockCheckInterval(time.Hour))
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, db, 101)
+	if err != nil {
+		t.Fatalf("the lock through an idle pool: %v", err)
+	}
+	pid := l.c.pid.Load()
+	t.Cleanup(func() { mustExec(t, e.raw, "SELECT pg_terminate_backend($1)", pid) }) // the stranded lock
+	lostWithin(t, l, 20*time.Second)
+	if !errors.Is(l.Err(), ErrTransactionPooler) || !strings.Contains(l.Err().Error(), "WithTransactionPooler") {
+		t.Fatalf("Err() = %v, want ErrTransactionPooler naming the option", l.Err())
+	}
+	// Other clients share the backend now; the holder's work must not run.
+	other, err := sql.Open("pgx", e.pooled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	mustExec(t, other, "SELECT 1")
+	if _, err := l.Conn().ExecContext(ctx, "SELECT 1"); !errors.Is(err, ErrLockLost) || !errors.Is(err, ErrTransactionPooler) {
+		t.Fatalf("the holder's next statement: %v, want ErrLockLost and ErrTransactionPooler", err)
+	}
+	if _, err := db.ExecContext(ctx, "SELECT pg_advisory_lock(102)"); !errors.Is(err, ErrTransactionPooler) {
+		t.Fatalf("a new session lock: %v, want ErrTransactionPooler", err)
+	}
+	if n := heldCount(t, e.raw, 102); n != 0 {
+		t.Fatalf("the refused lock was taken (%d holders)", n)
+	}
+	l.Release(ctx)
+}
+
+// The guard at connect: a second connection of the database opens on the
+// backend where the first, still open, left its marker (PgBouncer reuses
+// the idle server connection): only a transaction-mode pooler does that,
+// so the first connection's session lock is refused before it runs.
+func TestUndeclaredPoolerSeenAtConnect(t *testing.T) {
+	p := pgtest.StartPooler(t, pgtest.PoolerOptions{})
+	e := newPoolerEnv(t, p)
+	db := e.open(t, WithLockCheckInterval(time.Hour))
+	ctx := context.Background()
+	c1 := otherConn(t, db)
+	c2 := otherConn(t, db)
+	if pid1, pid2 := trackedConn(t, c1).pid.Load(), trackedConn(t, c2).pid.Load(); pid1 != pid2 {
+		t.Fatalf("the two connections opened on backends %d and %d; the test needs PgBouncer to reuse the idle one", pid1, pid2)
+	}
+	if _, err := c1.ExecContext(ctx, "SELECT pg_advisory_lock(103)"); !errors.Is(err, ErrTransactionPooler) {
+		t.Fatalf("a session lock after the pooler was seen: %v, want ErrTransactionPooler", err)
+	}
+	if n := heldCount(t, e.raw, 103); n != 0 {
+		t.Fatalf("the refused lock was taken (%d holders)", n)
+	}
+	// Transaction-level locks are fine through the pooler.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := Lock(ctx, tx, "jobs", 1); err != nil {
+		t.Fatalf("Lock through the pooler: %v", err)
+	}
+}

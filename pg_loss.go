@@ -88,6 +88,9 @@ const (
 	// (its socket half-open, or a connection lockhooks gave up on): the
 	// key is free only once it is gone.
 	lossEnd
+	// lossPooler: the locks are lost to a transaction-mode pooler; the
+	// error wraps ErrTransactionPooler too.
+	lossPooler
 )
 
 // loseLocks records that c's session locks are gone because its
@@ -131,6 +134,9 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 	n := len(c.pin.held)
 	c.pin.lost = fmt.Errorf("%w: %v held advisory lock %s (taken at %s, %v ago) and %s; the work it protected must stop",
 		ErrLockLost, c, strings.Join(keys, ", "), oldest.site, time.Since(oldest.since).Round(time.Millisecond), why)
+	if flags&lossPooler != 0 {
+		c.pin.lost = fmt.Errorf("%w (%w)", c.pin.lost, ErrTransactionPooler)
+	}
 	c.pin.held = nil
 	c.pin.gen++
 	parked := c.pin.parked
@@ -186,7 +192,7 @@ func (c *conn) lostChan() <-chan struct{} {
 type endQueue struct {
 	mu      sync.Mutex
 	pending map[int32][]lockKey // backend pid → the keys it held
-	kick    chan struct{}       // wakes the monitor (buffered, one)
+	kick    chan struct{}       // wakes the monitor (buffered, one; see pinning.wakeMonitor)
 }
 
 func newEndQueue() *endQueue {
@@ -199,7 +205,7 @@ func (q *endQueue) add(pid int32, keys []lockKey) {
 	q.pending[pid] = append(q.pending[pid], keys...)
 	q.mu.Unlock()
 	select {
-	case q.kick <- struct{}{}:
+	case q.kick <- struct{}{}: // wake the monitor
 	default:
 	}
 }

@@ -64,44 +64,57 @@ type holderSnapshot struct {
 // ends the backends of lost holders. When the server cannot be reached,
 // a holder that cannot be confirmed is lost (see unreachable).
 func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, error) {
-	var snaps []holderSnapshot
+	var snaps, all []holderSnapshot
 	for _, h := range p.snapshot() {
 		h.pin.mu.Lock()
-		if pid := h.lockPID(); pid != 0 && h.pin.busy == 0 && h.pin.lost == nil && len(h.pin.held) > 0 {
+		if pid := h.lockPID(); pid != 0 && h.pin.lost == nil && len(h.pin.held) > 0 {
 			s := holderSnapshot{c: h, pid: pid, gen: h.pin.gen, parked: h.pin.parked}
-			for k := range h.pin.held {
-				s.keys = append(s.keys, k)
+			all = append(all, s)
+			if h.pin.busy == 0 {
+				for k := range h.pin.held {
+					s.keys = append(s.keys, k)
+				}
+				snaps = append(snaps, s)
 			}
-			snaps = append(snaps, s)
 		}
 		h.pin.mu.Unlock()
 	}
 	p.warnParked()
-	if len(snaps) == 0 && p.ends.empty() {
-		return side, nil
+	if len(snaps) == 0 && p.ends.empty() && (p.c.opts.txPooler || len(all) == 0) {
+		return side, nil // (through an undeclared pooler, a busy holder's backend is still looked for)
 	}
 
 	cctx, cancel := context.WithTimeout(ctx, p.c.opts.lockCheckTimeout)
 	defer cancel()
-	alive, held, side, err := p.ask(cctx, side, snaps)
+	v, side, err := p.ask(cctx, side, snaps)
 	if err != nil {
 		if ctx.Err() == nil && !isServerError(err) {
 			p.unreachable(ctx, snaps, err)
 		}
 		return nil, err
 	}
+	if !p.c.opts.txPooler {
+		p.lookForPooler(v, all)
+		if perr := p.poolerSeen(); perr != nil {
+			for _, s := range all {
+				s.c.markLost("may no longer be held: "+perr.Error(), perr, lossReport|lossPooler)
+				p.settle(s.c)
+			}
+			snaps = nil
+		}
+	}
 	for _, s := range snaps {
 		if s.c.changedSince(s.gen) {
 			continue // it ran a lock statement meanwhile; look again next time
 		}
-		if !alive[s.pid] {
+		if !v.alive[s.pid] {
 			s.c.markLost(fmt.Sprintf("its backend (pid %d) is gone", s.pid), fmt.Errorf("backend %d is gone", s.pid), lossReport)
 			p.settle(s.c)
 			continue
 		}
 		missing := false
 		for _, k := range s.keys {
-			missing = missing || !held[s.pid][k]
+			missing = missing || !v.held[s.pid][k]
 		}
 		if missing && s.parked {
 			// Released by something lockhooks could not see (a server-side
@@ -124,28 +137,45 @@ func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, err
 // earlier check may have been ended meanwhile (idle_session_timeout, a
 // pooler's server_lifetime): its failure is tried again once on a fresh
 // one, so that only the server's own unreachability counts.
-func (p *pinning) ask(ctx context.Context, side driver.Conn, snaps []holderSnapshot) (alive map[int32]bool, held map[int32]map[lockKey]bool, _ driver.Conn, err error) {
+func (p *pinning) ask(ctx context.Context, side driver.Conn, snaps []holderSnapshot) (v sideView, _ driver.Conn, err error) {
 	pids := make([]string, len(snaps))
 	for i, s := range snaps {
 		pids[i] = strconv.Itoa(int(s.pid))
 	}
+	where := "false"
+	if len(pids) > 0 {
+		where = "a.pid IN (" + strings.Join(pids, ",") + ")"
+	}
 	for reused := side != nil; ; reused = false {
 		if side == nil {
 			if side, err = p.c.inner.Connect(ctx); err != nil {
-				return nil, nil, nil, err
+				return v, nil, err
 			}
 		}
-		if len(snaps) == 0 {
-			return nil, nil, side, nil
-		}
-		if alive, held, err = queryAdvisoryLocks(ctx, side, "a.pid IN ("+strings.Join(pids, ",")+")"); err == nil {
-			return alive, held, side, nil
+		if v, err = queryAdvisoryLocks(ctx, side, where); err == nil {
+			return v, side, nil
 		}
 		side.Close()
 		side = nil
 		if !reused || ctx.Err() != nil {
-			return nil, nil, nil, err
+			return v, nil, err
 		}
+	}
+}
+
+// lookForPooler looks at where the side connection's check ran: on a
+// holder's backend (busy or not), or on one where an open connection of
+// this database left its marker, only a transaction-mode pooler puts two
+// clients.
+func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) {
+	for _, s := range holders {
+		if s.pid == v.ranOn {
+			p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check", s.pid)))
+			return
+		}
+	}
+	if o := p.ownerOf(v.marker); o != nil {
+		p.sawPooler(o.poolerDetected(fmt.Sprintf("was opened on backend pid %d, where lockhooks' monitor, another client, ran its check", v.ranOn)))
 	}
 }
 
@@ -228,35 +258,50 @@ func (p *pinning) warnParked() {
 	}
 }
 
-// queryAdvisoryLocks reads, for the backends matched by where (over
-// pg_stat_activity a), which are alive and which advisory locks they hold.
-func queryAdvisoryLocks(ctx context.Context, c driver.Conn, where string) (alive map[int32]bool, held map[int32]map[lockKey]bool, err error) {
-	q := `SELECT a.pid, l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
-FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted
-WHERE ` + where
+// sideView is what the monitor's check reads on its side connection: for
+// the backends it asked about, which are alive and which advisory locks they
+// hold, and the backend the check ran on (its pid and session marker).
+type sideView struct {
+	alive  map[int32]bool
+	held   map[int32]map[lockKey]bool
+	ranOn  int32
+	marker string
+}
+
+// queryAdvisoryLocks reads the sideView of the backends matched by where
+// (over pg_stat_activity a).
+func queryAdvisoryLocks(ctx context.Context, c driver.Conn, where string) (v sideView, err error) {
+	q := `SELECT me.pid, me.marker, a.pid, l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
+FROM (SELECT pg_backend_pid() AS pid, current_setting('lockhooks.session', true) AS marker) me
+LEFT JOIN pg_stat_activity a ON ` + where + `
+LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted`
 	rows, err := queryDirect(ctx, c, q, nil)
 	if err != nil {
-		return nil, nil, err
+		return v, err
 	}
 	defer rows.Close()
-	alive, held = map[int32]bool{}, map[int32]map[lockKey]bool{}
-	dest := make([]driver.Value, 5)
+	v.alive, v.held = map[int32]bool{}, map[int32]map[lockKey]bool{}
+	dest := make([]driver.Value, 7)
 	for {
 		if err := rows.Next(dest); err != nil {
 			if err == io.EOF {
-				return alive, held, nil
+				return v, nil
 			}
-			return nil, nil, err
+			return v, err
 		}
-		pid := int32(asInt64(dest[0]))
-		alive[pid] = true
-		if dest[1] == nil {
+		v.ranOn, v.marker = int32(asInt64(dest[0])), asString(dest[1])
+		if dest[2] == nil {
 			continue
 		}
-		if held[pid] == nil {
-			held[pid] = map[lockKey]bool{}
+		pid := int32(asInt64(dest[2]))
+		v.alive[pid] = true
+		if dest[3] == nil {
+			continue
 		}
-		held[pid][advisoryKeyOf(asInt64(dest[1]), asInt64(dest[2]), asInt64(dest[3]), dest[4])] = true
+		if v.held[pid] == nil {
+			v.held[pid] = map[lockKey]bool{}
+		}
+		v.held[pid][advisoryKeyOf(asInt64(dest[3]), asInt64(dest[4]), asInt64(dest[5]), dest[6])] = true
 	}
 }
 

@@ -126,6 +126,9 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	if lost != nil {
 		return plan, nil, lost
 	}
+	if err := c.refuseThroughPooler(st.advisory); err != nil {
+		return plan, nil, err
+	}
 	if c.pin.active.Load() {
 		// database/sql would let the driver see a cancelled context, and pgx
 		// then closes the connection: every lock it holds would be gone.
@@ -406,7 +409,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		case errors.Is(verr, ErrTransactionPooler):
 			// The statement ran on another backend than the connection's:
 			// its locks cannot be trusted.
-			c.markLost(verr.Error(), verr, lossReport) // not ours to end: other clients use that backend
+			c.markLost(verr.Error(), verr, lossReport|lossPooler) // not ours to end: other clients use that backend
 		case verr != nil && c.connectionBroken(verr):
 			verr = c.lostError(c.loseLocks(verr), verr)
 		default:

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
@@ -389,4 +391,123 @@ func (r *staticRows) Next(dest []driver.Value) error {
 func (c *conn) poolerDetected(what string) error {
 	return fmt.Errorf("%w: %v %s; this database's DSN goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which gives the server connection to other clients after each transaction, so a session lock stays behind on it: open the database with lockhooks.WithTransactionPooler(), or use transaction-level locks (lockhooks.Lock)",
 		ErrTransactionPooler, c, what)
+}
+
+// The undeclared-pooler guard. Each connection leaves a marker of its own
+// on its backend when it opens, in the same statement that reads the
+// backend pid: the custom setting lockhooks.session, set for the session.
+// In a direct connection (or through a session-mode pooler) no other client
+// runs on a backend while its connection lives, so the marker stays, and
+// the backend pid does not change. Through a transaction-mode pooler other
+// clients use the backend between transactions. lockhooks' own statements
+// read both back, at no extra round trip: the reads of pg_locks after lock
+// statements, each new connection's first statement, and the monitor's
+// check. Any of them finding a backend shared between two open connections
+// (another's marker on a connection's backend, a connection's statement on
+// another backend, the monitor's side connection on a holder's backend)
+// proves the pooler: from then on this database refuses session locks, and
+// the connections holding them fail their next statement and are reported
+// lost, with ErrTransactionPooler.
+
+// sessionQuery opens a connection's session: its backend pid, the marker
+// left on the backend before it (by another lockhooks connection, if any),
+// and its own marker ($1).
+const sessionQuery = "SELECT pg_backend_pid(), current_setting('lockhooks.session', true), set_config('lockhooks.session', $1, false)"
+
+// markerPrefix starts every lockhooks session marker.
+const markerPrefix = "lh:"
+
+// marker returns c's session marker: this database's nonce and c's number.
+func (c *conn) marker() string {
+	if c.mark == "" {
+		c.mark = markerPrefix + c.connector.pins.nonce + ":" + strconv.FormatUint(c.id, 10)
+	}
+	return c.mark
+}
+
+// sawMarker looks at the marker that was on c's backend when c opened. A
+// backend that served another lockhooks connection before proves a pooler
+// only if that connection is still open (a session-mode pooler reuses
+// backends too, one client after another): one of this database's own.
+func (c *conn) sawMarker(m, pid string) {
+	if c.connector.opts.txPooler || m == "" || m == c.mark || !strings.HasPrefix(m, markerPrefix) {
+		return
+	}
+	if o := c.connector.pins.ownerOf(m); o != nil && o != c {
+		c.connector.pins.sawPooler(c.poolerDetected(fmt.Sprintf("was opened on backend pid %s, which %v, still open, was opened on too", pid, o)))
+	}
+}
+
+// ownerOf returns the open connection of this database whose marker m is.
+func (p *pinning) ownerOf(m string) *conn {
+	rest, ok := strings.CutPrefix(m, markerPrefix+p.nonce+":")
+	if !ok {
+		return nil
+	}
+	id, err := strconv.ParseUint(rest, 10, 64)
+	if err != nil {
+		return nil
+	}
+	for _, w := range p.c.openConns() {
+		if w.id == id {
+			return w
+		}
+	}
+	return nil
+}
+
+// sawPooler records proof of a transaction-mode pooler on a database not
+// opened with WithTransactionPooler, once, and has the monitor report the
+// holders.
+func (p *pinning) sawPooler(err error) {
+	if p.c.opts.txPooler {
+		return
+	}
+	if p.pooler.CompareAndSwap(nil, &err) {
+		p.c.opts.logger.Error("lockhooks: this database's DSN goes through a transaction-mode pooler; its session advisory locks are refused from now on, and those held are lost", "error", err.Error())
+		p.wakeMonitor()
+	}
+}
+
+// poolerSeen returns the proof of a transaction-mode pooler on a database
+// not opened with WithTransactionPooler, or nil.
+func (p *pinning) poolerSeen() error {
+	if e := p.pooler.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// refuseThroughPooler fails a statement, once a transaction-mode pooler is
+// known on a database not opened with WithTransactionPooler, if it would
+// take a session lock, or runs on a connection holding session locks
+// (which are lost: they stay on a server connection others use). One
+// atomic load otherwise.
+func (c *conn) refuseThroughPooler(adv *sqlscan.Advisory) error {
+	perr := c.connector.pins.poolerSeen()
+	if perr == nil {
+		return nil
+	}
+	c.pin.mu.Lock()
+	holding := len(c.pin.held) > 0
+	c.pin.mu.Unlock()
+	if holding {
+		lost := c.markLost("may no longer be held: "+perr.Error(), perr, lossReport|lossPooler)
+		c.connector.pins.settle(c)
+		return lost
+	}
+	if adv != nil && takesSession(adv) {
+		return perr
+	}
+	return nil
+}
+
+// takesSession reports whether a statement takes a session lock.
+func takesSession(adv *sqlscan.Advisory) bool {
+	for _, call := range adv.Calls {
+		if call.Func&(sqlscan.FnXact|sqlscan.FnUnlock|sqlscan.FnUnlockAll) == 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -106,9 +107,17 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 			return nil, err
 		}
 	}
-	held, ranOn, err := c.queryOwnLocks(ctx, pid)
-	if err == nil && ranOn != pid && !c.connector.opts.txPooler {
-		err = c.poolerDetected(fmt.Sprintf("was opened on backend pid %d but its statements now run on backend pid %d", pid, ranOn))
+	held, ranOn, marker, err := c.queryOwnLocks(ctx, pid)
+	if err == nil && !c.connector.opts.txPooler {
+		switch {
+		case ranOn != pid:
+			err = c.poolerDetected(fmt.Sprintf("was opened on backend pid %d but its statements now run on backend pid %d", pid, ranOn))
+		case marker != "" && marker != c.mark && strings.HasPrefix(marker, markerPrefix):
+			err = c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where another lockhooks connection was opened meanwhile", pid))
+		}
+		if err != nil {
+			c.connector.pins.sawPooler(err)
+		}
 	}
 	if inTx {
 		end := "RELEASE SAVEPOINT lockhooks_read"
@@ -126,26 +135,26 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 }
 
 // queryOwnLocks reads the granted advisory locks of backend pid, and the
-// pid of the backend that answers.
-func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, err error) {
-	rows, err := queryDirect(ctx, c.inner, `SELECT pg_backend_pid(), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
+// pid and session marker of the backend that answers.
+func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, marker string, err error) {
+	rows, err := queryDirect(ctx, c.inner, `SELECT pg_backend_pid(), current_setting('lockhooks.session', true), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
 FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.pid = `+strconv.Itoa(int(pid))+` AND l.locktype = 'advisory' AND l.granted`+c.afterDiscard(), nil)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, "", err
 	}
 	defer rows.Close()
 	held = map[lockKey]bool{}
-	dest := make([]driver.Value, 5)
+	dest := make([]driver.Value, 6)
 	for {
 		if err := rows.Next(dest); err != nil {
 			if err == io.EOF {
-				return held, ranOn, nil
+				return held, ranOn, marker, nil
 			}
-			return nil, 0, err
+			return nil, 0, "", err
 		}
-		ranOn = int32(asInt64(dest[0]))
-		if dest[1] != nil {
-			held[advisoryKeyOf(asInt64(dest[1]), asInt64(dest[2]), asInt64(dest[3]), dest[4])] = true
+		ranOn, marker = int32(asInt64(dest[0])), asString(dest[1])
+		if dest[2] != nil {
+			held[advisoryKeyOf(asInt64(dest[2]), asInt64(dest[3]), asInt64(dest[4]), dest[5])] = true
 		}
 	}
 }

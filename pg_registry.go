@@ -2,12 +2,15 @@ package lockhooks
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,8 +27,13 @@ import (
 // table's are leaves: taken under any of these, nothing is taken under
 // them.
 type pinning struct {
-	c    *connector
-	ends *endQueue // backends of lost holders to end on the server
+	c     *connector
+	ends  *endQueue // backends of lost holders to end on the server
+	nonce string    // tells this database's session markers from others'
+
+	// pooler is set once a transaction-mode pooler is seen on a database
+	// not opened with WithTransactionPooler: why it is known.
+	pooler atomic.Pointer[error]
 
 	mu            sync.Mutex
 	holders       map[*conn]struct{}
@@ -34,10 +42,22 @@ type pinning struct {
 	closing       chan struct{}      // closed by db.Close: lockhooks' own waits stop
 	cancelMonitor context.CancelFunc // stops the running monitor; nil when none runs
 	done          chan struct{}      // closed when that monitor has returned
+	probed        bool               // the first holder had the monitor look at once
 }
 
 func newPinning(c *connector) *pinning {
-	return &pinning{c: c, ends: newEndQueue(), holders: make(map[*conn]struct{}), locks: make(map[*AdvisoryLock]struct{}), closing: make(chan struct{})}
+	var nonce [8]byte
+	rand.Read(nonce[:])
+	return &pinning{c: c, ends: newEndQueue(), nonce: hex.EncodeToString(nonce[:]),
+		holders: make(map[*conn]struct{}), locks: make(map[*AdvisoryLock]struct{}), closing: make(chan struct{})}
+}
+
+// wakeMonitor has the running monitor check now.
+func (p *pinning) wakeMonitor() {
+	select {
+	case p.ends.kick <- struct{}{}:
+	default:
+	}
 }
 
 // startMonitorLocked starts the monitor unless one runs or the database is
@@ -84,6 +104,13 @@ func (p *pinning) register(c *conn) {
 	}
 	p.holders[c] = struct{}{}
 	p.startMonitorLocked()
+	if !p.probed && !p.c.opts.txPooler {
+		// The database's first session lock: the monitor looks at once,
+		// and its side connection, through a transaction pooler, most
+		// likely lands on the backend the lock was just taken on.
+		p.probed = true
+		p.wakeMonitor()
+	}
 }
 
 // unregister forgets c.
