@@ -99,7 +99,30 @@ const (
 // them (nil if c held none). The caller settles c afterwards (a parked one
 // is closed).
 func (c *conn) loseLocks(cause error) error {
+	c.endTransactionLocks()
 	return c.markLost("its connection died ("+cause.Error()+")", cause, lossReport|lossEnd)
+}
+
+// endTransactionLocks has the backend of a connection that died inside a
+// transaction ended where it still holds the transaction-level locks
+// lockhooks saw the transaction take: a half-open connection's backend
+// keeps its transaction, and them, open until TCP keepalive. (Through a
+// transaction pooler the transaction's backend is the pooler's to drop.)
+func (c *conn) endTransactionLocks() {
+	if c.connector.opts.txPooler {
+		return
+	}
+	c.pin.mu.Lock()
+	var keys []lockKey
+	for k, n := range c.pin.xact {
+		if n > 0 {
+			keys = append(keys, k)
+		}
+	}
+	c.pin.mu.Unlock()
+	if pid := c.pid.Load(); pid != 0 && len(keys) > 0 {
+		c.connector.pins.ends.add(pid, keys)
+	}
 }
 
 // markLost records that the session locks of c's lock backend are gone

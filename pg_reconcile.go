@@ -95,10 +95,10 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 	if _, err := c.backendPID(ctx); err != nil {
 		return nil, err
 	}
-	if c.connector.opts.txPooler && c.holderPID.Load() == 0 {
+	if c.connector.opts.txPooler {
 		// Session locks live only on a holder; the backend this connection
 		// met at connect serves other clients now.
-		return map[lockKey]bool{}, nil
+		return c.readHolderLocks(ctx)
 	}
 	pid := c.lockPID()
 	inTx := c.inTx()
@@ -134,11 +134,42 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 	return held, nil
 }
 
+// readHolderLocks reads, through a transaction pooler, the advisory locks
+// of c's holder on the holder itself, inside its transaction: its own
+// backend answers, so a holder that died (or is exiting, its locks already
+// gone) is found lost, where a read of its pid from another server
+// connection would find it empty, as if it had released them. The read runs
+// with a bounded context of its own (a cancellation in the middle would
+// make the driver close the holder).
+func (c *conn) readHolderLocks(ctx context.Context) (map[lockKey]bool, error) {
+	pid := c.holderPID.Load()
+	if c.hold == nil || pid == 0 {
+		return map[lockKey]bool{}, nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	held, ranOn, _, err := queryLocksOn(ctx, c.hold.inner, pid, "")
+	if err == nil && ranOn != pid {
+		err = fmt.Errorf("its holder answered from backend pid %d, not its own %d", ranOn, pid)
+	}
+	if err != nil {
+		return nil, c.holderFailed(err)
+	}
+	return held, nil
+}
+
 // queryOwnLocks reads the granted advisory locks of backend pid, and the
 // pid and session marker of the backend that answers.
 func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, marker string, err error) {
-	rows, err := queryDirect(ctx, c.inner, `SELECT pg_backend_pid(), current_setting('lockhooks.session', true), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
-FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.pid = `+strconv.Itoa(int(pid))+` AND l.locktype = 'advisory' AND l.granted`+c.afterDiscard(), nil)
+	return queryLocksOn(ctx, c.inner, pid, c.afterDiscard())
+}
+
+// queryLocksOn reads, on the connection on, the granted advisory locks of
+// backend pid, and the pid and session marker of the backend that answers;
+// suffix ends the query's text.
+func queryLocksOn(ctx context.Context, on driver.Conn, pid int32, suffix string) (held map[lockKey]bool, ranOn int32, marker string, err error) {
+	rows, err := queryDirect(ctx, on, `SELECT pg_backend_pid(), current_setting('lockhooks.session', true), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
+FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.pid = `+strconv.Itoa(int(pid))+` AND l.locktype = 'advisory' AND l.granted`+suffix, nil)
 	if err != nil {
 		return nil, 0, "", err
 	}

@@ -115,14 +115,24 @@ func (t *tx) Commit() error {
 			return err
 		}
 	}
-	return t.c.observe(t.inner.Commit())
+	return t.c.txEnded(t.c.observe(t.inner.Commit()))
 }
 
 // Rollback rolls back the inner transaction, then runs what waits for its
 // end. database/sql also calls it when the transaction's context ends.
 func (t *tx) Rollback() error {
 	defer t.end()
-	return t.c.observe(t.inner.Rollback())
+	return t.c.txEnded(t.c.observe(t.inner.Rollback()))
+}
+
+// txEnded looks at what COMMIT or ROLLBACK returned: a connection that broke
+// there may leave its backend, half-open, holding the transaction's locks;
+// the ones lockhooks saw it take have it ended (Postgres).
+func (c *conn) txEnded(err error) error {
+	if err != nil && c.connector.pins != nil && !isServerError(err) {
+		c.endTransactionLocks()
+	}
+	return err
 }
 
 // end runs once COMMIT or ROLLBACK returned (whatever it returned): it
