@@ -845,3 +845,80 @@ func TestUndeclaredPoolerSeenAtConnect(t *testing.T) {
 		t.Fatalf("Lock through the pooler: %v", err)
 	}
 }
+
+// Point 4 and 8 together: the connection of a waiting AcquireAdvisoryLock
+// goes half-open (its client's side reset, the server's backend still
+// waiting for the lock), and the network swallows new connections for a
+// moment, so the driver's cancel request never arrives either. The acquire
+// fails; the backend would be granted the lock when the holder lets go,
+// with nobody left to unlock it: lockhooks ends it, and this process's next
+// acquirer takes the key.
+func TestHalfOpenWaiterIsEnded(t *testing.T) {
+	e := newFaultEnv(t, nil, withCheckTimeout(500*time.Millisecond))
+	ctx := context.Background()
+	blocker := otherConn(t, e.raw)
+	mustExec(t, blocker, "SELECT pg_advisory_lock(104)")
+	done := make(chan error, 1)
+	go func() {
+		l, err := AcquireAdvisoryLock(ctx, e.wrapped, 104)
+		if err == nil {
+			l.Release(ctx)
+			err = errors.New("acquired")
+		}
+		done <- err
+	}()
+	pid := waiterOn(t, e.raw, e.app, 104)
+	e.proxy.SetMode(faultproxy.BlackHole) // the cancel request pgx sends on a broken connection goes nowhere
+	e.linkOf(t, pid).CutClient()
+	if err := <-done; err == nil || err.Error() == "acquired" {
+		t.Fatalf("AcquireAdvisoryLock on a half-open connection: %v, want an error", err)
+	}
+	e.proxy.SetMode(faultproxy.Forward)
+	e.waitGone(t, pid)
+	mustExec(t, blocker, "SELECT pg_advisory_unlock(104)")
+	l, ok, err := TryAdvisoryLock(ctx, e.wrapped, 104)
+	if err != nil || !ok {
+		t.Fatalf("the next acquirer: %v, %v; want the key", ok, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Point 3's counterpart: a side connection the monitor kept from an earlier
+// check is ended between checks (here by pg_terminate_backend, as
+// idle_session_timeout or a pooler's lifetime would): the next check opens
+// a fresh one, and the holder, alive all along, is not reported lost.
+func TestMonitorReplacesItsEndedSideConnection(t *testing.T) {
+	e := newFaultEnv(t, nil, WithLockCheckInterval(50*time.Millisecond))
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, e.wrapped, 105)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := l.c.pid.Load()
+	sideOf := func() int32 {
+		var pid int32
+		err := e.raw.QueryRow(`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pid <> $2 ORDER BY backend_start DESC LIMIT 1`, e.app, holder).Scan(&pid)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	var last int32
+	for range 3 {
+		var side int32
+		waitFor(t, 20*time.Second, "the monitor's side connection", func() bool { side = sideOf(); return side != 0 && side != last })
+		terminate(t, e.raw, side)
+		last = side
+	}
+	waitFor(t, 20*time.Second, "a fresh side connection", func() bool { s := sideOf(); return s != 0 && s != last })
+	select {
+	case <-l.Lost():
+		t.Fatalf("the holder was reported lost: %v", l.Err())
+	default:
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -121,7 +121,7 @@ func (c *conn) endTransactionLocks() {
 	}
 	c.pin.mu.Unlock()
 	if pid := c.pid.Load(); pid != 0 && len(keys) > 0 {
-		c.connector.pins.ends.add(pid, keys)
+		c.connector.pins.ends.add(pid, keys, false)
 	}
 }
 
@@ -171,7 +171,7 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 	c.pin.mu.Unlock()
 
 	if flags&lossEnd != 0 && pid != 0 {
-		c.connector.pins.ends.add(pid, held)
+		c.connector.pins.ends.add(pid, held, false)
 	}
 	if flags&lossReport != 0 {
 		c.connector.tel.lockLost(context.Background(), "advisory", n)
@@ -214,18 +214,39 @@ func (c *conn) lostChan() <-chan struct{} {
 // is taken with any other held, and nothing is taken under it.
 type endQueue struct {
 	mu      sync.Mutex
-	pending map[int32][]lockKey // backend pid → the keys it held
-	kick    chan struct{}       // wakes the monitor (buffered, one; see pinning.wakeMonitor)
+	pending map[int32]*endRequest // by backend pid
+	kick    chan struct{}         // wakes the monitor (buffered, one; see pinning.wakeMonitor)
 }
+
+// endRequest asks for a backend to be ended if it holds or awaits one of
+// keys (any advisory lock, with any).
+type endRequest struct {
+	keys  []lockKey
+	any   bool
+	since time.Time
+}
+
+// endPatience is how long a request waits for its backend to show one of
+// its keys in pg_locks: the backend of a connection that broke while its
+// lock statement was on the way may reach the lock after the monitor first
+// looks. A backend that is gone, or ended, ends the request at once.
+const endPatience = 10 * time.Second
 
 func newEndQueue() *endQueue {
-	return &endQueue{pending: map[int32][]lockKey{}, kick: make(chan struct{}, 1)}
+	return &endQueue{pending: map[int32]*endRequest{}, kick: make(chan struct{}, 1)}
 }
 
-// add asks for backend pid to be ended if it still holds one of keys.
-func (q *endQueue) add(pid int32, keys []lockKey) {
+// add asks for backend pid to be ended if it holds or awaits one of keys,
+// or, with any, any advisory lock.
+func (q *endQueue) add(pid int32, keys []lockKey, any bool) {
 	q.mu.Lock()
-	q.pending[pid] = append(q.pending[pid], keys...)
+	r := q.pending[pid]
+	if r == nil {
+		r = &endRequest{since: time.Now()}
+		q.pending[pid] = r
+	}
+	r.keys = append(r.keys, keys...)
+	r.any = r.any || any
 	q.mu.Unlock()
 	select {
 	case q.kick <- struct{}{}: // wake the monitor
@@ -241,65 +262,94 @@ func (q *endQueue) empty() bool {
 }
 
 // take removes and returns what waits to be ended.
-func (q *endQueue) take() map[int32][]lockKey {
+func (q *endQueue) take() map[int32]*endRequest {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	out := q.pending
-	q.pending = map[int32][]lockKey{}
+	q.pending = map[int32]*endRequest{}
 	return out
 }
 
-// putBack returns requests the monitor could not carry out (the server
-// could not be reached), for its next round.
-func (q *endQueue) putBack(reqs map[int32][]lockKey) {
+// putBack returns requests not yet carried out, for the monitor's next
+// round.
+func (q *endQueue) putBack(reqs map[int32]*endRequest) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for pid, keys := range reqs {
-		q.pending[pid] = append(q.pending[pid], keys...)
+	for pid, r := range reqs {
+		if cur := q.pending[pid]; cur != nil {
+			cur.keys = append(cur.keys, r.keys...)
+			cur.any = cur.any || r.any
+			continue
+		}
+		q.pending[pid] = r
 	}
 }
 
-// endBackends ends, on side, each backend that still holds one of the keys
-// its lost holder held: pg_terminate_backend, which the server permits for
-// the role's own backends. The condition on pg_locks keeps a backend pid
-// that exited and was reused from being hit. A request the server refuses
-// is logged and dropped; one that fails for the connection is put back.
+// endBackends ends, on side, each backend that still holds or awaits one
+// of the keys its lost holder held or asked for: pg_terminate_backend,
+// which the server permits for the role's own backends. The condition on
+// pg_locks keeps a backend pid that exited and was reused from being hit.
+// A request whose backend is alive but shows none of its keys is kept for
+// endPatience; one the server refuses is logged and dropped; if the side
+// connection fails, the rest wait for the next round.
 func (p *pinning) endBackends(ctx context.Context, side driver.Conn) error {
 	reqs := p.ends.take()
-	for pid, keys := range reqs {
-		var match []string
-		for _, k := range keys {
-			class, obj, sub := k.pgLocksID()
-			match = append(match, fmt.Sprintf("(%d, %d, %d)", class, obj, sub))
+	defer func() {
+		if len(reqs) > 0 {
+			p.ends.putBack(reqs)
 		}
-		q := `SELECT pg_terminate_backend(` + strconv.Itoa(int(pid)) + `) WHERE EXISTS (SELECT 1 FROM pg_locks
-WHERE pid = ` + strconv.Itoa(int(pid)) + ` AND locktype = 'advisory' AND granted
-AND (classid::bigint, objid::bigint, objsubid::int) IN (` + strings.Join(match, ", ") + `))`
-		var ended bool
-		rows, err := queryDirect(ctx, side, q, nil)
-		if err == nil {
-			var row *staticRows
-			if row, err = readStaticRow(rows); err == nil {
-				ended = len(row.row) == 1
-			}
-		}
+	}()
+	for pid, r := range reqs {
+		alive, ended, err := endBackend(ctx, side, pid, r)
 		switch {
-		case err == nil:
+		case err == nil && ended:
 			delete(reqs, pid)
-			if !ended {
-				continue // gone already, or holds none of the keys now
-			}
+			p.c.opts.logger.Info("lockhooks: ended the backend of a lost advisory lock holder, which still held or awaited the lock", "backend_pid", pid)
+		case err == nil && (!alive || time.Since(r.since) > endPatience):
+			delete(reqs, pid) // gone already, or never showed the keys
+		case err == nil:
+			// alive and not (yet) on the keys: look again next round
 		case isServerError(err) && !connectionLost(err):
 			delete(reqs, pid)
 			p.c.opts.logger.Warn("lockhooks: cannot end the backend of a lost advisory lock holder; it keeps the lock until the server notices its connection is gone",
 				"backend_pid", pid, "error", err)
 		default:
-			p.ends.putBack(reqs)
 			return err
 		}
-		p.c.opts.logger.Info("lockhooks: ended the backend of a lost advisory lock holder where it still held the lock", "backend_pid", pid)
 	}
 	return nil
+}
+
+// endBackend ends backend pid if it holds or awaits one of r's keys, and
+// says whether it was alive and whether it was ended.
+func endBackend(ctx context.Context, side driver.Conn, pid int32, r *endRequest) (alive, ended bool, err error) {
+	match := ""
+	if !r.any {
+		ids := make([]string, len(r.keys))
+		for i, k := range r.keys {
+			class, obj, sub := k.pgLocksID()
+			ids[i] = fmt.Sprintf("(%d, %d, %d)", class, obj, sub)
+		}
+		if len(ids) == 0 {
+			return false, false, nil
+		}
+		match = " AND (classid::bigint, objid::bigint, objsubid::int) IN (" + strings.Join(ids, ", ") + ")"
+	}
+	p := strconv.Itoa(int(pid))
+	q := `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = ` + p + `),
+CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE pid = ` + p + ` AND locktype = 'advisory'` + match + `)
+THEN pg_terminate_backend(` + p + `) ELSE false END`
+	rows, err := queryDirect(ctx, side, q, nil)
+	if err != nil {
+		return false, false, err
+	}
+	row, err := readStaticRow(rows)
+	if err != nil || len(row.row) != 2 {
+		return false, false, err
+	}
+	alive, _ = row.row[0].(bool)
+	ended, _ = row.row[1].(bool)
+	return alive, ended, nil
 }
 
 // pgLocksID returns k's (classid, objid, objsubid) in pg_locks.

@@ -349,7 +349,9 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	adv := plan.st.advisory
 	if adv == nil {
 		if err != nil && c.connectionBroken(err) {
-			return c.lostError(c.loseLocks(err), err)
+			lost := c.loseLocks(err)
+			c.connector.pins.settle(c) // the monitor ends its backend
+			return c.lostError(lost, err)
 		}
 		c.followTxControl(plan.st.text, false, err != nil)
 		return err
@@ -363,10 +365,10 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	ctx = context.WithoutCancel(ctx)
 	if err != nil {
 		if c.connectionBroken(err) {
-			if lost := c.loseLocks(err); lost != nil {
-				return c.lostError(lost, err)
-			}
-			return err
+			c.endAfterBreak(plan)
+			lost := c.loseLocks(err)
+			c.connector.pins.settle(c) // the monitor ends its backend
+			return c.lostError(lost, err)
 		}
 		// Any error on a statement that may have taken or released a lock
 		// makes the server say what the backend holds now: a lock_timeout
@@ -421,6 +423,33 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		c.releaseHolder(ctx)
 	}
 	return verr
+}
+
+// endAfterBreak has the backend of a connection that broke during a
+// statement taking locks ended, where it holds or awaits one of them: the
+// server may have granted the lock as the connection broke, or grant it
+// later to a backend whose client's side is gone (half-open), and nobody
+// could unlock it. Not through a pooler: there the holder's own failure
+// does it (holderFailed), and an undeclared pooler's backend is not ours.
+func (c *conn) endAfterBreak(plan advisoryPlan) {
+	if c.connector.opts.txPooler || c.connector.pins.poolerSeen() != nil {
+		return
+	}
+	var keys []lockKey
+	any := false
+	for i, call := range plan.st.advisory.Calls {
+		if call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 {
+			continue
+		}
+		if i < len(plan.known) && plan.known[i] {
+			keys = append(keys, plan.keys[i])
+		} else {
+			any = true
+		}
+	}
+	if pid := c.pid.Load(); pid != 0 && (len(keys) > 0 || any) {
+		c.connector.pins.ends.add(pid, keys, any)
+	}
 }
 
 // apply records the effect of a target list whose keys are all known, call

@@ -250,7 +250,13 @@ func (c *conn) holderFailed(err error) error {
 		c.hold = nil
 	}
 	c.holderPID.Store(0)
-	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, lossReport|lossEnd)
+	if pid != 0 {
+		// Whatever its backend still holds or awaits is stranded: the
+		// holder is this connection's alone, and gone from its side
+		// (also a lock granted as the connection broke).
+		c.connector.pins.ends.add(pid, nil, true)
+	}
+	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, lossReport)
 	return c.lostError(lost, err)
 }
 
