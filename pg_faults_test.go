@@ -868,12 +868,27 @@ func TestHalfOpenWaiterIsEnded(t *testing.T) {
 		done <- err
 	}()
 	pid := waiterOn(t, e.raw, e.app, 104)
-	e.proxy.SetMode(faultproxy.BlackHole) // the cancel request pgx sends on a broken connection goes nowhere
+	// The network refuses new connections for a moment: the cancel request
+	// pgx sends when it gives up on a connection never arrives.
+	before := e.proxy.Accepted()
+	e.proxy.SetMode(faultproxy.Reject)
 	e.linkOf(t, pid).CutClient()
 	if err := <-done; err == nil || err.Error() == "acquired" {
 		t.Fatalf("AcquireAdvisoryLock on a half-open connection: %v, want an error", err)
 	}
+	// pgx's cancel request (sent at once) and the monitor's first two tries
+	// were refused.
+	waitFor(t, 20*time.Second, "the cancel request to be refused", func() bool {
+		return e.proxy.Accepted() >= before+3 && strings.Count(e.log.String(), "checking advisory-lock holders failed") >= 2
+	})
 	e.proxy.SetMode(faultproxy.Forward)
+	defer func() {
+		if t.Failed() {
+			var state, query string
+			e.raw.QueryRow("SELECT coalesce(state,''), coalesce(query,'') FROM pg_stat_activity WHERE pid = $1", pid).Scan(&state, &query)
+			t.Logf("backend %d: state %q, query %q; log:\n%s", pid, state, query, e.log)
+		}
+	}()
 	e.waitGone(t, pid)
 	mustExec(t, blocker, "SELECT pg_advisory_unlock(104)")
 	l, ok, err := TryAdvisoryLock(ctx, e.wrapped, 104)
