@@ -397,11 +397,35 @@ func TestFailedAcquireLeavesNoLockBehind(t *testing.T) {
 	}
 }
 
-// newPoolerFaultEnv is newPoolerEnv whose pooled DSN reaches PgBouncer
-// through a fault-injecting proxy.
-func newPoolerFaultEnv(t *testing.T, p *pgtest.Pooler) (*poolerEnv, *faultproxy.Proxy) {
+// newOwnPoolerEnv is newPoolerEnv through a PgBouncer of the test's own,
+// started after the database was created, so that it stops before the
+// database is dropped. Tests that end server connections need one:
+// PgBouncer 1.18 crashes ("server in bad state") when a server connection
+// it is sending a cancel request for (pgx sends one whenever it gives up on
+// a connection) is ended under it, by pg_terminate_backend or by the
+// drop, and the shared PgBouncer must outlive every test of the binary.
+func newOwnPoolerEnv(t *testing.T, opts pgtest.PoolerOptions) (*poolerEnv, *pgtest.Pooler) {
 	t.Helper()
-	e := newPoolerEnv(t, p)
+	dsn := pgtest.DSN(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := pgtest.StartPooler(t, opts)
+	e := &poolerEnv{direct: dsn, pooled: p.DSNFor(strings.TrimPrefix(u.Path, "/")), log: &syncBuffer{},
+		app: fmt.Sprintf("lockhooks_test_%d", appSeq.Add(1))}
+	if e.raw, err = sql.Open("pgx", dsn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.raw.Close() })
+	return e, p
+}
+
+// newPoolerFaultEnv is newOwnPoolerEnv whose pooled DSN reaches PgBouncer
+// through a fault-injecting proxy.
+func newPoolerFaultEnv(t *testing.T) (*poolerEnv, *faultproxy.Proxy) {
+	t.Helper()
+	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{})
 	u, err := url.Parse(e.pooled)
 	if err != nil {
 		t.Fatal(err)
@@ -426,7 +450,7 @@ func newPoolerFaultEnv(t *testing.T, p *pgtest.Pooler) (*poolerEnv, *faultproxy.
 // unlocked on the server, the connection goes back, and the process's next
 // acquirer takes the key.
 func TestPoolerFailedAcquireLeavesNothing(t *testing.T) {
-	e := newPoolerEnv(t, nil)
+	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{})
 	db := e.open(t, WithTransactionPooler())
 	ctx := context.Background()
 	l, ok, err := TryAdvisoryLock(ctx, db, 84)
@@ -453,7 +477,7 @@ func TestPoolerFailedAcquireLeavesNothing(t *testing.T) {
 // transaction begun before, fail with ErrLockLost before they run (the
 // monitor is off: the statements find out themselves).
 func TestPoolerLostHolderStopsTheNextStatement(t *testing.T) {
-	e := newPoolerEnv(t, nil)
+	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{})
 	db := e.open(t, WithTransactionPooler(), WithLockCheckInterval(time.Hour))
 	mustExec(t, e.raw, "CREATE TABLE work (n int)")
 	ctx := context.Background()
@@ -526,8 +550,7 @@ func TestUnreachableServerLosesTheLock(t *testing.T) {
 // the server's backend with it, and another session can take the key.
 // Lost fires, although the monitor cannot open its side connection.
 func TestPoolerCrashLosesTheLock(t *testing.T) {
-	p := pgtest.StartPooler(t, pgtest.PoolerOptions{})
-	e := newPoolerEnv(t, p)
+	e, p := newOwnPoolerEnv(t, pgtest.PoolerOptions{})
 	db := e.open(t, WithTransactionPooler())
 	ctx := context.Background()
 	l, err := AcquireAdvisoryLock(ctx, db, 93)
@@ -551,8 +574,7 @@ func TestPoolerCrashLosesTheLock(t *testing.T) {
 // connections, and new clients wait until RESUME: the monitor's side
 // connection cannot be opened within its check timeout. Lost fires.
 func TestPoolerAdminKillLosesTheLock(t *testing.T) {
-	p := pgtest.StartPooler(t, pgtest.PoolerOptions{})
-	e := newPoolerEnv(t, p)
+	e, p := newOwnPoolerEnv(t, pgtest.PoolerOptions{})
 	db := e.open(t, WithTransactionPooler(), withCheckTimeout(500*time.Millisecond))
 	ctx := context.Background()
 	l, err := AcquireAdvisoryLock(ctx, db, 94)
@@ -648,10 +670,39 @@ func TestCloseWithASilentNetworkIsPrompt(t *testing.T) {
 	e.proxy.Close() // the server's sockets close: the backends exit
 }
 
+// Point 9 through a transaction pooler: db.Close with a silent network
+// between lockhooks and PgBouncer returns promptly, without the holders'
+// unlock-and-COMMIT round trips; once the connections go, PgBouncer drops
+// the holders' server connections (their clients left in the middle of a
+// transaction) and the locks with them.
+func TestPoolerCloseWithASilentNetworkIsPrompt(t *testing.T) {
+	e, proxy := newPoolerFaultEnv(t)
+	db := e.open(t, WithTransactionPooler(), withCheckTimeout(time.Minute))
+	ctx := context.Background()
+	if _, err := AcquireAdvisoryLock(ctx, db, 106); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, "SELECT pg_advisory_lock(107)") // a parked holder too
+	proxy.SetMode(faultproxy.BlackHole)
+	proxy.BlackHoleAll()
+	time.Sleep(200 * time.Millisecond) // the monitor is inside a check by now (the test holds either way)
+	start := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- db.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("db.Close did not return within 30s with a silent network")
+	}
+	t.Logf("db.Close returned after %v", time.Since(start))
+	proxy.Close()
+	e.waitNoAdvisoryLocks(t)
+}
+
 // Point 10: through a transaction pooler, a blocking AcquireAdvisoryLock
 // polls the server; db.Close stops it at once, with an error.
 func TestPoolerAcquireStopsAtClose(t *testing.T) {
-	e := newPoolerEnv(t, nil)
+	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{})
 	db := e.open(t, WithTransactionPooler())
 	blocker := otherConn(t, e.raw)
 	mustExec(t, blocker, "SELECT pg_advisory_lock(99)")
@@ -782,8 +833,7 @@ func TestLockOfManyIDs(t *testing.T) {
 // off here), before other clients share that backend; the holder's next
 // statement fails, and the database refuses session locks from then on.
 func TestUndeclaredPoolerWithAnIdlePoolIsReported(t *testing.T) {
-	p := pgtest.StartPooler(t, pgtest.PoolerOptions{}) // idle: no other test's clients
-	e := newPoolerEnv(t, p)
+	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{}) // idle: no other test's clients
 	db := e.open(t, WithLockCheckInterval(time.Hour))
 	ctx := context.Background()
 	l, err := AcquireAdvisoryLock(ctx, db, 101)
@@ -820,8 +870,7 @@ func TestUndeclaredPoolerWithAnIdlePoolIsReported(t *testing.T) {
 // the idle server connection): only a transaction-mode pooler does that,
 // so the first connection's session lock is refused before it runs.
 func TestUndeclaredPoolerSeenAtConnect(t *testing.T) {
-	p := pgtest.StartPooler(t, pgtest.PoolerOptions{})
-	e := newPoolerEnv(t, p)
+	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{})
 	db := e.open(t, WithLockCheckInterval(time.Hour))
 	ctx := context.Background()
 	c1 := otherConn(t, db)

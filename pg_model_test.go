@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -173,26 +172,13 @@ func (m *model) fail(format string, args ...any) {
 // transactions, each of which keeps a server connection, beside the slots'
 // and the monitor's) with WithTransactionPooler; raw goes straight to the
 // server. PgBouncer's server connections outlive lockhooks' clients, so the
-// end check is that no advisory lock is left in the database. The
-// PgBouncer is stopped before the database is dropped: PgBouncer 1.18
-// crashes ("server in bad state") when the drop terminates a server
-// connection it is sending a cancel request for (pgx sends one whenever it
-// gives up on a connection).
+// end check is that no advisory lock is left in the database. (See
+// newOwnPoolerEnv for why a PgBouncer of its own.)
 func newPooledPinEnv(t *testing.T) *pinEnv {
 	t.Helper()
-	dsn := pgtest.DSN(t) // the database; dropped after the PgBouncer below stops
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := pgtest.StartPooler(t, pgtest.PoolerOptions{PoolSize: 20})
-	pe := &poolerEnv{direct: dsn, pooled: p.DSNFor(strings.TrimPrefix(u.Path, "/")), log: &syncBuffer{},
-		app: fmt.Sprintf("lockhooks_test_%d", appSeq.Add(1))}
-	if pe.raw, err = sql.Open("pgx", dsn); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pe.raw.Close() })
+	pe, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{PoolSize: 20})
 	e := &pinEnv{raw: pe.raw, app: pe.app, log: pe.log, metrics: sdkmetric.NewManualReader()}
+	var err error
 	e.wrapped, err = Open("pgx", withApp(pe.pooled, e.app), WithTransactionPooler(),
 		WithLockCheckInterval(20*time.Millisecond),
 		WithLogger(slog.New(slog.NewTextHandler(e.log, nil))),

@@ -306,7 +306,14 @@ func (c *conn) releaseHolder(ctx context.Context) {
 // closeHolder closes c's holder, releasing what it holds (c is being
 // closed).
 func (c *conn) closeHolder() {
-	c.endHolderTx(context.Background())
+	select {
+	case <-c.connector.pins.closing:
+		// db.Close: no round trips that a silent network could stretch;
+		// the pooler drops the server connection of a client that left in
+		// the middle of a transaction, and its locks with it.
+	default:
+		c.endHolderTx(context.Background())
+	}
 	if h := c.hold; h != nil {
 		h.inner.Close()
 		c.hold = nil
