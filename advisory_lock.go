@@ -211,8 +211,12 @@ func (l *AdvisoryLock) Conn() *sql.Conn { return l.conn }
 
 // Lost returns a channel that is closed when the lock is known lost: its
 // connection died, so another session may hold the lock now. lockhooks
-// checks the holder's backend every WithLockCheckInterval (default 1s). On
-// SQLite the in-process lock cannot be lost and the channel never closes.
+// checks the holder's backend every WithLockCheckInterval (default 1s); a
+// server it cannot reach then counts as lost too (the lock cannot be
+// assumed held), and the old backend, if it still lives, is ended once the
+// server can be reached. Once Lost is closed, another acquirer of this
+// process may take the key at once. On SQLite the in-process lock cannot
+// be lost and the channel never closes.
 func (l *AdvisoryLock) Lost() <-chan struct{} {
 	return l.c.lostChan()
 }

@@ -19,7 +19,11 @@ import (
 // pool_mode = transaction, and the poolers of hosted Postgres built the
 // same way) on a database not opened with [WithTransactionPooler]: the
 // pooler hands the server connection holding the lock to other clients
-// after each transaction, so the lock is stranded there.
+// after each transaction, so the lock is stranded there. Once lockhooks
+// has seen the pooler (two of its clients on one server connection, or a
+// connection's statements on another one), the database refuses session
+// locks, and the locks already held are reported lost ([ErrLockLost] and
+// this error): their connections' next statements fail, and Lost closes.
 var ErrTransactionPooler = errors.New("lockhooks: session advisory lock through a transaction-mode pooler")
 
 // WithTransactionPooler says the DSN goes through a transaction-mode pooler
@@ -32,9 +36,11 @@ var ErrTransactionPooler = errors.New("lockhooks: session advisory lock through 
 // on the connection as before, autocommit commits at once, and a
 // migration's CREATE INDEX CONCURRENTLY still runs outside a transaction.
 //
-// The cost: one more client connection per lock-holding connection, and one
+// The cost: one more client connection per lock-holding connection, one
 // open transaction, which holds back vacuum's horizon, per lock holder for
-// as long as it holds. Watch idle_in_transaction_session_timeout and the
+// as long as it holds, and one round trip (a ping of the holder) before
+// each statement and COMMIT of the protected work, so that none runs once
+// the holder is gone. Watch idle_in_transaction_session_timeout and the
 // pooler's idle_transaction_timeout: a holder killed by either is a lost
 // lock, reported as any other (ErrLockLost).
 //
