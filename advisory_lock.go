@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 
 	"go.opentelemetry.io/otel/trace"
@@ -78,12 +77,12 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 		if try {
 			return nil, false, nil // another acquirer of this process holds or awaits it
 		}
-		_, w := c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(strconv.FormatInt(key, 10)))
+		_, w := c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(key)))
 		w.setWaiter(c, siteOf(ctx), nil, "", nil)
 		err := turns.lock(ctx, key, l, &site)
 		w.end(ctx, "", err)
 		if err != nil {
-			return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %d (waiting behind another acquirer in this process): %w", key, err)
+			return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %s (waiting behind another acquirer in this process): %w", describeKey(key), err)
 		}
 		// l owns the turn; the lock itself is taken on a connection of its
 		// own, and held by a new value (l stays the turn's owner, read by
@@ -104,7 +103,7 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 	if !l.c.connector.pins.track(l) {
 		l.conn.Close() // db.Close ran meanwhile: the lock goes with the connection
 		l.freeTurn()
-		return nil, false, fmt.Errorf("%w: advisory lock %d: the database was closed while it was acquired", ErrLockLost, key)
+		return nil, false, fmt.Errorf("%w: advisory lock %s: the database was closed while it was acquired", ErrLockLost, describeKey(key))
 	}
 	l.c.advisory.Store(l)
 	if l.Err() != nil {
@@ -166,13 +165,13 @@ func lockhooksConn(ctx context.Context, db *sql.DB) (*sql.Conn, *conn, error) {
 func (l *AdvisoryLock) lockOnServer(ctx context.Context, try bool) (bool, error) {
 	if !try {
 		if _, err := l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
-			return false, fmt.Errorf("lockhooks: acquiring advisory lock %d: %w", l.key, err)
+			return false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
 		}
 		return true, nil
 	}
 	var got bool
 	if err := l.conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", l.key).Scan(&got); err != nil {
-		return false, fmt.Errorf("lockhooks: trying advisory lock %d: %w", l.key, err)
+		return false, fmt.Errorf("lockhooks: trying advisory lock %s: %w", describeKey(l.key), err)
 	}
 	return got, nil
 }
@@ -189,13 +188,13 @@ func (l *AdvisoryLock) acquireInProcess(ctx context.Context, try bool) (*Advisor
 		}
 		return l, true, nil
 	}
-	_, w := l.c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(strconv.FormatInt(l.key, 10)))
+	_, w := l.c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
 	w.setWaiter(l.c, siteOf(ctx), nil, "", nil)
 	err := names.lock(ctx, l.key, l, &site)
 	w.end(ctx, "", err)
 	if err != nil {
 		l.conn.Close()
-		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %d: %w", l.key, err)
+		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
 	}
 	return l, true, nil
 }
@@ -236,7 +235,7 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.released {
-		return fmt.Errorf("lockhooks: advisory lock %d was already released", l.key)
+		return fmt.Errorf("lockhooks: advisory lock %s was already released", describeKey(l.key))
 	}
 	l.released = true
 	defer l.conn.Close()
@@ -263,7 +262,7 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		err = l.db.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
 	}
 	if err != nil {
-		return fmt.Errorf("lockhooks: releasing advisory lock %d: %w", l.key, err)
+		return fmt.Errorf("lockhooks: releasing advisory lock %s: %w", describeKey(l.key), err)
 	}
 	if !ok {
 		return fmt.Errorf("%w: pg_advisory_unlock(%d) returned false", ErrNotLockOwner, l.key)

@@ -71,6 +71,11 @@ type conn struct {
 	// order is the lock-order checker's state for the connection.
 	order connOrder
 
+	// driverBegins is set on SQLite when the inner connection's own
+	// BeginTx begins write transactions as lockhooks must (see
+	// planModerncBegin), so lockhooks does not run BEGIN and COMMIT itself.
+	driverBegins bool
+
 	// advisory is the AdvisoryLock held on this connection, if any: a loss
 	// frees its in-process turn at once.
 	advisory atomic.Pointer[AdvisoryLock]
@@ -151,7 +156,8 @@ func newConn(c *connector, inner driver.Conn) driver.Conn {
 // SQLITE_BUSY from lockhooks' writers of the same database, or make them
 // wait. On modernc.org/sqlite these write: Exec, Query and prepared
 // statements that write, Begin/BeginTx (a deferred BEGIN, or IMMEDIATE when
-// lockhooks gave modernc _txlock=immediate: see moderncDSN), NewRestore (its
+// lockhooks told modernc to, see planModerncBegin: a transaction that only
+// reads should pass ReadOnly, which begins deferred), NewRestore (its
 // Step overwrites this database) and Deserialize (this connection's
 // database becomes an in-memory image; return driver.ErrBadConn from Raw
 // so the connection is closed). Serialize, NewBackup (it writes only its
@@ -402,8 +408,8 @@ func (c *conn) beginsImmediate(opts driver.TxOptions) bool {
 // BEGIN IMMEDIATE, or BEGIN EXCLUSIVE when the DSN says _txlock=exclusive
 // (a deferred BEGIN would let a read-then-write transaction meet
 // SQLITE_BUSY; taking the write lock at BEGIN is lockhooks' purpose).
-// Where the driver begins that way itself (modernc with _txlock, see
-// moderncDSN), its BeginTx runs the BEGIN; otherwise lockhooks does.
+// Where the driver begins that way itself (modernc, see
+// planModerncBegin), its BeginTx runs the BEGIN; otherwise lockhooks does.
 func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, ""); err != nil {
 		return nil, err
@@ -415,7 +421,7 @@ func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (drive
 		}
 	}()
 	var inner driver.Tx = immediateTx{c}
-	if c.connector.sqlite.driverBegins {
+	if c.driverBegins {
 		var err error
 		if inner, err = c.beginner.BeginTx(ctx, opts); err != nil {
 			return nil, c.observe(err)

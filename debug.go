@@ -13,37 +13,41 @@ import (
 	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
 // DebugHandler returns an http.Handler that shows, for each of dbs (opened
 // through lockhooks), who holds which lock and who waits for whom inside
-// this process, the way net/http/pprof shows goroutines:
+// this process, the way net/http/pprof shows goroutines. The page opens
+// with a summary for the whole process (the longest waits with their
+// holders, the holders that block the most waiters, a line per database),
+// then each database, the busiest first:
 //
-//   - held locks: kind, mode, scope, namespace and key, connection and
-//     backend pid, state (in use or parked), since when, the call site that
-//     took it, and how many times it is held;
 //   - waits in progress: what each waits for, since when, from which call
 //     site, and who holds it: the holder in this process, and on Postgres
 //     the backends pg_blocking_pids names (pid, application_name, state,
 //     transaction age, statement text), read on a side connection with a
 //     short timeout each time the page loads;
-//   - the wait-for graph, drawn as SVG, with in-process cycles highlighted;
+//   - the wait-for graph, drawn as SVG (the waiters of one holder as one
+//     node when there are many), with in-process cycles highlighted;
+//   - held locks grouped by kind and namespace, counted, with the top rows
+//     of each group: kind, mode, scope, namespace and key, connection and
+//     backend pid, state (in use or parked), since when, the call site
+//     that took it, how many times it is held and how many wait for it;
 //   - the last events (lost locks, rerouted and refused unlocks, deadlocks,
 //     writer-lock timeouts, long-held parked locks, slow waits, and the
 //     retries and lock-order reports of the packages that make them) and
 //     the counters behind the metrics.
 //
-// The page is HTML that reloads itself every 2 seconds (?refresh=N sets N
-// seconds, 0 turns it off); ?format=json returns the same data as JSON.
-// Statement text is shown, bound arguments never are. Lockset namespaces
-// and ids are shown as given to [Lock]; on Postgres, where Lock takes
-// advisory keys derived from them, a held key is named too, for locks
-// taken after the page was first shown (recording names before anyone
-// looks would cost every Lock). A key the program made with [LockID]
-// itself is shown as a number: LockID sees no database, so lockhooks never
-// sees the name.
+// The page reloads itself every 2 seconds (?refresh=N sets N seconds, 0
+// turns it off); ?format=json returns the same data as JSON, and
+// ?format=json&db=I&kind=K&namespace=N&after=…&limit=L every held lock of
+// a group, in key order, a page at a time. A load is bounded at any scale:
+// it looks at each held lock once without allocating per lock, and
+// formats only what it shows. Statement text is shown, bound arguments
+// never are. Keys are shown by the names LockID made them from, and the
+// advisory keys Lock takes on Postgres as Lock's namespace and ids (see
+// LockID).
 //
 // Nothing is registered on any mux: mount the handler yourself, behind
 // your service's own authentication, for the page shows statement text,
@@ -80,18 +84,35 @@ func (h *debugHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	report := h.report(r.Context())
-	if r.URL.Query().Get("format") == "json" {
+	q := r.URL.Query()
+	if q.Get("format") == "json" {
+		var v any
+		hq, isPage, err := parseHeldQuery(q, len(h.dbs))
+		switch {
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		case isPage:
+			page, err := h.heldPage(r.Context(), hq)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			v = page
+		default:
+			v = h.report(r.Context())
+		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(report); err != nil {
+		if err := enc.Encode(v); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 		return
 	}
+	report := h.report(r.Context())
 	refresh := debugRefresh
-	if s := r.URL.Query().Get("refresh"); s != "" {
+	if s := q.Get("refresh"); s != "" {
 		if n, err := strconv.ParseFloat(s, 64); err == nil && n >= 0 && n < 86400 {
 			refresh = time.Duration(n * float64(time.Second))
 		}
@@ -136,7 +157,6 @@ func (h *debugHandler) resolve(ctx context.Context, i int) (*connector, error) {
 			return fmt.Errorf("lockhooks: DebugHandler shows databases opened through lockhooks; this one's connections are %T", dc)
 		}
 		c = w.state().connector
-		c.names.on.Store(true)
 		return nil
 	})
 	if err != nil {
@@ -156,15 +176,20 @@ type debugReport struct {
 
 // debugDatabase is what one database shows.
 type debugDatabase struct {
-	Index    int              `json:"index"`
-	Dialect  string           `json:"dialect,omitempty"`
-	Error    string           `json:"error,omitempty"` // the database could not be shown
-	Notes    []string         `json:"notes,omitempty"` // what could not be read this time
-	Held     []debugHeld      `json:"held"`
-	Waiters  []debugWaiter    `json:"waiters"`
-	Graph    debugGraph       `json:"graph"`
-	Events   []debugEvent     `json:"events"`
-	Counters map[string]int64 `json:"counters"`
+	Index   int      `json:"index"`
+	Dialect string   `json:"dialect,omitempty"`
+	Error   string   `json:"error,omitempty"` // the database could not be shown
+	Notes   []string `json:"notes,omitempty"` // what could not be read this time
+	// Held: the top rows of each group of held locks (HeldGroups), the
+	// locks others wait for first, then the oldest; HeldTotal counts all.
+	Held         []debugHeld      `json:"held"`
+	HeldGroups   []debugHeldGroup `json:"held_groups"`
+	HeldTotal    int              `json:"held_total"`
+	Waiters      []debugWaiter    `json:"waiters"`       // the oldest waits in progress, at most debugMaxWaiters
+	WaitersTotal int              `json:"waiters_total"` // all waits in progress
+	Graph        debugGraph       `json:"graph"`
+	Events       []debugEvent     `json:"events"`
+	Counters     map[string]int64 `json:"counters"`
 }
 
 // debugHeld is one held lock.
@@ -173,8 +198,9 @@ type debugHeld struct {
 	Mode        string    `json:"mode"`  // exclusive | shared
 	Scope       string    `json:"scope"` // session | transaction
 	Namespace   string    `json:"namespace,omitempty"`
-	Key         string    `json:"key"`
-	Name        string    `json:"name,omitempty"` // the name the key was made from, where lockhooks saw it
+	Key         string    `json:"key"`                    // the lockset id, or the advisory key
+	AdvisoryKey string    `json:"advisory_key,omitempty"` // Lock on Postgres: the advisory key it took for the id
+	Name        string    `json:"name,omitempty"`         // the name LockID made the key from
 	Conn        uint64    `json:"conn"`
 	PID         int32     `json:"pid,omitempty"`
 	State       string    `json:"state"` // in use | parked
@@ -182,7 +208,8 @@ type debugHeld struct {
 	HeldSeconds float64   `json:"held_seconds,omitempty"`
 	Site        string    `json:"site,omitempty"` // where it was taken
 	Statement   string    `json:"statement,omitempty"`
-	Count       int       `json:"count"` // re-entrant acquisitions
+	Count       int       `json:"count"`             // re-entrant acquisitions
+	Waiters     int       `json:"waiters,omitempty"` // waits in progress for it
 }
 
 // debugWaiter is one wait in progress.
@@ -209,26 +236,22 @@ type debugGraph struct {
 	Nodes []debugNode `json:"nodes"`
 	Edges []debugEdge `json:"edges"`
 	Cycle bool        `json:"cycle"` // an in-process cycle: these waits end only by timeout
-	W, H  int         `json:"-"`
 }
 
 // debugNode is a connection of the database, or a backend outside it.
 type debugNode struct {
-	ID       string  `json:"id"` // "conn-N" or "pid-N"
-	Label    string  `json:"label"`
-	Detail   string  `json:"detail,omitempty"`
-	External bool    `json:"external"`
-	X, Y     float64 `json:"-"`
+	ID       string `json:"id"` // "conn-N" or "pid-N"
+	Label    string `json:"label"`
+	Detail   string `json:"detail,omitempty"`
+	External bool   `json:"external"`
 }
 
 // debugEdge is one wait-for relation.
 type debugEdge struct {
-	From    string  `json:"from"`
-	To      string  `json:"to"`
-	Label   string  `json:"label"`
-	InCycle bool    `json:"in_cycle"`
-	X1, Y1  float64 `json:"-"`
-	X2, Y2  float64 `json:"-"`
+	From    string `json:"from"`
+	To      string `json:"to"`
+	Label   string `json:"label"`
+	InCycle bool   `json:"in_cycle"`
 }
 
 // report gathers every database's state.
@@ -238,83 +261,52 @@ func (h *debugHandler) report(ctx context.Context) debugReport {
 		c, err := h.resolve(ctx, i)
 		if err != nil {
 			rep.Databases = append(rep.Databases, debugDatabase{Index: i, Error: err.Error(),
-				Held: []debugHeld{}, Waiters: []debugWaiter{}, Events: []debugEvent{}, Counters: map[string]int64{}})
+				Held: []debugHeld{}, HeldGroups: []debugHeldGroup{}, Waiters: []debugWaiter{}, Events: []debugEvent{}, Counters: map[string]int64{}})
 			continue
 		}
-		d := c.debugState(ctx)
-		d.Index = i
+		d := c.debugState(ctx, i)
 		rep.Databases = append(rep.Databases, d)
 	}
 	return rep
 }
 
-// debugState reads one database's locks, waits, events and counters.
-// Locks are read briefly under their own mutexes; the one query (who
-// blocks whom, on Postgres) runs after, on a side connection.
-func (c *connector) debugState(ctx context.Context) debugDatabase {
+// heldPage gathers one JSON page of one database's held locks.
+func (h *debugHandler) heldPage(ctx context.Context, q *heldQuery) (debugHeldPage, error) {
+	c, err := h.resolve(ctx, q.db)
+	if err != nil {
+		return debugHeldPage{}, err
+	}
 	now := time.Now()
-	d := debugDatabase{Dialect: string(c.opts.dialect), Held: []debugHeld{}, Waiters: []debugWaiter{}}
+	_, _, waited := c.waits.listBounded(0)
+	hc := newHeldCollector(q)
+	c.collectHeld(hc, c.openConns(), waited)
+	return hc.heldPage(now, siteNames{}), nil
+}
+
+// debugState reads one database's locks, waits, events and counters,
+// bounded (see debug_bounds.go). Locks are read briefly under their own
+// mutexes; the one query (who blocks whom, on Postgres) runs after, on a
+// side connection.
+func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
+	now := time.Now()
+	d := debugDatabase{Index: index, Dialect: string(c.opts.dialect), Held: []debugHeld{}, Waiters: []debugWaiter{}}
 	conns := c.openConns()
 	sort.Slice(conns, func(i, j int) bool { return conns[i].id < conns[j].id })
+	sym := siteNames{}
 
-	// Held locks.
-	if c.pins != nil {
-		for _, oc := range conns {
-			oc.pin.mu.Lock()
-			state := "in use"
-			if oc.pin.parked {
-				state = "parked"
-			}
-			pid := oc.lockPID()
-			if oc.holderPID.Load() != 0 {
-				state += ", pooler holder"
-			}
-			for k, l := range oc.pin.held {
-				d.Held = append(d.Held, debugHeld{Kind: "advisory", Mode: modeOf(k), Scope: "session", Key: k.exclusive().String(),
-					Conn: oc.id, PID: pid, State: state, Since: l.since, HeldSeconds: secondsSince(now, l.since), Site: l.site, Count: l.count})
-			}
-			for k, n := range oc.pin.xact {
-				d.Held = append(d.Held, debugHeld{Kind: "advisory", Mode: modeOf(k), Scope: "transaction", Key: k.exclusive().String(),
-					Conn: oc.id, PID: pid, State: state, Count: n})
-			}
-			oc.pin.mu.Unlock()
-		}
-	}
-	c.named.held(func(key int64, h holderInfo, count int) {
-		d.Held = append(d.Held, debugHeldRow("advisory", "session", "", strconv.FormatInt(key, 10), h, count, now))
-	})
-	c.locksets.held(func(key locksetKey, h holderInfo, count int) {
-		d.Held = append(d.Held, debugHeldRow("lockset", "transaction", key.namespace, describeID(key.id), h, count, now))
-	})
-	if wh, ok := c.writer.holder(); ok {
-		row := debugHeld{Kind: "sqlite_writer", Mode: "exclusive", Scope: "transaction", Key: "writer", State: "in use",
-			Since: wh.since, HeldSeconds: secondsSince(now, wh.since), Count: 1}
-		if wh.stmt != "" {
-			row.Scope, row.Statement = "statement", truncate(wh.stmt, 500)
-		} else {
-			row.Site = wh.where
-		}
-		if oc := ownerConn(wh.owner); oc != nil {
-			row.Conn = oc.id
-		}
-		d.Held = append(d.Held, row)
-	}
-	sort.SliceStable(d.Held, func(i, j int) bool {
-		if d.Held[i].Conn != d.Held[j].Conn {
-			return d.Held[i].Conn < d.Held[j].Conn
-		}
-		return d.Held[i].Key < d.Held[j].Key
-	})
-	for i := range d.Held {
-		if h := &d.Held[i]; h.Kind == "advisory" && h.Namespace == "" {
-			if k, err := strconv.ParseInt(h.Key, 10, 64); err == nil {
-				h.Name = c.names.name(lockKey{k1: k}) // a key of Lock on Postgres
-			}
-		}
+	// Waits in progress (the oldest debugMaxWaiters in detail), and who
+	// holds what they wait for.
+	waits, nwaits, waited := c.waits.listBounded(debugMaxWaiters)
+
+	// Held locks: counted by group, the top rows of each kept.
+	hc := newHeldCollector(nil)
+	c.collectHeld(hc, conns, waited)
+	d.Held, d.HeldGroups = hc.rows(index, now, sym)
+	d.HeldTotal = hc.total
+	if hc.partial {
+		d.Notes = append(d.Notes, fmt.Sprintf("More than %d locks are held: the page counted the first %d it looked at.", debugScanLimit, debugScanLimit))
 	}
 
-	// Waits, and who holds what they wait for.
-	waits := c.waits.list()
 	edges := c.inProcessEdges()
 	var blocked map[int32]*blockedBackend
 	if c.opts.dialect == Postgres {
@@ -356,16 +348,26 @@ func (c *connector) debugState(ctx context.Context) debugDatabase {
 	for _, oc := range conns {
 		pid := oc.pid.Load()
 		if b := blocked[pid]; pid != 0 && b != nil && !shown[pid] {
-			d.Waiters = append(d.Waiters, debugWaiter{Kind: "server", Conn: oc.id, PID: pid, Statement: truncate(b.query, 500),
-				WaitEvent: b.waitEvent, Holders: []debugHolder{}, Blockers: b.blockers})
+			nwaits++
+			if len(d.Waiters) >= debugMaxWaiters {
+				continue
+			}
+			w := debugWaiter{Kind: "server", Conn: oc.id, PID: pid, Statement: truncate(b.query, 500),
+				WaitEvent: b.waitEvent, Holders: []debugHolder{}, Blockers: b.blockers}
+			if b.waitSeconds >= 0 {
+				w.WaitSeconds = math.Round(b.waitSeconds*1000) / 1000
+				w.Since = now.Add(-time.Duration(b.waitSeconds * float64(time.Second)))
+			}
+			d.Waiters = append(d.Waiters, w)
 		}
 	}
+	d.WaitersTotal = nwaits
 	d.Graph = buildGraph(d.Waiters, conns)
 
 	// Events and counters.
 	d.Events, d.Counters = c.events.snapshot()
 	d.Counters["waits_started"] = c.waits.started.Load()
-	d.Counters["waits_in_progress"] = int64(len(waits))
+	d.Counters["waits_in_progress"] = int64(nwaits)
 	d.Counters["wait_milliseconds_total"] = c.waits.waitNS.Load() / int64(time.Millisecond)
 	d.Counters["open_connections"] = int64(len(conns))
 	if c.pins != nil {
@@ -375,14 +377,76 @@ func (c *connector) debugState(ctx context.Context) debugDatabase {
 	return d
 }
 
-// debugHeldRow is a held in-process lock, as the page shows it.
-func debugHeldRow(kind, scope, namespace, key string, h holderInfo, count int, now time.Time) debugHeld {
-	row := debugHeld{Kind: kind, Mode: "exclusive", Scope: scope, Namespace: namespace, Key: key, State: "in use",
-		Since: h.since, HeldSeconds: secondsSince(now, h.since), Site: h.site.String(), Count: count}
-	if oc := ownerConn(h.owner); oc != nil {
-		row.Conn, row.PID = oc.id, oc.pid.Load()
+// collectHeld offers every lock the database holds to hc: Postgres
+// advisory keys per connection (a key Lock made shown as Lock's namespace
+// and id), SQLite's advisory locks and locksets, and the writer lock.
+// waited counts the waits in progress per Postgres advisory key.
+func (c *connector) collectHeld(hc *heldCollector, conns []*conn, waited map[lockKey]int) {
+	var cand heldCandidate
+	if c.pins != nil {
+		for _, oc := range conns {
+			if hc.full() {
+				break
+			}
+			oc.pin.mu.Lock()
+			state := "in use"
+			if oc.pin.parked {
+				state = "parked"
+			}
+			pid := oc.lockPID()
+			if oc.holderPID.Load() != 0 {
+				state += ", pooler holder"
+			}
+			for k, l := range oc.pin.held {
+				cand = heldCandidate{mode: modeOf(k), scope: "session", connID: oc.id, pid: pid, state: state,
+					since: l.since, site: l.site, count: l.count, waiters: waited[k.exclusive()]}
+				advisoryCandidate(&cand, k.exclusive())
+				hc.offer(&cand)
+			}
+			for k, n := range oc.pin.xact {
+				if hc.full() {
+					break
+				}
+				cand = heldCandidate{mode: modeOf(k), scope: "transaction", connID: oc.id, pid: pid, state: state,
+					since: oc.pin.xactSince, site: oc.pin.xactSite, pcs: &oc.pin.xactPCs, count: n, waiters: waited[k.exclusive()]}
+				advisoryCandidate(&cand, k.exclusive())
+				hc.offer(&cand)
+			}
+			oc.pin.mu.Unlock()
+		}
 	}
-	return row
+	c.named.eachHeld(func(key int64, e *lockEntry) bool {
+		cand = heldCandidate{kind: "advisory", mode: "exclusive", scope: "session", state: "in use", key: lockKey{k1: key}, advisory: true,
+			since: e.since, pcs: &e.site, count: e.count, waiters: len(e.waiters)}
+		ownerOf(&cand, e.owner)
+		hc.offer(&cand)
+		return !hc.full()
+	})
+	c.locksets.eachHeld(func(key locksetKey, e *lockEntry) bool {
+		cand = heldCandidate{kind: "lockset", mode: "exclusive", scope: "transaction", state: "in use", namespace: key.namespace, cid: key.id,
+			since: e.since, pcs: &e.site, count: e.count, waiters: len(e.waiters)}
+		ownerOf(&cand, e.owner)
+		hc.offer(&cand)
+		return !hc.full()
+	})
+	if wh, ok := c.writer.holder(); ok {
+		cand = heldCandidate{kind: "sqlite_writer", mode: "exclusive", scope: "transaction", state: "in use",
+			since: wh.since, count: 1, waiters: c.writer.waiting()}
+		if wh.stmt != "" {
+			cand.scope, cand.stmt = "statement", wh.stmt
+		} else {
+			cand.site = wh.where
+		}
+		ownerOf(&cand, wh.owner)
+		hc.offer(&cand)
+	}
+}
+
+// ownerOf fills the connection of a held lock's owner.
+func ownerOf(c *heldCandidate, owner any) {
+	if oc := ownerConn(owner); oc != nil {
+		c.connID, c.pid = oc.id, oc.pid.Load()
+	}
 }
 
 func modeOf(k lockKey) string {
@@ -399,9 +463,10 @@ func secondsSince(now, t time.Time) float64 {
 	return math.Round(now.Sub(t).Seconds()*1000) / 1000
 }
 
-// buildGraph draws the wait-for graph of the waiters: nodes on a circle,
-// an edge from each waiter to each holder or blocking backend; an edge
-// between connections of this process that lies on a cycle is marked.
+// buildGraph builds the wait-for graph of the waiters: an edge from each
+// waiter to each holder or blocking backend; an edge between connections
+// of this process that lies on a cycle is marked. The page draws it
+// collapsed (debug_view.go).
 func buildGraph(waiters []debugWaiter, conns []*conn) debugGraph {
 	g := debugGraph{Nodes: []debugNode{}, Edges: []debugEdge{}}
 	pids := map[uint64]int32{}
@@ -488,103 +553,7 @@ func buildGraph(waiters []debugWaiter, conns []*conn) debugGraph {
 			g.Edges[i].InCycle, g.Cycle = true, true
 		}
 	}
-	layoutGraph(&g)
 	return g
-}
-
-// Geometry of the drawn graph.
-const (
-	graphNodeW = 160.0
-	graphNodeH = 40.0
-)
-
-// layoutGraph places the nodes on a circle (two side by side) and clips
-// the edges to the nodes' boxes.
-func layoutGraph(g *debugGraph) {
-	n := len(g.Nodes)
-	if n == 0 {
-		return
-	}
-	radius := math.Max(180, float64(n)*graphNodeW/(2*math.Pi)*1.2)
-	if n == 1 {
-		radius = 0
-	}
-	g.W = int(2*radius + graphNodeW + 20)
-	g.H = int(2*radius*0.6 + graphNodeH + 40)
-	if n == 2 {
-		g.H = int(graphNodeH + 60)
-	}
-	cx, cy := float64(g.W)/2, float64(g.H)/2
-	pos := map[string]int{}
-	for i := range g.Nodes {
-		a := math.Pi + 2*math.Pi*float64(i)/float64(n)
-		g.Nodes[i].X = math.Round(cx + radius*math.Cos(a))
-		g.Nodes[i].Y = math.Round(cy + radius*0.6*math.Sin(a))
-		pos[g.Nodes[i].ID] = i
-	}
-	for i := range g.Edges {
-		a, b := g.Nodes[pos[g.Edges[i].From]], g.Nodes[pos[g.Edges[i].To]]
-		x1, y1 := clipToBox(a.X, a.Y, b.X, b.Y)
-		x2, y2 := clipToBox(b.X, b.Y, a.X, a.Y)
-		g.Edges[i].X1, g.Edges[i].Y1, g.Edges[i].X2, g.Edges[i].Y2 = x1, y1, x2, y2
-	}
-}
-
-// clipToBox returns where the segment from the centre (x, y) of a node
-// towards (tx, ty) leaves the node's box, plus a margin.
-func clipToBox(x, y, tx, ty float64) (float64, float64) {
-	dx, dy := tx-x, ty-y
-	if dx == 0 && dy == 0 {
-		return x, y
-	}
-	hw, hh := graphNodeW/2+4, graphNodeH/2+4
-	t := math.Inf(1)
-	if dx != 0 {
-		t = math.Min(t, hw/math.Abs(dx))
-	}
-	if dy != 0 {
-		t = math.Min(t, hh/math.Abs(dy))
-	}
-	return math.Round(x + dx*t), math.Round(y + dy*t)
-}
-
-// keyNames remembers the (namespace, id) each Postgres advisory key of
-// Lock was derived from, so that the debug page can name the keys it
-// shows. It records nothing until DebugHandler first shows the database,
-// so a service that never looks pays nothing; it forgets everything when
-// it reaches keyNamesCapacity.
-type keyNames struct {
-	on atomic.Bool
-	mu sync.Mutex
-	m  map[int64]string
-}
-
-// keyNamesCapacity bounds keyNames.
-const keyNamesCapacity = 4096
-
-// note records the names of Lock's keys (canonical ids) in namespace.
-func (n *keyNames) note(namespace string, ids []string) {
-	if !n.on.Load() {
-		return
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.m == nil || len(n.m)+len(ids) > keyNamesCapacity {
-		n.m = make(map[int64]string)
-	}
-	for _, id := range ids {
-		n.m[LockID(namespace+"\x00"+id)] = namespace + " / " + describeID(id)
-	}
-}
-
-// name returns the name of key k, if known.
-func (n *keyNames) name(k lockKey) string {
-	if k.pair || !n.on.Load() {
-		return ""
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.m[k.k1]
 }
 
 // noteUnlock records the outcome of an unlock rerouteUnlock handled.
@@ -725,6 +694,13 @@ func (w *writerLock) holder() (writerHolder, bool) {
 	w.mu.Unlock()
 	h.where = h.location()
 	return h, true
+}
+
+// waiting returns how many wait for the writer lock.
+func (w *writerLock) waiting() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.waiters)
 }
 
 // waits calls fn for each waiter of the writer lock, after copying them

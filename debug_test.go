@@ -178,7 +178,7 @@ func TestDebugHandlerEscapesAndHidesArguments(t *testing.T) {
 			}
 		}
 	}
-	for _, escaped := range []string{"&lt;script&gt;alert(1)&lt;/script&gt;", "&lt;b onmouseover=alert(2)&gt;", "&lt;img src=x onerror=alert(3)&gt;"} {
+	for _, escaped := range []string{"&lt;script&gt;alert(1)&lt;/script&gt;", "&lt;b onmouseover=alert", "&lt;img src=x onerror=alert(3)&gt;"} {
 		if !strings.Contains(page, escaped) {
 			t.Errorf("the page does not show %s", escaped)
 		}
@@ -223,8 +223,11 @@ func TestDebugHandlerBoundedEvents(t *testing.T) {
 		t.Errorf("counter %d, want %d", got, n)
 	}
 	page := getDebug(t, srv.URL)
-	if got := strings.Count(page, `<tr class="event">`); got != eventCapacity {
-		t.Errorf("the page shows %d events, want %d", got, eventCapacity)
+	if got := strings.Count(page, `<tr class="event">`); got != viewEvents || !strings.Contains(page, fmt.Sprintf("and %d older events", eventCapacity-viewEvents)) {
+		t.Errorf("the page shows %d events, want the last %d and a count of the others", got, viewEvents)
+	}
+	if i, j := strings.Index(page, fmt.Sprintf("event %d", n-1)), strings.Index(page, fmt.Sprintf("event %d", n-2)); i < 0 || j < 0 || i > j {
+		t.Error("the page does not show the newest event first")
 	}
 }
 
@@ -315,6 +318,9 @@ func TestDebugHandlerPostgresBlocker(t *testing.T) {
 	if strings.Contains(body, secret) {
 		t.Errorf("an argument is shown:\n%s", body)
 	}
+	if w.Blockers[0].XactSeconds != -1 || strings.Contains(body, `"xact_age_seconds": -1`) {
+		t.Errorf("an idle blocker's transaction age is not left out: %v\n%s", w.Blockers[0].XactSeconds, body)
+	}
 	d := rep.Databases[0]
 	if len(d.Held) != 1 || d.Held[0].Key != "7002" || d.Held[0].PID == 0 || d.Held[0].Scope != "session" {
 		t.Errorf("held: %+v", d.Held)
@@ -402,6 +408,11 @@ func TestSlowLockLogSQLite(t *testing.T) {
 	}
 	if n := strings.Count(log, "slow lock wait: ended"); n != 1 || !strings.Contains(log, "outcome=acquired") {
 		t.Errorf("%d ended lines, want 1 with the outcome:\n%s", n, log)
+	}
+	// The ended line does not pass the holder's age at the still-waiting
+	// line off as its age at the end.
+	if _, end, _ := strings.Cut(log, "slow lock wait: ended"); !strings.Contains(end, `holder="as named `) || !strings.Contains(end, " into the wait: connection #") {
+		t.Errorf("the ended line does not say when its holder was named:\n%s", end)
 	}
 	rep := (&debugHandler{dbs: []*sql.DB{db}, conns: []*connector{c}}).report(ctx)
 	if ev := rep.Databases[0].Events; len(ev) != 1 || ev[0].Kind != eventSlowWait {
@@ -516,27 +527,31 @@ func TestDebugHandlerPostgresEvents(t *testing.T) {
 }
 
 // On Postgres, Lock's keys are advisory keys derived from (namespace, id):
-// the page names them, once it has been opened.
+// the page shows them as Lock's namespace and id, with where and when the
+// transaction took them, also when it was opened after they were taken.
 func TestDebugHandlerPostgresLocksetNames(t *testing.T) {
 	e := newPinEnv(t)
 	ctx := context.Background()
-	srv := httptest.NewServer(DebugHandler(e.wrapped))
-	defer srv.Close()
-	debugJSON(t, srv) // the first look turns the names on
 	tx, err := e.wrapped.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if err := Lock(ctx, tx, "<orders>", 17); err != nil {
+	if err := Lock(ctx, tx, "<orders>", 17); err != nil { // the site shown
 		t.Fatal(err)
 	}
+	srv := httptest.NewServer(DebugHandler(e.wrapped))
+	defer srv.Close()
 	rep, _ := debugJSON(t, srv)
 	h := rep.Databases[0].Held
-	if len(h) != 1 || h[0].Scope != "transaction" || h[0].Name != "<orders> / 17" || h[0].Key != fmt.Sprint(LockID("<orders>\x00"+string(intKey(17)))) {
+	if len(h) != 1 || h[0].Kind != "lockset" || h[0].Scope != "transaction" || h[0].Namespace != "<orders>" || h[0].Key != "17" ||
+		h[0].AdvisoryKey != fmt.Sprint(LockID("<orders>\x00"+string(intKey(17)))) || !strings.Contains(h[0].Site, "debug_test.go:") || h[0].Since.IsZero() {
 		t.Errorf("held: %+v", h)
 	}
-	if page := getDebug(t, srv.URL); !strings.Contains(page, "(&lt;orders&gt; / 17)") {
+	if g := rep.Databases[0].HeldGroups; len(g) != 1 || g[0].Kind != "lockset" || g[0].Namespace != "<orders>" || g[0].Count != 1 {
+		t.Errorf("groups: %+v", g)
+	}
+	if page := getDebug(t, srv.URL); !strings.Contains(page, "&lt;orders&gt;") || !strings.Contains(page, "key "+h[0].AdvisoryKey) {
 		t.Error("the page does not name the key")
 	}
 }
@@ -593,8 +608,9 @@ func TestDebugHandlerPostgresRowWaits(t *testing.T) {
 	if row.Mode != "for_no_key_update" || !strings.Contains(row.Statement, "FOR NO KEY UPDATE") || row.Blockers[0].Conn == 0 {
 		t.Errorf("row waiter: %+v", row)
 	}
-	if !strings.Contains(server.Statement, "UPDATE items") || strings.Contains(server.Statement, "424242") || !strings.HasPrefix(server.WaitEvent, "Lock/") {
-		t.Errorf("server waiter: %+v", server)
+	if !strings.Contains(server.Statement, "UPDATE items") || strings.Contains(server.Statement, "424242") || !strings.HasPrefix(server.WaitEvent, "Lock/") ||
+		server.WaitSeconds <= 0 || server.Since.IsZero() {
+		t.Errorf("server waiter (with how long it waits): %+v", server)
 	}
 	rep, body := debugJSON(t, srv)
 	if strings.Contains(body, "424242") {

@@ -28,6 +28,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -130,8 +131,10 @@ func WithLockCheckInterval(d time.Duration) Option {
 }
 
 // WithBusyTimeout sets how long an SQLite writer waits for the in-process
-// writer lock before failing with [ErrWriterLockTimeout] (default 5s). It
-// is also the busy_timeout lockhooks sets on connections whose DSN sets
+// writer lock before failing with [ErrWriterLockTimeout] (default 5s): the
+// longest such wait of a statement or transaction, [RunInTx] included,
+// which does not retry the timeout unless asked ([RetryLockNotAvailable]).
+// It is also the busy_timeout lockhooks sets on connections whose DSN sets
 // none, for waits on other processes.
 func WithBusyTimeout(d time.Duration) Option {
 	return func(o *options) {
@@ -310,25 +313,28 @@ func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
 	if d.inner == nil {
 		return nil, errors.New("lockhooks: Wrap was given a nil driver.Driver")
 	}
+	if _, ok := asDriver(d.inner); ok {
+		return nil, errors.New("lockhooks: Wrap was given a driver lockhooks already wrapped; use it as it is, or wrap the inner driver")
+	}
 	o, err := resolveOptions(d.opts, d.inner)
 	if err != nil {
 		return nil, err
 	}
-	innerDSN := dsn
 	var sqlite sqliteDSN
 	if o.dialect == SQLite {
 		sqlite = parseSQLiteDSN(dsn)
-		innerDSN = moderncDSN(d.inner, dsn, &sqlite)
+		sqlite.planModerncBegin(d.inner)
 	}
+	// The inner driver gets the DSN exactly as the user wrote it.
 	var inner driver.Connector
 	if dc, ok := d.inner.(driver.DriverContext); ok {
-		c, err := dc.OpenConnector(innerDSN)
+		c, err := dc.OpenConnector(dsn)
 		if err != nil {
 			return nil, err
 		}
 		inner = c
 	} else {
-		inner = dsnConnector{dsn: innerDSN, driver: d.inner}
+		inner = dsnConnector{dsn: dsn, driver: d.inner}
 	}
 	c := newConnector(inner, d, o)
 	c.dsn, c.sqlite = dsn, sqlite
@@ -356,6 +362,9 @@ func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
 	if c == nil {
 		return brokenConnector{err: errors.New("lockhooks: WrapConnector was given a nil driver.Connector")}
 	}
+	if _, ok := c.(*connector); ok {
+		return brokenConnector{err: errors.New("lockhooks: WrapConnector was given a connector lockhooks already wrapped; use it as it is, or wrap the inner connector"), drv: c.Driver()}
+	}
 	o, err := resolveOptions(opts, c.Driver(), c)
 	if err != nil {
 		return brokenConnector{err: err, drv: c.Driver()}
@@ -363,12 +372,14 @@ func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
 	w := newConnector(c, newDriver(c.Driver(), opts), o)
 	if o.dialect == SQLite {
 		// The connector's DSN is not lockhooks' to read, except that a
-		// modernc connector's _txlock must not be weakened, and its
-		// read-only open must begin transactions as the driver does.
+		// modernc connector's _txlock must not be weakened, its
+		// read-only open must begin transactions as the driver does, and
+		// without _txlock modernc can begin lockhooks' IMMEDIATE itself.
 		if dsn, ok := moderncConnectorDSN(c); ok {
 			d := parseSQLiteDSN(dsn)
+			d.planModerncBegin(c)
 			w.sqlite.txlock, w.sqlite.readOnly = d.txlock, d.readOnly
-			w.sqlite.driverBegins = d.txlockBeginsWrites()
+			w.sqlite.driverBegins, w.sqlite.setBeginMode = d.driverBegins, d.setBeginMode
 		}
 	}
 	return w
@@ -396,6 +407,13 @@ func Open(driverName, dsn string, opts ...Option) (*sql.DB, error) {
 	inner, err := registeredDriver(driverName)
 	if err != nil {
 		return nil, err
+	}
+	if _, ok := asDriver(inner); ok {
+		name := "the inner driver's name"
+		if strings.HasPrefix(driverName, Prefix) {
+			name = strconv.Quote(strings.TrimPrefix(driverName, Prefix))
+		}
+		return nil, fmt.Errorf("lockhooks: %q is already wrapped by lockhooks (lockhooks.Register made it): open it with sql.Open(%q, dsn), or call lockhooks.Open with %s", driverName, driverName, name)
 	}
 	c, err := newDriver(inner, opts).OpenConnector(dsn)
 	if err != nil {
@@ -476,7 +494,6 @@ type connector struct {
 	nextID   atomic.Uint64
 	events   *eventRing // recent events, for DebugHandler
 	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
-	names    keyNames   // Lock's advisory keys and their names, once DebugHandler showed the database
 
 	liveMu sync.Mutex
 	live   map[*conn]struct{} // every open wrapped connection
@@ -514,6 +531,10 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	}
 	wrapped := newConn(c, inner)
 	w := wrapped.(connCore).state()
+	w.driverBegins = c.sqlite.driverBegins
+	if c.sqlite.setBeginMode {
+		w.driverBegins = beginModerncImmediate(inner)
+	}
 	if c.pins != nil {
 		// The backend pid names the connection in pg_locks for the
 		// tracking, the monitor and the messages.

@@ -58,6 +58,27 @@ func TestBadInputIsAClearError(t *testing.T) {
 			return db.Ping()
 		}, "nil driver.Driver"},
 		{"nil connector", func() error { return OpenDB(nil).Ping() }, "nil driver.Connector"},
+		{"Open of a lockhooks+ name", func() error {
+			if _, err := Register("sqlite"); err != nil {
+				return err
+			}
+			_, err := Open("lockhooks+sqlite", ":memory:")
+			return err
+		}, `"lockhooks+sqlite" is already wrapped by lockhooks (lockhooks.Register made it): open it with sql.Open("lockhooks+sqlite", dsn), or call lockhooks.Open with "sqlite"`},
+		{"Wrap of a wrapped driver", func() error {
+			db := sql.OpenDB(mustConnector(t, Wrap(Wrap(&sqlite.Driver{}))))
+			defer db.Close()
+			return db.Ping()
+		}, "a driver lockhooks already wrapped"},
+		{"OpenDB of a wrapped connector", func() error {
+			c, err := Wrap(&sqlite.Driver{}).(driver.DriverContext).OpenConnector(":memory:")
+			if err != nil {
+				return err
+			}
+			db := OpenDB(c)
+			defer db.Close()
+			return db.Ping()
+		}, "a connector lockhooks already wrapped"},
 		{"unknown dialect", func() error {
 			return OpenDB(fakeConnector{drv: fakeDriver{conn: func() driver.Conn { return newFakeConn() }}}).Ping()
 		}, "pass lockhooks.WithDialect"},

@@ -21,15 +21,28 @@ type lockKey struct {
 	shared bool
 }
 
+// String formats k for a reader: a bigint key by its name too, when
+// lockhooks knows it (see describeKey).
 func (k lockKey) String() string {
-	s := strconv.FormatInt(k.k1, 10)
+	var s string
 	if k.pair {
-		s = "(" + s + ", " + strconv.FormatInt(k.k2, 10) + ")"
+		s = "(" + strconv.FormatInt(k.k1, 10) + ", " + strconv.FormatInt(k.k2, 10) + ")"
+	} else {
+		s = describeKey(k.k1)
 	}
 	if k.shared {
 		s += " (shared)"
 	}
 	return s
+}
+
+// number formats k as Postgres shows it, without a name: "42" or
+// "(1, 2)".
+func (k lockKey) number() string {
+	if k.pair {
+		return "(" + strconv.FormatInt(k.k1, 10) + ", " + strconv.FormatInt(k.k2, 10) + ")"
+	}
+	return strconv.FormatInt(k.k1, 10)
 }
 
 // exclusive returns k in exclusive mode.

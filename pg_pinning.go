@@ -32,7 +32,21 @@ var ErrNotLockOwner = errors.New("lockhooks: not the lock's owner")
 // LockID returns the advisory-lock key for name: the last 8 bytes of its
 // SHA-256, big-endian, with the top bit cleared, the same as dstack's
 // string_to_lock_id.
+//
+// LockID also remembers name, so that lockhooks shows the key by its name
+// wherever it shows it (/debug/locks and its JSON, the slow-wait log,
+// errors, span attributes): "nightly-report (4290127349813372591)". This
+// memory is the package's one process-wide state: bounded (the last few
+// thousand names), it costs a read-locked map lookup when the name is
+// already known and one insertion when it is not.
 func LockID(name string) int64 {
+	k := lockID(name)
+	keyNames.remember(k, name)
+	return k
+}
+
+// lockID is LockID without remembering the name.
+func lockID(name string) int64 {
 	sum := sha256.Sum256([]byte(name))
 	return int64(binary.BigEndian.Uint64(sum[24:]) & (1<<63 - 1))
 }
@@ -58,19 +72,24 @@ type pinState struct {
 	// path.
 	active atomic.Bool
 
-	mu       sync.Mutex
-	held     map[lockKey]*heldLock // session locks
-	xact     map[lockKey]int       // transaction-level locks of the current transaction, as taken by this connection
-	textTx   bool                  // in a transaction block opened by statement text (BEGIN), not by database/sql
-	parked   bool                  // withdrawn from the pool; owned by the pinning registry
-	parkedAt time.Time
-	closed   bool // the physical connection was closed by lockhooks
-	warned   bool
-	lost     error         // non-nil once the locks are known lost
-	lostCh   chan struct{} // closed when lost is set
-	gen      uint64        // changes whenever held may have changed
-	busy     int           // advisory statements in flight
-	recheck  bool          // read pg_locks again once the transaction ends
+	mu   sync.Mutex
+	held map[lockKey]*heldLock // session locks
+	xact map[lockKey]int       // transaction-level locks of the current transaction, as taken by this connection
+	// When and where the transaction took its first transaction-level
+	// lock, for /debug/locks (xact is empty: unset).
+	xactSince time.Time
+	xactSite  string
+	xactPCs   callers // when xactSite is "": symbolised only when shown
+	textTx    bool    // in a transaction block opened by statement text (BEGIN), not by database/sql
+	parked    bool    // withdrawn from the pool; owned by the pinning registry
+	parkedAt  time.Time
+	closed    bool // the physical connection was closed by lockhooks
+	warned    bool
+	lost      error         // non-nil once the locks are known lost
+	lostCh    chan struct{} // closed when lost is set
+	gen       uint64        // changes whenever held may have changed
+	busy      int           // advisory statements in flight
+	recheck   bool          // read pg_locks again once the transaction ends
 
 	// exec serialises what lockhooks itself runs on a connection that
 	// database/sql no longer uses (a parked one): rerouted unlocks, reads of
@@ -497,6 +516,7 @@ func (c *conn) apply(ctx context.Context, plan advisoryPlan, results []driver.Va
 			if inTx {
 				if c.pin.xact == nil {
 					c.pin.xact = make(map[lockKey]int)
+					c.pin.xactSince, c.pin.xactSite, c.pin.xactPCs.n = time.Now(), plan.site, 0
 				}
 				c.pin.xact[k]++
 			}
@@ -652,11 +672,12 @@ func (c *conn) clearLocks() {
 
 // addXact records transaction-level keys the transaction took through
 // lockhooks' own statements (Lock on Postgres).
-func (c *conn) addXact(keys []int64) {
+func (c *conn) addXact(keys []int64, site *callers) {
 	c.pin.mu.Lock()
 	defer c.pin.mu.Unlock()
 	if c.pin.xact == nil {
 		c.pin.xact = make(map[lockKey]int)
+		c.pin.xactSince, c.pin.xactSite, c.pin.xactPCs = time.Now(), "", *site
 	}
 	for _, k := range keys {
 		c.pin.xact[lockKey{k1: k}]++

@@ -51,10 +51,12 @@ func Backoff(base, limit time.Duration) RetryOption {
 	return func(c *retryConfig) { c.base, c.cap = max(base, 0), max(limit, base, 0) }
 }
 
-// RetryLockNotAvailable makes RunInTx also retry Postgres's
-// lock_not_available (SQLSTATE 55P03), raised by lock_timeout and NOWAIT.
-// It is off by default because such limits are usually deliberate: the
-// caller would rather fail than wait.
+// RetryLockNotAvailable makes RunInTx also retry the waits cut by a limit
+// you set: Postgres's lock_not_available (SQLSTATE 55P03, raised by
+// lock_timeout and NOWAIT) and SQLite's [ErrWriterLockTimeout] (the
+// writer lock was not had within [WithBusyTimeout]). It is off by default
+// because such limits are usually deliberate: the caller would rather fail
+// than wait. With it, each attempt waits up to the limit again.
 func RetryLockNotAvailable() RetryOption {
 	return func(c *retryConfig) { c.lockNotAvailable = true }
 }
@@ -133,15 +135,18 @@ func plural(n int) string {
 //
 // What is retried: deadlocks (40P01), serialization failures (40001),
 // SQLite's SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT and SQLITE_LOCKED (see
-// [IsRetryable]), lock_not_available (55P03) only with
-// [RetryLockNotAvailable], a transaction the server ended for idling
-// (25P03, idle_in_transaction_session_timeout), and a connection that broke
-// before COMMIT was sent (the server rolls such a transaction back, so
-// nothing was written). An error of fn's own that looks like a broken
-// connection (io.EOF or a network error from an HTTP call inside fn) is not
-// retried: it counts as the database's only when the transaction's
-// connection broke too (its ROLLBACK fails). Any other error from fn, BEGIN
-// or COMMIT ends RunInTx at once. Between
+// [IsRetryable]), a transaction the server ended for idling (25P03,
+// idle_in_transaction_session_timeout), and a connection that broke before
+// COMMIT was sent (the server rolls such a transaction back, so nothing was
+// written). An error of fn's own that looks like a broken connection
+// (io.EOF or a network error from an HTTP call inside fn) is not retried: it
+// counts as the database's only when the transaction's connection broke too
+// (its ROLLBACK fails). Waits cut by a limit you set are retried only with
+// [RetryLockNotAvailable]: lock_not_available (55P03: lock_timeout, NOWAIT)
+// and [ErrWriterLockTimeout] (an SQLite writer waited [WithBusyTimeout] for
+// the writer lock; retrying would make the wait longer than the busy timeout
+// says, each attempt waiting it again).
+// Any other error from fn, BEGIN or COMMIT ends RunInTx at once. Between
 // attempts it waits a jittered, exponentially growing, capped backoff
 // ([Backoff]); at most [MaxAttempts] attempts run (default 10). ctx is
 // honoured during attempts (it is the transaction's context) and between
@@ -261,6 +266,9 @@ func (e *attemptError) Unwrap() error { return e.err }
 
 // retryable reports whether an attempt's error is worth another attempt.
 func (r *runner) retryable(err error) bool {
+	if errors.Is(err, ErrWriterLockTimeout) {
+		return r.cfg.lockNotAvailable // the writer waited the busy timeout already
+	}
 	if IsRetryable(err) || r.cfg.lockNotAvailable && sqlState(err) == stateLockNotAvailable {
 		return true
 	}

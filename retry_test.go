@@ -420,3 +420,43 @@ func TestRunInTxSwallowedError(t *testing.T) {
 		t.Fatalf("balance %d (%v), want 100", bal, err)
 	}
 }
+
+// An SQLite writer that waits for the writer lock longer than the busy
+// timeout fails once, with the timeout and the holder in the error: the
+// busy timeout is the longest wait, RunInTx included. With
+// RetryLockNotAvailable it tries again (the holder here is gone by then).
+func TestRunInTxWriterLockTimeoutNotRetriedUnlessAsked(t *testing.T) {
+	db := openSQLite(t, WithBusyTimeout(50*time.Millisecond))
+	mustExec(t, db, "CREATE TABLE t (v INTEGER)")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, retry := range []bool{false, true} {
+		holder := beginTx(t, db, nil) // holds the writer lock
+		mustExec(t, holder, "INSERT INTO t VALUES (0)")
+		attempts, retries := 0, 0
+		options := []RetryOption{Backoff(0, 0), OnRetry(func(e RetryEvent) {
+			retries++
+			if !errors.Is(e.Err, ErrWriterLockTimeout) {
+				t.Errorf("retried for %v", e.Err)
+			}
+			holder.Rollback() // the holder goes away between attempts
+		})}
+		if retry {
+			options = append(options, RetryLockNotAvailable())
+		}
+		err := RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
+			attempts++
+			_, err := tx.ExecContext(ctx, "INSERT INTO t VALUES (1)")
+			return err
+		}, options...)
+		holder.Rollback()
+		var re *RetryError
+		switch {
+		case !retry && (!errors.Is(err, ErrWriterLockTimeout) || !errors.As(err, &re) || re.Attempts != 1 || retries != 0 || attempts > 1 ||
+			!strings.Contains(err.Error(), "waited 50ms") || !strings.Contains(err.Error(), "the holder has held it for")):
+			t.Errorf("by default: %v after %d attempts (%d retries); want ErrWriterLockTimeout after one, naming the wait and the holder", err, attempts, retries)
+		case retry && (err != nil || retries != 1):
+			t.Errorf("with RetryLockNotAvailable: %v after %d retries; want success after one", err, retries)
+		}
+	}
+}

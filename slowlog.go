@@ -60,8 +60,9 @@ type waitInfo struct {
 	advKeys   []lockKey // Postgres advisory keys, for the in-process holder
 
 	slow       int
-	holderText string // the holder as the "still waiting" line named it
-	ended      bool   // ended while its "still waiting" line was being written
+	holderText string        // the holder as the "still waiting" line named it
+	holderAt   time.Duration // how long the wait had lasted when it was named
+	ended      bool          // ended while its "still waiting" line was being written
 	endOutcome string
 	endWaited  time.Duration
 }
@@ -183,13 +184,13 @@ func (ww *waitWatch) remove(w *lockWait, outcome string) {
 		ww.tail = w.prev
 	}
 	w.prev, w.next = nil, nil
-	state, holder := w.slow, w.holderText
+	state, holder, at := w.slow, w.holderText, w.holderAt
 	if state == slowReporting {
 		w.ended, w.endOutcome, w.endWaited = true, outcome, waited
 	}
 	ww.mu.Unlock()
 	if state == slowReported {
-		ww.logEnd(w, outcome, waited, holder)
+		ww.logEnd(w, outcome, waited, holder, at)
 	}
 }
 
@@ -312,7 +313,8 @@ func (ww *waitWatch) report(v waitView) {
 	holders, blockers, err := ww.c.holdersOf(ctx, v)
 	cancel()
 	holder := describeHolders(holders, blockers, err)
-	args := append(v.logArgs(), "waited", time.Since(v.start).Round(time.Millisecond).String(), "holder", holder)
+	at := time.Since(v.start).Round(time.Millisecond)
+	args := append(v.logArgs(), "waited", at.String(), "holder", holder)
 	if len(holders) > 0 {
 		h := holders[0]
 		args = append(args, "holder_site", h.Site, "holder_age", h.age().String())
@@ -331,21 +333,24 @@ func (ww *waitWatch) report(v waitView) {
 	ww.c.events.add(eventSlowWait, fmt.Sprintf("%s lock %s waited more than %v; held by %s", v.kind, v.what(), ww.threshold, holder))
 
 	ww.mu.Lock()
-	v.w.slow, v.w.holderText = slowReported, holder
+	v.w.slow, v.w.holderText, v.w.holderAt = slowReported, holder, at
 	ended, outcome, waited := v.w.ended, v.w.endOutcome, v.w.endWaited
 	ww.mu.Unlock()
 	if ended {
-		ww.logEnd(v.w, outcome, waited, holder)
+		ww.logEnd(v.w, outcome, waited, holder, at)
 	}
 }
 
-// logEnd writes the last line of a slow wait.
-func (ww *waitWatch) logEnd(w *lockWait, outcome string, waited time.Duration, holder string) {
+// logEnd writes the last line of a slow wait. The holder is not read
+// again (the wait is over); the line repeats it as the still-waiting line
+// named it, and says when, so that its ages are not taken for the end's.
+func (ww *waitWatch) logEnd(w *lockWait, outcome string, waited time.Duration, holder string, at time.Duration) {
 	ww.mu.Lock()
 	v := viewLocked(w)
 	ww.mu.Unlock()
 	v.symbolise()
-	args := append(v.logArgs(), "waited", waited.Round(time.Millisecond).String(), "outcome", outcome, "holder", holder)
+	args := append(v.logArgs(), "waited", waited.Round(time.Millisecond).String(), "outcome", outcome,
+		"holder", "as named "+at.String()+" into the wait: "+holder)
 	ww.logger.Warn("lockhooks: slow lock wait: ended", args...)
 }
 
@@ -543,9 +548,10 @@ func (c *connector) pinHolders(k lockKey, except *conn) []debugHolder {
 
 // blockedBackend is what Postgres says of one backend that waits.
 type blockedBackend struct {
-	waitEvent string // wait_event_type/wait_event
-	query     string
-	blockers  []pgBlocker
+	waitEvent   string // wait_event_type/wait_event
+	query       string
+	waitSeconds float64 // how long its statement has run (it waits in it); -1: unknown
+	blockers    []pgBlocker
 }
 
 // blockersOf reads, on a side connection of its own (never a pool's), which
@@ -566,7 +572,8 @@ func (c *connector) blockersOf(ctx context.Context, pids []int32) (map[int32]*bl
 	defer side.Close()
 	rows, err := queryDirect(ctx, side, `SELECT w.pid::bigint, coalesce(wa.wait_event_type || '/' || wa.wait_event, ''), left(coalesce(wa.query, ''), 500),
 	b.pid::bigint, coalesce(b.application_name, ''), coalesce(b.state, ''),
-	coalesce(extract(epoch FROM clock_timestamp() - b.xact_start)::float8, -1), left(coalesce(b.query, ''), 500)
+	coalesce(extract(epoch FROM clock_timestamp() - b.xact_start)::float8, -1), left(coalesce(b.query, ''), 500),
+	coalesce(extract(epoch FROM clock_timestamp() - wa.query_start)::float8, -1)
 FROM unnest('{`+strings.Join(list, ",")+`}'::int[]) AS w(pid)
 CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS bp(pid)
 JOIN pg_stat_activity b ON b.pid = bp.pid
@@ -583,7 +590,7 @@ ORDER BY 1, 4`, nil)
 		}
 	}
 	out := map[int32]*blockedBackend{}
-	dest := make([]driver.Value, 8)
+	dest := make([]driver.Value, 9)
 	for {
 		if err := rows.Next(dest); err != nil {
 			if err == io.EOF {
@@ -594,7 +601,7 @@ ORDER BY 1, 4`, nil)
 		w := int32(asInt64(dest[0]))
 		bb := out[w]
 		if bb == nil {
-			bb = &blockedBackend{waitEvent: asString(dest[1]), query: asString(dest[2])}
+			bb = &blockedBackend{waitEvent: asString(dest[1]), query: asString(dest[2]), waitSeconds: asFloat64(dest[8])}
 			out[w] = bb
 		}
 		b := pgBlocker{PID: int32(asInt64(dest[3])), ApplicationName: asString(dest[4]), State: asString(dest[5]),
@@ -653,17 +660,18 @@ func (e inProcessEdge) holderInfo() debugHolder {
 // and the writer lock.
 func (c *connector) inProcessEdges() []inProcessEdge {
 	var out []inProcessEdge
+	sym := siteNames{} // many waiters share a call site: symbolise each once
 	c.named.waits(func(key int64, h holderInfo, w waiterInfo) {
-		out = append(out, inProcessEdge{kind: "advisory", key: strconv.FormatInt(key, 10), waiter: ownerConn(w.owner), since: w.since,
-			wsite: w.site.String(), holder: ownerConn(h.owner), hsite: h.site.String(), hsince: h.since})
+		out = append(out, inProcessEdge{kind: "advisory", key: describeKey(key), waiter: ownerConn(w.owner), since: w.since,
+			wsite: sym.of(&w.site), holder: ownerConn(h.owner), hsite: sym.of(&h.site), hsince: h.since})
 	})
 	c.turns.waits(func(key int64, h holderInfo, w waiterInfo) { // AcquireAdvisoryLock's in-process queue (Postgres)
-		out = append(out, inProcessEdge{kind: "advisory", key: strconv.FormatInt(key, 10), waiter: ownerConn(w.owner), since: w.since,
-			wsite: w.site.String(), holder: ownerConn(h.owner), hsite: h.site.String(), hsince: h.since})
+		out = append(out, inProcessEdge{kind: "advisory", key: describeKey(key), waiter: ownerConn(w.owner), since: w.since,
+			wsite: sym.of(&w.site), holder: ownerConn(h.owner), hsite: sym.of(&h.site), hsince: h.since})
 	})
 	c.locksets.waits(func(key locksetKey, h holderInfo, w waiterInfo) {
 		out = append(out, inProcessEdge{kind: "lockset", key: describeID(key.id), ns: key.namespace, waiter: ownerConn(w.owner), since: w.since,
-			wsite: w.site.String(), holder: ownerConn(h.owner), hsite: h.site.String(), hsince: h.since})
+			wsite: sym.of(&w.site), holder: ownerConn(h.owner), hsite: sym.of(&h.site), hsince: h.since})
 	})
 	c.writer.waits(func(h writerHolder, w writerWaiterInfo) {
 		out = append(out, inProcessEdge{kind: "sqlite_writer", key: "writer", waiter: ownerConn(w.owner), since: w.since,

@@ -1,9 +1,7 @@
 package lockhooks
 
 import (
-	"database/sql/driver"
 	"net/url"
-	"reflect"
 	"strconv"
 	"strings"
 )
@@ -33,11 +31,15 @@ type sqliteDSN struct {
 	txlock      string
 	txlockGiven bool
 
-	// driverBegins is set when the inner driver's own BeginTx begins a
-	// write transaction as lockhooks must (IMMEDIATE, or EXCLUSIVE when
-	// the DSN asks), so lockhooks takes the writer lock and calls it
-	// instead of running BEGIN and COMMIT itself; see moderncDSN.
+	// driverBegins is set when the DSN makes the inner driver's own
+	// BeginTx begin a write transaction as lockhooks must (modernc with
+	// _txlock=immediate, or exclusive), so lockhooks takes the writer lock
+	// and calls it instead of running BEGIN and COMMIT itself;
+	// setBeginMode is set when lockhooks tells each modernc connection to
+	// begin IMMEDIATE itself because the DSN leaves _txlock unset. See
+	// planModerncBegin.
 	driverBegins bool
+	setBeginMode bool
 }
 
 // parseSQLiteDSN parses dsn as modernc.org/sqlite does (mattn/go-sqlite3
@@ -108,39 +110,28 @@ func parseSQLiteDSN(dsn string) sqliteDSN {
 	return d
 }
 
-// moderncDSN returns the DSN to open modernc.org/sqlite with, so that its
-// own BeginTx begins lockhooks' write transactions: modernc begins a
-// transaction that is not read-only with "BEGIN <_txlock>" and a read-only
-// one deferred, which is lockhooks' rule, and its COMMIT waits only as
-// long as BeginTx's context allows, as lockhooks' own did. Its BEGIN and
-// COMMIT take an internal path that is cheaper than running them as
-// statements. A DSN without _txlock gets _txlock=immediate appended (the
-// user asked for nothing, and lockhooks begins IMMEDIATE anyway); one with
-// _txlock=immediate or exclusive is used as it is. Any other DSN
-// (_txlock=deferred, which lockhooks still begins IMMEDIATE, an empty
-// _txlock, a read-only open, another driver) is returned unchanged with
-// d.driverBegins false, and lockhooks runs BEGIN IMMEDIATE itself.
-func moderncDSN(inner driver.Driver, dsn string, d *sqliteDSN) string {
+// planModerncBegin decides who begins the write transactions of a
+// database opened with d through modernc.org/sqlite (inner is its driver or
+// connector). modernc begins a transaction that is not read-only with
+// "BEGIN <_txlock>" and a read-only one deferred, which is lockhooks' rule,
+// its COMMIT waits only as long as BeginTx's context allows, as lockhooks'
+// own does, and its BEGIN and COMMIT take an internal path that is cheaper
+// than running them as statements. So where the DSN says _txlock=immediate
+// or exclusive the driver begins (driverBegins), and where it leaves
+// _txlock unset on an open that is not read-only lockhooks tells each new
+// connection to begin IMMEDIATE, as _txlock=immediate would, without
+// changing the DSN the driver and its connection hooks see (setBeginMode;
+// see beginModerncImmediate). Any other DSN leaves both false:
+// _txlock=deferred (lockhooks still begins IMMEDIATE), an empty _txlock
+// and another driver's DSN make lockhooks run BEGIN IMMEDIATE itself; on a
+// read-only open every transaction begins as the driver begins it.
+func (d *sqliteDSN) planModerncBegin(inner any) {
 	if !d.known || packageOf(inner) != moderncPackage {
-		return dsn
+		return
 	}
-	if d.driverBegins = d.txlockBeginsWrites(); d.driverBegins || d.readOnly != "" || d.txlockGiven {
-		return dsn
-	}
-	switch pos := strings.IndexByte(dsn, '?'); {
-	case pos < 0:
-		dsn += "?_txlock=immediate"
-	case pos >= 1:
-		dsn += "&_txlock=immediate"
-	default: // a '?' first: modernc reads no query from it
-		return dsn
-	}
-	d.driverBegins = true
-	return dsn
+	d.driverBegins = d.txlockBeginsWrites()
+	d.setBeginMode = d.readOnly == "" && !d.txlockGiven
 }
-
-// moderncPackage is modernc.org/sqlite's import path.
-const moderncPackage = "modernc.org/sqlite"
 
 // txlockBeginsWrites reports whether modernc, opened with d, begins write
 // transactions as lockhooks must by itself: _txlock=immediate or
@@ -182,24 +173,4 @@ func sqliteTrue(v string) bool {
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 	return err == nil && n != 0
-}
-
-// moderncConnectorDSN returns the DSN of a connector made by
-// modernc.org/sqlite's NewConnector (an unexported struct with a dsn
-// field), so that its _txlock is honoured; ok is false for any other
-// connector, or if a later modernc version changes that struct.
-func moderncConnectorDSN(c driver.Connector) (dsn string, ok bool) {
-	v := reflect.ValueOf(c)
-	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
-		return "", false
-	}
-	v = v.Elem()
-	if v.Type().PkgPath() != moderncPackage {
-		return "", false
-	}
-	f := v.FieldByName("dsn")
-	if !f.IsValid() || f.Kind() != reflect.String {
-		return "", false
-	}
-	return f.String(), true
 }

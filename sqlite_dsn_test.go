@@ -8,6 +8,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,38 +61,77 @@ func TestParseSQLiteDSN(t *testing.T) {
 	}
 }
 
-// moderncDSN gives modernc a _txlock only where the DSN has none, and says
-// whether modernc's own BeginTx then begins write transactions as
-// lockhooks must.
-func TestModerncDSN(t *testing.T) {
+// planModerncBegin lets modernc begin write transactions itself where the
+// DSN's _txlock says IMMEDIATE or EXCLUSIVE (driverBegins), and tells
+// modernc connections to begin IMMEDIATE where the DSN has no _txlock
+// (setBeginMode); the DSN itself is never changed (TestConnectionHooksSeeTheUsersDSN).
+func TestPlanModerncBegin(t *testing.T) {
 	for _, c := range []struct {
-		dsn, want    string
-		driverBegins bool
+		dsn                        string
+		driverBegins, setBeginMode bool
 	}{
-		{"app.db", "app.db?_txlock=immediate", true},
-		{":memory:", ":memory:?_txlock=immediate", true},
-		{"file:app.db?cache=shared", "file:app.db?cache=shared&_txlock=immediate", true},
-		{"app.db?", "app.db?&_txlock=immediate", true},
-		{"app.db?_txlock=immediate", "app.db?_txlock=immediate", true},
-		{"app.db?_txlock=Exclusive", "app.db?_txlock=Exclusive", true},
+		{"app.db", false, true},
+		{":memory:", false, true},
+		{"file:app.db?cache=shared", false, true},
+		{"app.db?", false, true},
+		{"?app.db", false, true}, // modernc reads no query here: no _txlock
+		{"app.db?_txlock=immediate", true, false},
+		{"app.db?_txlock=Exclusive", true, false},
 		// lockhooks still begins these IMMEDIATE itself.
-		{"app.db?_txlock=deferred", "app.db?_txlock=deferred", false},
-		{"app.db?_txlock=", "app.db?_txlock=", false}, // modernc reads the first, empty value
-		{"?app.db", "?app.db", false},                 // modernc reads no query here
-		{"", "", false},
-		{"app.db?_pragma=%zz", "app.db?_pragma=%zz", false},
+		{"app.db?_txlock=deferred", false, false},
+		{"app.db?_txlock=", false, false}, // modernc reads the first, empty value
+		{"", false, false},
+		{"app.db?_pragma=%zz", false, false},
 		// A read-only open begins nothing IMMEDIATE.
-		{"file:app.db?mode=ro", "file:app.db?mode=ro", false},
+		{"file:app.db?mode=ro", false, false},
+		{"file:app.db?mode=ro&_txlock=immediate", false, false},
 	} {
 		d := parseSQLiteDSN(c.dsn)
-		if got := moderncDSN(&sqlite.Driver{}, c.dsn, &d); got != c.want || d.driverBegins != c.driverBegins {
-			t.Errorf("moderncDSN(%q) = %q, driverBegins %v; want %q, %v", c.dsn, got, d.driverBegins, c.want, c.driverBegins)
+		d.planModerncBegin(&sqlite.Driver{})
+		if d.driverBegins != c.driverBegins || d.setBeginMode != c.setBeginMode {
+			t.Errorf("planModerncBegin(%q): driverBegins %v, setBeginMode %v; want %v, %v", c.dsn, d.driverBegins, d.setBeginMode, c.driverBegins, c.setBeginMode)
 		}
 	}
-	// Another driver's DSN is never changed.
-	d := parseSQLiteDSN("app.db")
-	if got := moderncDSN(fakeDriver{}, "app.db", &d); got != "app.db" || d.driverBegins {
-		t.Errorf("another driver: %q, driverBegins %v", got, d.driverBegins)
+	// Another driver is left to lockhooks' own BEGIN IMMEDIATE.
+	d := parseSQLiteDSN("app.db?_txlock=immediate")
+	if d.planModerncBegin(fakeDriver{}); d.driverBegins || d.setBeginMode {
+		t.Errorf("another driver: driverBegins %v, setBeginMode %v", d.driverBegins, d.setBeginMode)
+	}
+}
+
+// The modernc internals lockhooks relies on (sqlite_modernc.go) are there
+// in the modernc version of go.mod. If this fails after an upgrade,
+// lockhooks still works but runs BEGIN IMMEDIATE and COMMIT itself (slower,
+// and TestSQLiteWriteTransactionAllocations fails): adapt sqlite_modernc.go.
+func TestModerncInternals(t *testing.T) {
+	const dsn = ":memory:?_pragma=busy_timeout(1000)"
+	cn, err := sqlite.NewConnector(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := moderncConnectorDSN(cn); !ok || got != dsn {
+		t.Errorf("moderncConnectorDSN = %q, %v; want %q, true", got, ok, dsn)
+	}
+	dc, err := cn.Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dc.Close()
+	if !beginModerncImmediate(dc) {
+		t.Fatal("beginModerncImmediate could not set a modernc connection's begin mode")
+	}
+	if beginModerncImmediate(dc) {
+		t.Error("beginModerncImmediate changed a begin mode that was already set")
+	}
+	if f, _ := moderncField(dc, "conn", "beginMode"); f.String() != "immediate" {
+		t.Errorf("beginMode %q, want immediate", f.String())
+	}
+	// Anything else is left alone.
+	if beginModerncImmediate(nil) || beginModerncImmediate(newFakeConn()) {
+		t.Error("beginModerncImmediate accepted a connection that is not modernc's")
+	}
+	if _, ok := moderncConnectorDSN(dsnConnector{dsn: dsn}); ok {
+		t.Error("moderncConnectorDSN read another connector")
 	}
 }
 
@@ -107,7 +149,7 @@ func TestSQLiteWriteTransactionsBeginImmediate(t *testing.T) {
 		{"immediate", "_txlock=immediate", false, true},
 		{"deferred", "_txlock=deferred", false, false},
 		{"exclusive", "_txlock=exclusive", false, true},
-		{"connector", "", true, false},
+		{"connector", "", true, true},
 		{"connector immediate", "_txlock=immediate", true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -130,7 +172,7 @@ func TestSQLiteWriteTransactionsBeginImmediate(t *testing.T) {
 				}
 			}
 			defer db.Close()
-			if got := connectorOf(t, db).sqlite.driverBegins; got != c.driverBegins {
+			if got := driverBegins(t, db); got != c.driverBegins {
 				t.Errorf("driverBegins %v, want %v", got, c.driverBegins)
 			}
 			raw, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(0)")
@@ -166,6 +208,18 @@ func TestSQLiteWriteTransactionsBeginImmediate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// driverBegins reports whether a connection of db lets the driver begin
+// write transactions (modernc told to begin IMMEDIATE, or its _txlock).
+func driverBegins(t *testing.T, db *sql.DB) bool {
+	t.Helper()
+	c, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return trackedConn(t, c).driverBegins
 }
 
 // connectorOf returns db's lockhooks connector.
@@ -371,7 +425,7 @@ func holdSharedLock(t *testing.T, path string) (release func()) {
 
 // COMMIT of a write transaction waits for another connection's lock only
 // as long as BeginTx's context allows, whether modernc runs it (no
-// _txlock: lockhooks gives modernc _txlock=immediate) or lockhooks does
+// _txlock: lockhooks tells modernc to begin IMMEDIATE) or lockhooks does
 // (_txlock=deferred), and the writer lock is free afterwards.
 func TestSQLiteCommitHonoursTheTransactionsContext(t *testing.T) {
 	for name, params := range map[string]string{"modernc begins": "", "lockhooks begins": "&_txlock=deferred"} {
@@ -382,7 +436,7 @@ func TestSQLiteCommitHonoursTheTransactionsContext(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer db.Close()
-			if got, want := connectorOf(t, db).sqlite.driverBegins, params == ""; got != want {
+			if got, want := driverBegins(t, db), params == ""; got != want {
 				t.Fatalf("driverBegins %v, want %v", got, want)
 			}
 
@@ -520,4 +574,103 @@ func countCalls(calls []string, name string) int {
 		}
 	}
 	return n
+}
+
+// A connection hook of modernc's receives the DSN the user wrote, byte for
+// byte, through Register, Open and OpenDB (issue 24: lockhooks once
+// appended _txlock=immediate), and the write transactions still begin
+// IMMEDIATE in modernc's own BeginTx.
+func TestConnectionHooksSeeTheUsersDSN(t *testing.T) {
+	seen := hookSeen
+	for len(seen) > 0 { // a run before, with -count
+		<-seen
+	}
+	check := func(t *testing.T, db *sql.DB, want string) {
+		t.Helper()
+		defer db.Close()
+		if _, err := db.Exec("CREATE TABLE IF NOT EXISTS t (id INTEGER)"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-seen:
+			if got != want {
+				t.Errorf("the connection hook saw %q, want the user's %q", got, want)
+			}
+		default:
+			t.Fatal("the connection hook did not run")
+		}
+		if !driverBegins(t, db) {
+			t.Error("modernc does not begin the write transactions itself (lockhooks runs BEGIN IMMEDIATE: slower)")
+		}
+		tx, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec("INSERT INTO t VALUES (1)"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A driver of the user's own, registered under a name of the test's.
+	const inner = "sqlite-hooktest"
+	if !slices.Contains(sql.Drivers(), inner) { // -count=N runs the test again
+		d := &sqlite.Driver{}
+		d.RegisterConnectionHook(recordHookDSN)
+		sql.Register(inner, d)
+	}
+	dir := t.TempDir()
+
+	t.Run("Register", func(t *testing.T) {
+		name, err := Register(inner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dsn := filepath.Join(dir, "register.db") + "?hooktest=1&_pragma=foreign_keys(1)"
+		db, err := sql.Open(name, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, db, dsn)
+	})
+	t.Run("Open", func(t *testing.T) {
+		dsn := "file:" + filepath.Join(dir, "open.db") + "?hooktest=2"
+		db, err := Open(inner, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, db, dsn)
+	})
+	t.Run("OpenDB", func(t *testing.T) {
+		// sqlite.NewConnector connects through the driver registered as
+		// "sqlite", whose hooks are process-wide: this one records only
+		// DSNs with the test's parameter.
+		registerGlobalHook.Do(func() { sqlite.RegisterConnectionHook(recordHookDSN) })
+		dsn := filepath.Join(dir, "opendb.db") + "?hooktest=3"
+		cn, err := sqlite.NewConnector(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, OpenDB(cn), dsn)
+	})
+}
+
+// The connection hook of TestConnectionHooksSeeTheUsersDSN: drivers and
+// their hooks outlive a test run, so it reports to a channel of the test
+// binary, and only DSNs with the test's parameter.
+var (
+	hookSeen           = make(chan string, 16)
+	registerGlobalHook sync.Once
+)
+
+func recordHookDSN(_ sqlite.ExecQuerierContext, dsn string) error {
+	if strings.Contains(dsn, "hooktest=") {
+		select {
+		case hookSeen <- dsn:
+		default:
+		}
+	}
+	return nil
 }

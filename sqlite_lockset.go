@@ -401,7 +401,7 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 		site.capture()
 		w.setWaiter(c, "", &site, "", nil)
 		c.watchBlockers(ctx, w)
-		ok, err = c.locksetPostgres(ctx, namespace, keys, try)
+		ok, err = c.locksetPostgres(ctx, namespace, keys, try, &site)
 		outcome := ""
 		if err == nil && !ok {
 			outcome = outcomeNotAcquired
@@ -494,7 +494,8 @@ func (t *tx) releaseLast(n int) {
 	t.locks = t.locks[:len(t.locks)-n]
 }
 
-// advisoryKeys maps (namespace, id) to Postgres advisory keys, sorted.
+// advisoryKeys maps (namespace, id) to Postgres advisory keys, sorted,
+// and remembers what each was made from (see describeKey).
 func advisoryKeys(namespace string, keys []string) []int64 {
 	out := make([]int64, len(keys))
 	for i, k := range keys {
@@ -510,14 +511,13 @@ func advisoryKeys(namespace string, keys []string) []int64 {
 // savepoint back unless it got them all (transaction-level locks taken in a
 // subtransaction are released with it), so it holds all or none and never
 // a session lock.
-func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []string, try bool) (bool, error) {
+func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []string, try bool, site *callers) (bool, error) {
 	ks := advisoryKeys(namespace, keys)
-	c.connector.names.note(namespace, keys)
 	if !try {
 		if _, err := c.queryRow(ctx, lockAll("pg_advisory_xact_lock", "count", ks), nil); err != nil {
 			return false, err
 		}
-		c.addXact(ks)
+		c.addXact(ks, site)
 		return true, nil
 	}
 	if len(ks) == 1 {
@@ -527,7 +527,7 @@ func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []str
 		}
 		got, _ := row[0].(bool)
 		if got {
-			c.addXact(ks)
+			c.addXact(ks, site)
 		}
 		return got, nil
 	}
@@ -552,7 +552,7 @@ func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []str
 		return false, err
 	}
 	if all {
-		c.addXact(ks)
+		c.addXact(ks, site)
 	}
 	return all, nil
 }

@@ -135,7 +135,8 @@ func TestAdvisoryWaitSpanNamesTheBlocker(t *testing.T) {
 	s := spans[0]
 	wantAttrs(t, s, map[attribute.Key]string{
 		AttrLockKind: "advisory", AttrLockMode: "exclusive", AttrLockScope: "session",
-		AttrLockKeys: "7047472480246918123", AttrLockOutcome: "acquired", "db.system.name": "postgresql",
+		AttrLockKeys: "server_init (7047472480246918123)", AttrLockOutcome: "acquired", "db.system.name": "postgresql", // LockID's name
+
 	})
 	// The span covers the wait: it began before the blockers were seen and
 	// ended after the holder unlocked.

@@ -74,6 +74,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/testcaps"
+
 	"github.com/jackc/pgx/v5"
 )
 
@@ -237,10 +239,7 @@ func (p *Pooler) show(what string) ([]map[string]string, error) {
 
 func poolerUnavailable(t testing.TB, err error) {
 	t.Helper()
-	if os.Getenv(EnvRequirePgBouncer) == "1" {
-		t.Fatalf("pgtest: PgBouncer is required (%s=1) but unavailable: %v", EnvRequirePgBouncer, err)
-	}
-	t.Skipf("pgtest: SKIPPING a PgBouncer test: %v (apt-get install pgbouncer)", err)
+	testcaps.Skip(t, testcaps.PgBouncer, err.Error()) // fails under LOCKHOOKS_REQUIRE_PGBOUNCER=1
 }
 
 // findPgBouncer returns the path of the pgbouncer binary.

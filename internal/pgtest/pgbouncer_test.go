@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/testcaps"
 )
 
 func openPooled(t *testing.T, dsn string) *sql.DB {
@@ -410,6 +412,7 @@ func TestStartPoolerWithoutPgBouncerSkips(t *testing.T) {
 		defer func() { skipped = t.Skipped() }()
 		StartPooler(t, PoolerOptions{})
 	})
+	testcaps.Forget(t.Name()) // PgBouncer is missing on purpose: not for the report
 	if !skipped {
 		t.Error("StartPooler without PgBouncer did not skip")
 	}

@@ -47,6 +47,8 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the admin connection
+
+	"github.com/lockhooks/lockhooks/internal/testcaps"
 )
 
 // Environment variables read by this package.
@@ -90,13 +92,16 @@ type cluster struct {
 	asUser bool // run the binaries as the postgres system user
 }
 
-// Main runs the package's tests and then stops the private cluster, if one
-// was started. Use it from TestMain:
+// Main runs the package's tests, then stops the private cluster, if one
+// was started, and reports what the tests skipped for want of PostgreSQL,
+// PgBouncer, Chromium or Prometheus where `go test` shows it, also without
+// -v (see testcaps.Report). Use it from TestMain:
 //
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 func Main(m *testing.M) {
 	code := m.Run()
 	Stop()
+	testcaps.Report()
 	os.Exit(code)
 }
 
@@ -147,10 +152,7 @@ func needServer(t testing.TB) {
 	t.Helper()
 	once.Do(start)
 	if started != nil {
-		if os.Getenv(EnvRequire) == "1" {
-			t.Fatalf("pgtest: PostgreSQL is required (%s=1) but unavailable: %v", EnvRequire, started)
-		}
-		t.Skipf("pgtest: SKIPPING a PostgreSQL test: %v (install PostgreSQL or set %s)", started, EnvDSN)
+		testcaps.Skip(t, testcaps.PostgreSQL, started.Error()) // fails under LOCKHOOKS_REQUIRE_PG=1
 	}
 }
 

@@ -7,13 +7,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+
+	"github.com/lockhooks/lockhooks/internal/testcaps"
 )
 
 // A test binary killed mid-run leaves its cluster running; the next one must
 // stop and remove it.
 func TestStaleClusterIsRemoved(t *testing.T) {
 	if _, err := findBin(); err != nil {
-		t.Skipf("pgtest: SKIPPING: %v", err)
+		testcaps.Skip(t, testcaps.PostgreSQL, err.Error())
 	}
 	c, err := startCluster()
 	if err != nil {
