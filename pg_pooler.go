@@ -312,6 +312,9 @@ func (c *conn) releaseHolder(ctx context.Context) {
 // closeHolder closes c's holder, releasing what it holds (c is being
 // closed).
 func (c *conn) closeHolder() {
+	if c.hold == nil {
+		return
+	}
 	select {
 	case <-c.connector.pins.closing:
 		// db.Close: no round trips that a silent network could stretch;
