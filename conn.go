@@ -572,6 +572,13 @@ func (c *conn) backendPID(ctx context.Context) (int32, error) {
 		return 0, errors.New("lockhooks: a backend pid is a Postgres notion")
 	}
 	row, err := c.queryRow(ctx, sessionQuery, []driver.NamedValue{{Ordinal: 1, Value: c.marker()}})
+	if err != nil && isServerError(err) && !c.connectionBroken(err) {
+		// A server that refuses the marker (one that speaks Postgres's
+		// protocol but has no custom settings): the pid alone, and the
+		// pooler guard without markers.
+		c.mark = ""
+		row, err = c.queryRow(ctx, "SELECT pg_backend_pid()", nil)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("lockhooks: reading the backend pid of %v: %w", c, err)
 	}

@@ -986,3 +986,24 @@ func TestMonitorReplacesItsEndedSideConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The session marker is lockhooks' own statement at connect; a server that
+// refuses it (here a set_config of the database's own, first on the
+// search_path, that raises) still gets its connections opened, by the pid
+// alone, and the pooler guard does without markers.
+func TestConnectWithoutSessionMarker(t *testing.T) {
+	e := newFaultEnv(t, nil)
+	mustExec(t, e.raw, "CREATE SCHEMA shadow")
+	mustExec(t, e.raw, `CREATE FUNCTION shadow.set_config(text, text, boolean) RETURNS text LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'no custom settings here'; END$$`)
+	mustExec(t, e.raw, "ALTER DATABASE "+e.db+" SET search_path = shadow, pg_catalog, public")
+	c := otherConn(t, e.wrapped)
+	w := trackedConn(t, c)
+	if pid := pidOf(t, c); w.pid.Load() != pid || w.mark != "" {
+		t.Fatalf("connection opened with pid %d (want %d), marker %q (want none)", w.pid.Load(), pid, w.mark)
+	}
+	mustExec(t, c, "SELECT pg_advisory_lock(108)")
+	assertTracked(t, e.raw, w)
+	if ok, err := unlock(t, c, 108); !ok || err != nil {
+		t.Fatalf("unlock: %v, %v", ok, err)
+	}
+}

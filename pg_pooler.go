@@ -452,7 +452,7 @@ func (c *conn) marker() string {
 // only if that connection is still open (a session-mode pooler reuses
 // backends too, one client after another): one of this database's own.
 func (c *conn) sawMarker(m, pid string) {
-	if c.connector.opts.txPooler || m == "" || m == c.mark || !strings.HasPrefix(m, markerPrefix) {
+	if c.connector.opts.txPooler || c.mark == "" || m == "" || m == c.mark || !strings.HasPrefix(m, markerPrefix) {
 		return
 	}
 	if o := c.connector.pins.ownerOf(m); o != nil && o != c {

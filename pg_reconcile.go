@@ -112,7 +112,7 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 		switch {
 		case ranOn != pid:
 			err = c.poolerDetected(fmt.Sprintf("was opened on backend pid %d but its statements now run on backend pid %d", pid, ranOn))
-		case marker != "" && marker != c.mark && strings.HasPrefix(marker, markerPrefix):
+		case c.mark != "" && marker != "" && marker != c.mark && strings.HasPrefix(marker, markerPrefix):
 			err = c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where another lockhooks connection was opened meanwhile", pid))
 		}
 		if err != nil {
