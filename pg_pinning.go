@@ -445,29 +445,26 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 }
 
 // endAfterBreak has the backend of a connection that broke during a
-// statement taking locks ended, where it holds or awaits one of them: the
-// server may have granted the lock as the connection broke, or grant it
-// later to a backend whose client's side is gone (half-open), and nobody
-// could unlock it. Not through a pooler: there the holder's own failure
-// does it (holderFailed), and an undeclared pooler's backend is not ours.
+// statement taking locks ended, where it holds or awaits one of the keys the
+// statement asked for: the server may have granted the lock as the
+// connection broke, or grant it later to a backend whose client's side is
+// gone (half-open), and nobody could unlock it. Only keys the statement
+// named (a call whose key lockhooks could not resolve, in a DO block or a
+// function, is left alone), and not through a pooler: there the holder's
+// own failure does it (holderFailed), and an undeclared pooler's backend
+// serves others.
 func (c *conn) endAfterBreak(plan advisoryPlan) {
 	if c.connector.opts.txPooler || c.connector.pins.poolerSeen() != nil {
 		return
 	}
 	var keys []lockKey
-	any := false
 	for i, call := range plan.st.advisory.Calls {
-		if call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 {
-			continue
-		}
-		if i < len(plan.known) && plan.known[i] {
+		if call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) == 0 && i < len(plan.known) && plan.known[i] {
 			keys = append(keys, plan.keys[i])
-		} else {
-			any = true
 		}
 	}
-	if pid := c.pid.Load(); pid != 0 && (len(keys) > 0 || any) {
-		c.connector.pins.ends.add(pid, keys, any)
+	if pid := c.pid.Load(); pid != 0 && len(keys) > 0 {
+		c.connector.pins.ends.add(pid, keys, false)
 	}
 }
 
