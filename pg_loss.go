@@ -109,7 +109,7 @@ func (c *conn) loseLocks(cause error) error {
 // keeps its transaction, and them, open until TCP keepalive. (Through a
 // transaction pooler the transaction's backend is the pooler's to drop.)
 func (c *conn) endTransactionLocks() {
-	if c.connector.opts.txPooler {
+	if c.connector.pins == nil || c.connector.opts.txPooler {
 		return
 	}
 	c.pin.mu.Lock()

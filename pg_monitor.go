@@ -3,6 +3,7 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -88,8 +89,9 @@ func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, err
 	defer cancel()
 	v, side, err := p.ask(cctx, side, snaps)
 	if err != nil {
-		if ctx.Err() == nil && !isServerError(err) {
-			p.unreachable(ctx, snaps, err)
+		var ue unreachableError
+		if ctx.Err() == nil && errors.As(err, &ue) {
+			p.unreachable(ctx, snaps, ue.err)
 		}
 		return nil, err
 	}
@@ -149,6 +151,9 @@ func (p *pinning) ask(ctx context.Context, side driver.Conn, snaps []holderSnaps
 	for reused := side != nil; ; reused = false {
 		if side == nil {
 			if side, err = p.c.inner.Connect(ctx); err != nil {
+				if !isServerError(err) {
+					err = unreachableError{err}
+				}
 				return v, nil, err
 			}
 		}
@@ -162,6 +167,17 @@ func (p *pinning) ask(ctx context.Context, side driver.Conn, snaps []holderSnaps
 		}
 	}
 }
+
+// unreachableError is a check that could not open a connection to the
+// server, and got no answer from it either (refused, reset, silent within
+// the check's timeout). A connection that opens but whose query then fails
+// or times out is not one: the server, or the pooler, is there but busy (a
+// pooler whose server connections are all taken, by lock holders among
+// others), and the holders are looked at again next time.
+type unreachableError struct{ err error }
+
+func (e unreachableError) Error() string { return e.err.Error() }
+func (e unreachableError) Unwrap() error { return e.err }
 
 // lookForPooler looks at where the side connection's check ran: on a
 // holder's backend (busy or not), or on one where an open connection of

@@ -506,6 +506,9 @@ func (p *pinning) poolerSeen() error {
 // (which are lost: they stay on a server connection others use). One
 // atomic load otherwise.
 func (c *conn) refuseThroughPooler(adv *sqlscan.Advisory) error {
+	if c.connector.pins == nil {
+		return nil // SQLite
+	}
 	perr := c.connector.pins.poolerSeen()
 	if perr == nil {
 		return nil
