@@ -1007,3 +1007,28 @@ func TestConnectWithoutSessionMarker(t *testing.T) {
 		t.Fatalf("unlock: %v, %v", ok, err)
 	}
 }
+
+// Point 3's limit: a pooler whose only server connection is the holder's
+// (default_pool_size = 1) keeps the monitor's check waiting for a server
+// until the check's timeout. The pooler answered the connection, so the
+// server is reachable, only busy: the holder is not reported lost.
+func TestBusyPoolerIsNotUnreachable(t *testing.T) {
+	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{PoolSize: 1})
+	db := e.open(t, WithTransactionPooler(), withCheckTimeout(300*time.Millisecond))
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, db, 109)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "two checks to time out waiting for a server", func() bool {
+		return strings.Count(e.log.String(), "checking advisory-lock holders failed") >= 2
+	})
+	select {
+	case <-l.Lost():
+		t.Fatalf("the holder was reported lost: %v", l.Err())
+	default:
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
