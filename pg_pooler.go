@@ -305,7 +305,7 @@ func (c *conn) releaseHolder(ctx context.Context) {
 	empty := len(c.pin.held) == 0
 	c.pin.mu.Unlock()
 	if empty {
-		c.endHolderTx(ctx)
+		c.endHolderTxWithin(c.connector.opts.lockCheckTimeout)
 	}
 }
 
@@ -315,29 +315,38 @@ func (c *conn) closeHolder() {
 	if c.hold == nil {
 		return
 	}
+	limit := c.connector.opts.lockCheckTimeout
 	select {
 	case <-c.connector.pins.closing:
-		// db.Close: no round trips that a silent network could stretch;
-		// the pooler drops the server connection of a client that left in
-		// the middle of a transaction, and its locks with it.
+		// db.Close: a silent network must not stretch it. Past this the
+		// holder is just closed; the pooler drops the server connection of
+		// a client that left in the middle of a transaction, and its locks
+		// with it (a clean end, when it comes in time, spares the pooler
+		// that churn).
+		limit = min(limit, closeHolderLimit)
 	default:
-		c.endHolderTx(context.Background())
 	}
+	c.endHolderTxWithin(limit)
 	if h := c.hold; h != nil {
 		h.inner.Close()
 		c.hold = nil
 	}
 }
 
-// endHolderTx ends the holder's transaction. Session locks survive COMMIT,
-// so it unlocks everything first; if that fails, the holder is closed (the
-// pooler drops a server connection whose client left mid-transaction).
-func (c *conn) endHolderTx(ctx context.Context) {
+// closeHolderLimit bounds the clean end of a holder's transaction during
+// db.Close.
+const closeHolderLimit = 250 * time.Millisecond
+
+// endHolderTxWithin ends the holder's transaction, within limit. Session
+// locks survive COMMIT, so it unlocks everything first; if that fails, the
+// holder is closed (the pooler drops a server connection whose client left
+// mid-transaction).
+func (c *conn) endHolderTxWithin(limit time.Duration) {
 	h := c.hold
 	if h == nil || !h.inTx {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	err := execDirect(ctx, h.inner, "SELECT pg_advisory_unlock_all()")
 	if err == nil {
