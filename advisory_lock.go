@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-
-	"go.opentelemetry.io/otel/trace"
 )
 
 // AdvisoryLock is a session advisory lock held on one connection of a
@@ -22,6 +20,7 @@ type AdvisoryLock struct {
 
 	turn     any // the owner of this key's turn in the in-process queue (Postgres)
 	turnOnce sync.Once
+	token    int64 // the fencing token (Token)
 
 	mu       sync.Mutex
 	released bool
@@ -40,7 +39,7 @@ func (l *AdvisoryLock) freeTurn() {
 // of db it keeps for the lock. db must be opened through lockhooks. Use
 // [LockID] to derive key from a name. On SQLite the lock is in-process.
 func AcquireAdvisoryLock(ctx context.Context, db *sql.DB, key int64) (*AdvisoryLock, error) {
-	l, ok, err := acquire(context.WithValue(ctx, callSiteKey{}, callSite()), db, key, false)
+	l, ok, err := acquire(ctx, context.WithValue(ctx, callSiteKey{}, callSite()), db, key, false)
 	if err == nil && !ok {
 		err = errors.New("lockhooks: pg_advisory_lock returned without the lock")
 	}
@@ -51,15 +50,17 @@ func AcquireAdvisoryLock(ctx context.Context, db *sql.DB, key int64) (*AdvisoryL
 // free (pg_try_advisory_lock); ok is false, and l nil, if another session
 // holds it.
 func TryAdvisoryLock(ctx context.Context, db *sql.DB, key int64) (l *AdvisoryLock, ok bool, err error) {
-	return acquire(context.WithValue(ctx, callSiteKey{}, callSite()), db, key, true)
+	return acquire(ctx, context.WithValue(ctx, callSiteKey{}, callSite()), db, key, true)
 }
 
 // acquire takes key for an AdvisoryLock. On Postgres, this process's
 // acquirers of one key queue in memory (FIFO, honouring ctx, holding no
 // connection while they wait): only the one whose turn it is waits on the
 // server, on one connection, so waiters never pin the pool. Across
-// processes the server decides, as before.
-func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLock, bool, error) {
+// processes the server decides, as before. ctx carries the caller's call
+// site; user is the caller's own context, by which self-waits are
+// recognised.
+func acquire(user, ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLock, bool, error) {
 	sc, c, err := lockhooksConn(ctx, db)
 	if err != nil {
 		return nil, false, err
@@ -67,19 +68,20 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 	l := &AdvisoryLock{key: key, db: db, conn: sc, c: c}
 	l.turn = l
 	if c.connector.opts.dialect == SQLite {
-		return l.acquireInProcess(ctx, try)
+		return l.acquireInProcess(user, ctx, try)
 	}
 	turns := &c.connector.turns
 	var site callers
 	site.capture()
-	if !turns.tryLock(key, l, &site, trace.SpanContextFromContext(ctx)) {
+	if !turns.tryLock(user, key, l, &site) {
 		sc.Close() // wait without a connection
 		if try {
 			return nil, false, nil // another acquirer of this process holds or awaits it
 		}
 		_, w := c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(key)))
 		w.setWaiter(c, siteOf(ctx), nil, "", nil)
-		err := turns.lock(ctx, key, l, &site)
+		err := turns.lock(user, key, l, &site)
+		err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", key), "its turn behind another acquirer of this process", describeKey(key))
 		w.end(ctx, "", err)
 		if err != nil {
 			return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %s (waiting behind another acquirer in this process): %w", describeKey(key), err)
@@ -104,6 +106,9 @@ func acquire(ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLoc
 		l.conn.Close() // db.Close ran meanwhile: the lock goes with the connection
 		l.freeTurn()
 		return nil, false, fmt.Errorf("%w: advisory lock %s: the database was closed while it was acquired", ErrLockLost, describeKey(key))
+	}
+	if err := l.readToken(ctx); err != nil {
+		return nil, false, l.releaseAfterTokenError(ctx, err)
 	}
 	l.c.advisory.Store(l)
 	if l.Err() != nil {
@@ -177,25 +182,28 @@ func (l *AdvisoryLock) lockOnServer(ctx context.Context, try bool) (bool, error)
 }
 
 // acquireInProcess takes the SQLite stand-in: an in-process named lock.
-func (l *AdvisoryLock) acquireInProcess(ctx context.Context, try bool) (*AdvisoryLock, bool, error) {
+func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*AdvisoryLock, bool, error) {
 	names := &l.c.connector.named
 	var site callers
 	site.capture()
 	if try {
-		if !names.tryLock(l.key, l, &site, trace.SpanContextFromContext(ctx)) {
+		if !names.tryLock(user, l.key, l, &site) {
 			l.conn.Close()
 			return nil, false, nil
 		}
+		l.token = l.c.connector.tokens.next()
 		return l, true, nil
 	}
 	_, w := l.c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
 	w.setWaiter(l.c, siteOf(ctx), nil, "", nil)
-	err := names.lock(ctx, l.key, l, &site)
+	err := names.lock(user, l.key, l, &site)
+	err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", l.key), fmt.Sprintf("advisory lock %d", l.key), describeKey(l.key))
 	w.end(ctx, "", err)
 	if err != nil {
 		l.conn.Close()
 		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
 	}
+	l.token = l.c.connector.tokens.next()
 	return l, true, nil
 }
 

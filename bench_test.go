@@ -51,7 +51,7 @@ func BenchmarkIntercept(b *testing.B) {
 	noFor := `SELECT "users"."id", "users"."name" FROM "users" WHERE "users"."org_id" = $1 ORDER BY "users"."id" LIMIT 50`
 	locking := `SELECT "users"."id", "users"."name" FROM "users" WHERE "users"."org_id" = $1 ORDER BY "users"."id" FOR UPDATE`
 	for _, d := range []Dialect{Postgres, SQLite} {
-		c := &conn{connector: newConnector(nil, nil, mustOptions(b, WithDialect(d)))}
+		c := &conn{connector: newConnector(nil, nil, mustOptions(b, WithDialect(d)), "", sqliteDSN{})}
 		b.Run("dialect="+string(d)+"/path=no-for", func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -361,7 +361,7 @@ func BenchmarkAdvisoryLockUnlock(b *testing.B) {
 // from the cache; one with neither "for" nor "advisory" asks IsWrite.
 func BenchmarkSQLiteWriteDecision(b *testing.B) {
 	ctx := context.Background()
-	c := &conn{connector: newConnector(nil, nil, mustOptions(b, WithDialect(SQLite)))}
+	c := &conn{connector: newConnector(nil, nil, mustOptions(b, WithDialect(SQLite)), "", sqliteDSN{})}
 	for _, q := range []struct{ name, text string }{
 		{"cached", `INSERT INTO "forms" ("id", "name", "org_id") VALUES (?, ?, ?) ON CONFLICT ("id") DO UPDATE SET "name" = excluded."name"`},
 		{"no-for", `INSERT INTO "users" ("id", "name", "org_id") VALUES (?, ?, ?) ON CONFLICT ("id") DO UPDATE SET "name" = excluded."name"`},

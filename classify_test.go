@@ -29,7 +29,7 @@ func TestInterceptClassifiesOnce(t *testing.T) {
 		{SQLite, "INSERT INTO forms (id) VALUES (?)", 1, true, false, false, "", true},
 		{SQLite, "UPDATE jobs SET state = 'done' WHERE id = ?", 0, false, false, false, "", false},
 	} {
-		conn := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(c.d)))}
+		conn := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(c.d)), "", sqliteDSN{})}
 		r := conn.connector.rewriter
 		st := conn.intercept(ctx, c.query)
 		if got := r.classified.Load(); got != c.classify {
@@ -55,7 +55,7 @@ func TestInterceptClassifiesOnce(t *testing.T) {
 // TestKeepForUpdateClassifiesUncached: a KeepForUpdate statement is
 // classified with Inspect each time, not cached, and keeps FOR UPDATE.
 func TestKeepForUpdateClassifiesUncached(t *testing.T) {
-	conn := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(Postgres)))}
+	conn := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(Postgres)), "", sqliteDSN{})}
 	ctx := KeepForUpdate(context.Background())
 	const q = "SELECT * FROM jobs WHERE id = $1 FOR UPDATE"
 	for i := range 2 {

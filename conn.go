@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
 // connCore is what every wrapped connection implements, whatever the inner
@@ -75,6 +77,10 @@ type conn struct {
 	// BeginTx begins write transactions as lockhooks must (see
 	// planModerncBegin), so lockhooks does not run BEGIN and COMMIT itself.
 	driverBegins bool
+
+	// ident is the open transaction as other goroutines see it (Postgres):
+	// a holder's identity in the model of holders (holders.go).
+	ident txIdent
 
 	// advisory is the AdvisoryLock held on this connection, if any: a loss
 	// frees its in-process turn at once.
@@ -167,13 +173,9 @@ func (c *conn) Unwrap() driver.Conn { return c.inner }
 
 func (c *conn) state() *conn { return c }
 
-// String names the connection in errors and logs.
-func (c *conn) String() string {
-	if pid := c.pid.Load(); pid != 0 {
-		return fmt.Sprintf("connection #%d (backend pid %d)", c.id, pid)
-	}
-	return fmt.Sprintf("connection #%d", c.id)
-}
+// String names the connection in errors and logs as the model of holders
+// does: `connection #3 of "orders" (backend pid 812)`.
+func (c *conn) String() string { return connHolder(c).who() }
 
 // ExecContext runs query through the statement hooks.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
@@ -329,6 +331,16 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 // afterTracked brings the lock tracking up to date and ends the lock wait.
 func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
 	err = c.afterAdvisory(ctx, plan, results, err)
+	err = plan.wait.selfWaitResult(c, plan.st.text, err)
+	if !(plan.st.locks&sqlscan.NoWait != 0 && sqlState(err) == stateLockNotAvailable) { // NOWAIT did not wait
+		err = c.nameHolder(plan.wait, err)
+	}
+	var de *DeadlockError
+	if errors.As(err, &de) {
+		for _, h := range de.others { // the wait span links to the other side of the cycle
+			plan.wait.heldBy(h)
+		}
+	}
 	c.endLockWait(ctx, plan, err)
 	return err
 }
@@ -380,6 +392,11 @@ func (c *conn) Begin() (driver.Tx, error) {
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if c.beginsImmediate(opts) {
 		return c.beginImmediate(ctx, opts)
+	}
+	if info, _ := ctx.Value(commitInfoKey{}).(*commitInfo); info != nil && c.connector.opts.dialect == Postgres {
+		if t, ok, err := c.beginForRunInTx(ctx, opts, info); ok {
+			return t, err
+		}
 	}
 	innerCtx := ctx
 	if c.connector.pins != nil {
@@ -491,6 +508,9 @@ func (c *conn) IsValid() bool {
 	if c.discards.Load() > 0 {
 		return false
 	}
+	if c.pinnedUntilClosed() {
+		return false // recycled: the pooler unpins it when it disconnects
+	}
 	if c.connector.opts.verifyOnReturn && c.connector.pins != nil && !c.suspect.Load() {
 		c.verifyOnReturn()
 		if c.holdsLocks() {
@@ -571,8 +591,16 @@ func (c *conn) backendPID(ctx context.Context) (int32, error) {
 	if c.connector.pins == nil {
 		return 0, errors.New("lockhooks: a backend pid is a Postgres notion")
 	}
-	row, err := c.queryRow(ctx, sessionQuery, []driver.NamedValue{{Ordinal: 1, Value: c.marker()}})
-	if err != nil && isServerError(err) && !c.connectionBroken(err) {
+	var row []driver.Value
+	var err error
+	if c.connector.opts.txPooler || c.connector.opts.pinningPooler {
+		// A declared pooler: no guard, so no marker (RDS Proxy would pin
+		// the connection for a setting).
+		row, err = c.queryRow(ctx, "SELECT pg_backend_pid()", nil)
+	} else {
+		row, err = c.queryRow(ctx, sessionQuery, []driver.NamedValue{{Ordinal: 1, Value: c.marker()}})
+	}
+	if err != nil && c.mark != "" && isServerError(err) && !c.connectionBroken(err) {
 		// A server that refuses the marker (one that speaks Postgres's
 		// protocol but has no custom settings): the pid alone, and the
 		// pooler guard without markers.

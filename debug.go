@@ -178,6 +178,7 @@ type debugReport struct {
 type debugDatabase struct {
 	Index   int      `json:"index"`
 	Dialect string   `json:"dialect,omitempty"`
+	Pool    string   `json:"pool,omitempty"`  // its pool name (WithPoolName), as holders name it
 	Error   string   `json:"error,omitempty"` // the database could not be shown
 	Notes   []string `json:"notes,omitempty"` // what could not be read this time
 	// Held: the top rows of each group of held locks (HeldGroups), the
@@ -289,7 +290,7 @@ func (h *debugHandler) heldPage(ctx context.Context, q *heldQuery) (debugHeldPag
 // side connection.
 func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 	now := time.Now()
-	d := debugDatabase{Index: index, Dialect: string(c.opts.dialect), Held: []debugHeld{}, Waiters: []debugWaiter{}}
+	d := debugDatabase{Index: index, Dialect: string(c.opts.dialect), Pool: c.pool, Held: []debugHeld{}, Waiters: []debugWaiter{}}
 	conns := c.openConns()
 	sort.Slice(conns, func(i, j int) bool { return conns[i].id < conns[j].id })
 	sym := siteNames{}
@@ -334,11 +335,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 		}
 		if b := blocked[wt.PID]; wt.PID != 0 && b != nil {
 			wt.WaitEvent = b.waitEvent
-			for _, x := range b.blockers {
-				if x.Conn == 0 || !slicesContainsConn(wt.Holders, x.Conn) {
-					wt.Blockers = append(wt.Blockers, x) // not already shown as a holder
-				}
-			}
+			wt.Holders, wt.Blockers = resolveBlockers(wt.Holders, b.blockers, v.advKeys)
 			shown[wt.PID] = true
 		}
 		d.Waiters = append(d.Waiters, wt)
@@ -353,7 +350,8 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 				continue
 			}
 			w := debugWaiter{Kind: "server", Conn: oc.id, PID: pid, Statement: truncate(b.query, 500),
-				WaitEvent: b.waitEvent, Holders: []debugHolder{}, Blockers: b.blockers}
+				WaitEvent: b.waitEvent, Holders: []holder{}, Blockers: b.blockers}
+			w.Holders, w.Blockers = resolveBlockers(w.Holders, w.Blockers, nil)
 			if b.waitSeconds >= 0 {
 				w.WaitSeconds = math.Round(b.waitSeconds*1000) / 1000
 				w.Since = now.Add(-time.Duration(b.waitSeconds * float64(time.Second)))
@@ -362,7 +360,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 		}
 	}
 	d.WaitersTotal = nwaits
-	d.Graph = buildGraph(d.Waiters, conns)
+	d.Graph = buildGraph(d.Waiters, conns, c.pool)
 
 	// Events and counters.
 	d.Events, d.Counters = c.events.snapshot()
@@ -435,7 +433,7 @@ func (c *connector) collectHeld(hc *heldCollector, conns []*conn, waited map[loc
 		if wh.stmt != "" {
 			cand.scope, cand.stmt = "statement", wh.stmt
 		} else {
-			cand.site = wh.where
+			cand.site = wh.location()
 		}
 		ownerOf(&cand, wh.owner)
 		hc.offer(&cand)
@@ -467,7 +465,7 @@ func secondsSince(now, t time.Time) float64 {
 // waiter to each holder or blocking backend; an edge between connections
 // of this process that lies on a cycle is marked. The page draws it
 // collapsed (debug_view.go).
-func buildGraph(waiters []debugWaiter, conns []*conn) debugGraph {
+func buildGraph(waiters []debugWaiter, conns []*conn, pool string) debugGraph {
 	g := debugGraph{Nodes: []debugNode{}, Edges: []debugEdge{}}
 	pids := map[uint64]int32{}
 	for _, oc := range conns {
@@ -509,8 +507,17 @@ func buildGraph(waiters []debugWaiter, conns []*conn) debugGraph {
 			what += " " + w.Keys
 		}
 		for _, h := range w.Holders {
-			if h.Conn != 0 {
+			switch {
+			case h.Conn == 0:
+			case h.Database == "" || h.Database == pool:
 				edge(from, connNode(h.Conn), what)
+			default: // a connection of another lockhooks database of the process
+				id := strconv.FormatUint(h.Conn, 10)
+				detail := h.Database
+				if h.PID != 0 {
+					detail += ", pid " + strconv.Itoa(int(h.PID))
+				}
+				edge(from, node("db-"+h.Database+"-conn-"+id, "conn #"+id, detail, false), what)
 			}
 		}
 		for _, b := range w.Blockers {
@@ -622,104 +629,9 @@ func (t *lockTable[K]) waits(fn func(key K, h holderInfo, w waiterInfo)) {
 	}
 }
 
-// writerHolder describes the holder of the SQLite writer lock.
-type writerHolder struct {
-	owner    any
-	since    time.Time
-	stmt     string  // the autocommit statement holding it, or
-	site     callers // where its transaction began (n == 0: not recorded)
-	siteLate bool    // site is that of a later statement of the transaction
-	where    string  // stmt or site, as text (set by holder and waits)
-}
-
-// writerWaiterInfo describes a waiter for the SQLite writer lock.
-type writerWaiterInfo struct {
-	owner any
-	since time.Time
-	stmt  string
-	site  callers
-	where string // the statement, or where its transaction begins
-}
-
-// describe returns the statement, or symbolises the call site.
-func describeWriter(stmt string, site *callers) string {
-	if stmt != "" {
-		return "statement " + strconv.Quote(truncate(stmt, 120))
-	}
-	return site.String()
-}
-
-// describe says what holds the writer lock, for errors and span links.
-func (h *writerHolder) describe() string {
-	switch {
-	case h.stmt != "":
-		return fmt.Sprintf("running the statement %.200q", h.stmt)
-	case h.site.n == 0:
-		return "in a transaction" + h.on() + " whose call site was not recorded (lockhooks records where write transactions begin while writers have waited for each other within the last minute, and a waited-for transaction's next statement)"
-	case h.siteLate:
-		return "in a transaction" + h.on() + " that ran a statement at " + h.site.String()
-	}
-	return "in a transaction begun at " + h.site.String()
-}
-
-// on names the holder's connection, or returns "".
-func (h *writerHolder) on() string {
-	if c := ownerConn(h.owner); c != nil {
-		return " on " + c.String()
-	}
-	return ""
-}
-
-// location is where the holding transaction is, as a call site.
-func (h *writerHolder) location() string {
-	switch {
-	case h.stmt != "":
-		return describeWriter(h.stmt, nil)
-	case h.site.n == 0:
-		return "not recorded"
-	case h.siteLate:
-		return h.site.String() + " (a later statement)"
-	}
-	return h.site.String()
-}
-
-// holder returns the writer lock's holder, if it is held.
-func (w *writerLock) holder() (writerHolder, bool) {
-	w.mu.Lock()
-	if !w.held {
-		w.mu.Unlock()
-		return writerHolder{}, false
-	}
-	h := w.holderLocked()
-	w.mu.Unlock()
-	h.where = h.location()
-	return h, true
-}
-
 // waiting returns how many wait for the writer lock.
 func (w *writerLock) waiting() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return len(w.waiters)
-}
-
-// waits calls fn for each waiter of the writer lock, after copying them
-// under w.mu.
-func (w *writerLock) waits(fn func(h writerHolder, wt writerWaiterInfo)) {
-	w.mu.Lock()
-	if !w.held || len(w.waiters) == 0 {
-		w.mu.Unlock()
-		return
-	}
-	h := w.holderLocked()
-	waiters := make([]writerWaiterInfo, len(w.waiters))
-	for i, x := range w.waiters {
-		waiters[i] = writerWaiterInfo{owner: x.owner, since: x.since, stmt: x.stmt, site: x.site}
-	}
-	w.mu.Unlock()
-	h.where = h.location()
-	for _, x := range waiters {
-		x.where = describeWriter(x.stmt, &x.site)
-		fn(h, x)
-	}
 }

@@ -381,15 +381,18 @@ func TestDebugPageInBrowserPostgresNames(t *testing.T) {
 
 	h := DebugHandler(e.wrapped) // opened during the incident
 	var rep debugReport
-	waitFor(t, 15*time.Second, "three waiters, two with the server's blockers", func() bool {
+	waitFor(t, 15*time.Second, "three waiters, each with its holder named (a connection of the process, or the outside backend)", func() bool {
 		rep = reportOf(t, h)
-		blocked := 0
+		named, outside := 0, 0
 		for _, w := range rep.Databases[0].Waiters {
+			if len(w.Holders)+len(w.Blockers) > 0 {
+				named++
+			}
 			if len(w.Blockers) > 0 {
-				blocked++
+				outside++
 			}
 		}
-		return len(rep.Databases[0].Waiters) == 3 && blocked == 2
+		return len(rep.Databases[0].Waiters) == 3 && named == 3 && outside == 1
 	})
 	d := rep.Databases[0]
 	var named, lockset int

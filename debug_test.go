@@ -567,13 +567,13 @@ func TestDebugHandlerPostgresRowWaits(t *testing.T) {
 	defer srv.Close()
 	mustExec(t, e.wrapped, "CREATE TABLE items (id int PRIMARY KEY, v int)")
 	mustExec(t, e.wrapped, "INSERT INTO items VALUES (1, 0)")
-	holder, err := e.wrapped.BeginTx(ctx, nil)
+	holderTx, err := e.wrapped.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Rollback()
+	defer holderTx.Rollback()
 	var v int
-	if err := holder.QueryRowContext(ctx, "SELECT v FROM items WHERE id = $1 FOR UPDATE", 1).Scan(&v); err != nil {
+	if err := holderTx.QueryRowContext(ctx, "SELECT v FROM items WHERE id = $1 FOR UPDATE", 1).Scan(&v); err != nil {
 		t.Fatal(err)
 	}
 	waitCtx, cancel := context.WithCancel(ctx)
@@ -597,15 +597,36 @@ func TestDebugHandlerPostgresRowWaits(t *testing.T) {
 		row, server = debugWaiter{}, debugWaiter{}
 		for _, w := range rep.Databases[0].Waiters {
 			switch {
-			case w.Kind == "row" && len(w.Blockers) > 0:
+			case w.Kind == "row" && len(w.Holders) > 0:
 				row = w
-			case w.Kind == "server" && len(w.Blockers) > 0:
+			case w.Kind == "server" && len(w.Holders) > 0:
 				server = w
 			}
 		}
 		return row.Conn != 0 && server.Conn != 0
 	})
-	if row.Mode != "for_no_key_update" || !strings.Contains(row.Statement, "FOR NO KEY UPDATE") || row.Blockers[0].Conn == 0 {
+	// The blocking backends are connections of this process: holders with
+	// their identity (database, connection, pid), not outside pids; the
+	// transaction that locked the row first is named with where it began.
+	// (Which waiter queues behind which is the server's choice.)
+	var root holder
+	for _, w := range []debugWaiter{row, server} {
+		if len(w.Blockers) != 0 {
+			t.Errorf("waiter with outside blockers: %+v", w)
+		}
+		for _, h := range w.Holders {
+			if h.Conn == 0 || h.PID == 0 || h.Database == "" {
+				t.Errorf("holder without its identity: %+v", h)
+			}
+			if h.Conn != row.Conn && h.Conn != server.Conn {
+				root = h
+			}
+		}
+	}
+	if !strings.Contains(root.Site, "debug_test.go:") || root.SiteKind != siteBegan || root.Since.IsZero() {
+		t.Errorf("the transaction holding the row: %+v", root)
+	}
+	if row.Mode != "for_no_key_update" || !strings.Contains(row.Statement, "FOR NO KEY UPDATE") {
 		t.Errorf("row waiter: %+v", row)
 	}
 	if !strings.Contains(server.Statement, "UPDATE items") || strings.Contains(server.Statement, "424242") || !strings.HasPrefix(server.WaitEvent, "Lock/") ||
@@ -616,7 +637,7 @@ func TestDebugHandlerPostgresRowWaits(t *testing.T) {
 	if strings.Contains(body, "424242") {
 		t.Errorf("an argument is shown:\n%s", body)
 	}
-	holderNode := fmt.Sprintf("conn-%d", row.Blockers[0].Conn)
+	holderNode := fmt.Sprintf("conn-%d", row.Holders[0].Conn)
 	found := false
 	for _, edge := range rep.Databases[0].Graph.Edges {
 		found = found || edge.From == fmt.Sprintf("conn-%d", row.Conn) && edge.To == holderNode

@@ -31,7 +31,7 @@ func TestDebugViewSummaryAndGraph(t *testing.T) {
 		busy.Waiters = append(busy.Waiters, waiter(uint64(1000+i), uint64(2000+i), "z", 1))
 	}
 	busy.WaitersTotal = len(busy.Waiters)
-	busy.Graph = buildGraph(busy.Waiters, nil)
+	busy.Graph = buildGraph(busy.Waiters, nil, "")
 	v := buildView(debugReport{Generated: now, Databases: []debugDatabase{quiet, busy}}, 0, "n")
 
 	if len(v.Databases) != 1 || v.Databases[0].Index != 1 || len(v.Quiet) != 1 || v.Summary.Lines[0].Index != 1 {

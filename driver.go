@@ -75,8 +75,10 @@ type options struct {
 	statementSpans    bool
 	verifyOnReturn    bool
 	txPooler          bool
+	pinningPooler     bool       // WithSessionPinningPooler
 	lockOrder         *lockOrder // WithLockOrderCheck; nil: off
 	slowLockLog       time.Duration
+	poolName          string // WithPoolName; "" for the default
 
 	// testReleaseBeforeCommit, set only by tests, breaks the lockset rule on
 	// purpose: locks are released before COMMIT, and the hook runs between.
@@ -217,6 +219,9 @@ func resolveOptions(opts []Option, inner ...any) (*options, error) {
 	if o.logger == nil {
 		o.logger = slog.Default()
 	}
+	if o.txPooler && o.pinningPooler {
+		return nil, errPoolerOptions
+	}
 	switch o.dialect {
 	case Postgres, SQLite:
 		return o, nil
@@ -304,6 +309,9 @@ func (d *Driver) Open(dsn string) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A connector of its own that nobody closes: it must not stay in the
+	// process's registry of databases.
+	databases.leave(c.(*connector))
 	return c.Connect(context.Background())
 }
 
@@ -336,8 +344,7 @@ func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
 	} else {
 		inner = dsnConnector{dsn: dsn, driver: d.inner}
 	}
-	c := newConnector(inner, d, o)
-	c.dsn, c.sqlite = dsn, sqlite
+	c := newConnector(inner, d, o, dsn, sqlite)
 	return c, nil
 }
 
@@ -369,7 +376,7 @@ func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
 	if err != nil {
 		return brokenConnector{err: err, drv: c.Driver()}
 	}
-	w := newConnector(c, newDriver(c.Driver(), opts), o)
+	var sqlite sqliteDSN
 	if o.dialect == SQLite {
 		// The connector's DSN is not lockhooks' to read, except that a
 		// modernc connector's _txlock must not be weakened, its
@@ -378,11 +385,11 @@ func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
 		if dsn, ok := moderncConnectorDSN(c); ok {
 			d := parseSQLiteDSN(dsn)
 			d.planModerncBegin(c)
-			w.sqlite.txlock, w.sqlite.readOnly = d.txlock, d.readOnly
-			w.sqlite.driverBegins, w.sqlite.setBeginMode = d.driverBegins, d.setBeginMode
+			sqlite.txlock, sqlite.readOnly = d.txlock, d.readOnly
+			sqlite.driverBegins, sqlite.setBeginMode = d.driverBegins, d.setBeginMode
 		}
 	}
-	return w
+	return newConnector(c, newDriver(c.Driver(), opts), o, "", sqlite)
 }
 
 // brokenConnector reports a configuration error on every Connect, the way
@@ -487,15 +494,19 @@ type connector struct {
 	pins     *pinning              // Postgres only
 	named    lockTable[int64]      // SQLite's in-process advisory locks
 	turns    lockTable[int64]      // Postgres: AcquireAdvisoryLock's in-process queue per key
+	tokens   tokenClock            // SQLite: the in-process advisory locks' fencing tokens
+	ownBegin simpleQuery           // Postgres: how RunInTx's BEGIN learns the transaction id (retry_commit.go)
 	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
 	writer   writerLock            // SQLite's in-process writer lock
 	dsn      string                // "" when the inner connector was given
+	pool     string                // the pool name: WithPoolName's, or a default unique in the process
+	joined   bool                  // in the process's registry of databases (holders.go)
 	sqlite   sqliteDSN             // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
 	events   *eventRing // recent events, for DebugHandler
 	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
 
-	liveMu sync.Mutex
+	liveMu sync.RWMutex       // read: openConns, the model of holders (self-waits)
 	live   map[*conn]struct{} // every open wrapped connection
 }
 
@@ -504,14 +515,18 @@ var (
 	_ io.Closer        = (*connector)(nil)
 )
 
-func newConnector(inner driver.Connector, d *Driver, o *options) *connector {
-	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{})}
+// newConnector returns the state of one wrapped database, registered in
+// the process's registry of databases (which also settles its pool name)
+// until Close.
+func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sqlite sqliteDSN) *connector {
+	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{}), dsn: dsn, sqlite: sqlite}
+	databases.join(c, defaultPoolName(o.dialect, dsn, inner))
 	var observe func() (held, parked int64)
 	if o.dialect == Postgres {
 		c.pins = newPinning(c)
 		observe = c.pins.observe
 	}
-	c.tel = newTelemetry(o, observe)
+	c.tel = newTelemetry(o, c.pool, observe)
 	c.events, c.waits = newEventRing(eventCapacity), newWaitWatch(c)
 	c.tel.events, c.tel.watch = c.events, c.waits
 	return c
@@ -558,8 +573,8 @@ func (c *connector) forget(w *conn) {
 
 // openConns returns every open wrapped connection.
 func (c *connector) openConns() []*conn {
-	c.liveMu.Lock()
-	defer c.liveMu.Unlock()
+	c.liveMu.RLock()
+	defer c.liveMu.RUnlock()
 	return slices.Collect(maps.Keys(c.live))
 }
 
@@ -576,6 +591,7 @@ func (c *connector) Driver() driver.Driver {
 // session advisory locks are closed, which releases the locks (each is
 // logged); then the inner connector is closed when it is an io.Closer.
 func (c *connector) Close() error {
+	databases.leave(c)
 	if c.pins != nil {
 		c.pins.close()
 	}

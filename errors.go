@@ -3,6 +3,7 @@ package lockhooks
 import (
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"reflect"
@@ -119,37 +120,92 @@ func connectionLost(err error) bool {
 // DeadlockError is the error a statement run through lockhooks returns
 // when Postgres aborted its transaction as a deadlock victim (SQLSTATE
 // 40P01). Beside Postgres's message and DETAIL (which names the backends
-// and the lock each waited for) it names the locks lockhooks saw this
-// transaction take: lockset ids ([Lock]), advisory keys, and tables locked
-// with FOR UPDATE or FOR NO KEY UPDATE (row locks of plain UPDATE and
-// DELETE statements are not tracked). It wraps the driver's error, so
-// [IsDeadlock] and errors.As on the driver's type still work.
+// and the lock each waited for) it says, per side of the cycle, who it is
+// (a connection of a lockhooks database of this process, with the call
+// site where its transaction began, or a backend outside the process), how
+// long its transaction had run, its statement, what it held and what it
+// waited for, and what to change for the pattern (rows or keys taken in
+// opposite orders, or a parent row kept FOR UPDATE against a foreign-key
+// check). It names the locks lockhooks saw this transaction take: lockset
+// ids ([Lock]), advisory keys, and tables locked with FOR UPDATE or FOR NO
+// KEY UPDATE (row locks of plain UPDATE and DELETE statements are not
+// tracked). It wraps the driver's error, so [IsDeadlock] and errors.As on
+// the driver's type still work.
 type DeadlockError struct {
-	Err     error    // the driver's error
-	Detail  string   // Postgres's DETAIL, when the driver's error carries one
-	Held    []string // the locks the transaction held, in the order it took them
-	Waiting []string // the locks the failing statement asked for
+	Err     error          // the driver's error
+	Detail  string         // Postgres's DETAIL, when the driver's error carries one
+	Held    []string       // the locks the transaction held, in the order it took them
+	Waiting []string       // the locks the failing statement asked for
+	Sides   []DeadlockSide // the backends of the cycle, in the DETAIL's order
+	Advice  string         // what to change, for the deadlock's pattern
+	Note    string         // what could not be read about the other sides
+
+	others []holder // the other sides that are connections of this process
 }
 
-// Error is the driver's message, Postgres's DETAIL and the locks held.
+// Error is the driver's message, Postgres's DETAIL, each side of the cycle
+// and the advice.
 func (e *DeadlockError) Error() string {
 	var b strings.Builder
 	b.WriteString(e.Err.Error())
 	if e.Detail != "" && !strings.Contains(b.String(), e.Detail) {
 		b.WriteString("; DETAIL: ")
-		b.WriteString(e.Detail)
+		b.WriteString(strings.TrimSuffix(strings.ReplaceAll(e.Detail, "\n", " "), "."))
 	}
-	b.WriteString("; lockhooks: this transaction held ")
-	if len(e.Held) == 0 {
-		b.WriteString("no lock lockhooks tracks (Lock, advisory locks, FOR [NO KEY] UPDATE; UPDATE and DELETE row locks are not tracked)")
+	b.WriteString("; lockhooks: ")
+	if len(e.Sides) == 0 {
+		b.WriteString("this transaction held ")
+		if len(e.Held) == 0 {
+			b.WriteString("no lock lockhooks tracks (Lock, advisory locks, FOR [NO KEY] UPDATE; UPDATE and DELETE row locks are not tracked)")
+		} else {
+			b.WriteString(strings.Join(e.Held, ", "))
+		}
+		if len(e.Waiting) > 0 {
+			b.WriteString(" and was waiting for ")
+			b.WriteString(strings.Join(e.Waiting, ", "))
+		}
+	}
+	for i, s := range e.Sides {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(s.String())
+	}
+	if e.Note != "" {
+		b.WriteString(" (" + e.Note + ")")
+	}
+	b.WriteString("; ")
+	if e.Advice != "" {
+		b.WriteString(e.Advice)
 	} else {
-		b.WriteString(strings.Join(e.Held, ", "))
+		b.WriteString("retry the transaction (lockhooks.RunInTx does) and take these locks in one order everywhere (lockhooks.WithLockOrderCheck finds where they are not)")
 	}
-	if len(e.Waiting) > 0 {
-		b.WriteString(" and was waiting for ")
-		b.WriteString(strings.Join(e.Waiting, ", "))
+	return b.String()
+}
+
+// String describes one side: "this transaction (connection #1 of … ,
+// in a transaction begun at x.go:10) ran 1.2s, held …, waited for … in
+// "UPDATE …"".
+func (s DeadlockSide) String() string {
+	var b strings.Builder
+	if s.This {
+		b.WriteString("this transaction, on ")
+	} else {
+		fmt.Fprintf(&b, "the other side, ")
 	}
-	b.WriteString("; retry the transaction (lockhooks.RunInTx does) and take these locks in one order everywhere (lockhooks.WithLockOrderCheck finds where they are not)")
+	b.WriteString(s.Who)
+	if s.Ran > 0 {
+		fmt.Fprintf(&b, ", had run %v", s.Ran)
+	}
+	if len(s.Held) > 0 {
+		b.WriteString(", held " + strings.Join(s.Held, ", "))
+	}
+	if s.WaitedFor != "" {
+		b.WriteString(", waited for " + s.WaitedFor)
+	}
+	if s.Statement != "" {
+		fmt.Fprintf(&b, " in %.200q", s.Statement)
+	}
 	return b.String()
 }
 
@@ -160,7 +216,16 @@ func (e *DeadlockError) Unwrap() error { return e.Err }
 // *pgconn.PgError nor lib/pq's *pq.Error has a method for it, only a
 // string field named Detail, which is read by reflection so that the root
 // package imports no driver.
-func errDetail(err error) string {
+func errDetail(err error) string { return errField(err, "Detail") }
+
+// errWhere returns the CONTEXT of a Postgres error (pgx's and lib/pq's
+// Where field): for a deadlock, which row the statement waited for, and
+// the foreign-key check's query when it was one.
+func errWhere(err error) string { return errField(err, "Where") }
+
+// errField returns the string field name of the first error in err's chain
+// that has one, read by reflection.
+func errField(err error, name string) string {
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		v := reflect.ValueOf(e)
 		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
@@ -172,17 +237,19 @@ func errDetail(err error) string {
 		if v.Kind() != reflect.Struct {
 			continue
 		}
-		if f := v.FieldByName("Detail"); f.IsValid() && f.Kind() == reflect.String {
+		if f := v.FieldByName(name); f.IsValid() && f.Kind() == reflect.String {
 			return f.String()
 		}
 	}
 	return ""
 }
 
-// deadlockError annotates a deadlock victim's error with the locks its
-// transaction held; other errors are returned unchanged.
+// deadlockError explains a deadlock victim's error (see DeadlockError and
+// deadlock.go), and puts its whole text among the database's events; other
+// errors are returned unchanged. Reading the other sides takes a side
+// connection: a deadlock already cost deadlock_timeout (1s by default).
 func (c *conn) deadlockError(err error) error {
-	if c.tx.inner == nil || sqlState(err) != stateDeadlock {
+	if sqlState(err) != stateDeadlock {
 		return err
 	}
 	var de *DeadlockError
@@ -193,5 +260,21 @@ func (c *conn) deadlockError(err error) error {
 	for i := range c.order.session { // known only with the lock-order checker on
 		held = append(held, c.order.session[i].describe()+" (session)")
 	}
-	return &DeadlockError{Err: err, Detail: errDetail(err), Held: held, Waiting: waiting}
+	de = &DeadlockError{Err: err, Detail: errDetail(err), Held: held, Waiting: waiting}
+	c.explainDeadlock(de, errWhere(err))
+	c.connector.events.add(eventDeadlock, de.Error())
+	args := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", c.pid.Load()}
+	for _, s := range de.Sides {
+		if s.This {
+			args = append(args, "waited_for", s.WaitedFor)
+		}
+	}
+	for _, s := range de.Sides {
+		if !s.This {
+			args = append(args, "holder", s.Who, "holder_pid", s.PID, "holder_site", s.Site, "holder_ran", s.Ran.String())
+			break
+		}
+	}
+	c.connector.opts.logger.Warn("lockhooks: deadlock: Postgres aborted this transaction", append(args, "error", de.Error())...)
+	return de
 }

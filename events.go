@@ -19,6 +19,7 @@ const (
 	eventLongHold       = "long_hold"       // a parked lock held past the warning threshold
 	eventSlowWait       = "slow_wait"       // a lock wait longer than WithSlowLockLog's threshold
 	eventWriterTimeout  = "writer_timeout"  // an SQLite writer gave up waiting for the writer lock
+	eventSelfWait       = "self_wait"       // a wait for its own call chain's transaction, failed with ErrSelfWait
 )
 
 // Counters kept without an event each: frequent, expected outcomes.

@@ -61,7 +61,7 @@ func testConnector(t *testing.T) *connector {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newConnector(fakeConnector{}, &Driver{}, o)
+	return newConnector(fakeConnector{}, &Driver{}, o, "", sqliteDSN{})
 }
 
 // The generated pickers give each mask exactly its interfaces, plus the core.

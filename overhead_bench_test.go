@@ -21,7 +21,7 @@ func BenchmarkWrapperOverhead(b *testing.B) {
 		fc := newFakeConn()
 		fc.quiet = true
 		fc.rows = func() driver.Rows { return (*fakeRows)(nil) }
-		wrapped := newConn(newConnector(fakeConnector{}, &Driver{}, mustOptions(b, WithDialect(Postgres))), fc)
+		wrapped := newConn(newConnector(fakeConnector{}, &Driver{}, mustOptions(b, WithDialect(Postgres)), "", sqliteDSN{}), fc)
 		for _, c := range []struct {
 			name string
 			conn driver.Conn

@@ -1008,18 +1008,30 @@ func TestConnectWithoutSessionMarker(t *testing.T) {
 	}
 }
 
-// Point 3's limit: a pooler whose only server connection is the holder's
-// (default_pool_size = 1) keeps the monitor's check waiting for a server
-// until the check's timeout. The pooler answered the connection, so the
-// server is reachable, only busy: the holder is not reported lost.
+// Point 3's limit: a pooler whose server connections are all taken (the
+// holder's, and another client's open transaction; default_pool_size = 2)
+// keeps the monitor's check waiting for a server until the check's timeout.
+// The pooler answered the connection, so the server is reachable, only
+// busy: the holder is not reported lost.
 func TestBusyPoolerIsNotUnreachable(t *testing.T) {
-	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{PoolSize: 1})
+	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{PoolSize: 2})
 	db := e.open(t, WithTransactionPooler(), withCheckTimeout(300*time.Millisecond))
 	ctx := context.Background()
 	l, err := AcquireAdvisoryLock(ctx, db, 109)
 	if err != nil {
 		t.Fatal(err)
 	}
+	other, err := sql.Open("pgx", e.pooled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	busy, err := other.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Rollback()
+	mustExec(t, busy, "SELECT 1") // the pool's other server connection, kept
 	waitFor(t, 30*time.Second, "two checks to time out waiting for a server", func() bool {
 		return strings.Count(e.log.String(), "checking advisory-lock holders failed") >= 2
 	})
@@ -1028,6 +1040,7 @@ func TestBusyPoolerIsNotUnreachable(t *testing.T) {
 		t.Fatalf("the holder was reported lost: %v", l.Err())
 	default:
 	}
+	busy.Rollback()
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

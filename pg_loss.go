@@ -109,7 +109,7 @@ func (c *conn) loseLocks(cause error) error {
 // keeps its transaction, and them, open until TCP keepalive. (Through a
 // transaction pooler the transaction's backend is the pooler's to drop.)
 func (c *conn) endTransactionLocks() {
-	if c.connector.pins == nil || c.connector.opts.txPooler {
+	if c.connector.pins == nil || c.connector.opts.txPooler || c.connector.opts.pinningPooler {
 		return
 	}
 	c.pin.mu.Lock()
@@ -176,8 +176,14 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 	if flags&lossReport != 0 {
 		c.connector.tel.lockLost(context.Background(), "advisory", n)
 		c.connector.events.add(eventLockLost, lost.Error())
-		c.connector.opts.logger.Error("lockhooks: advisory lock lost", "connection", c.id, "backend_pid", pid,
-			"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "parked", parked, "cause", fmt.Sprint(cause))
+		heldFor := time.Since(oldest.since).Round(time.Millisecond)
+		c.connector.opts.logger.Error("lockhooks: advisory lock lost", "database", c.connector.pool, "connection", c.id, "backend_pid", pid,
+			"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "held_for", heldFor.String(), "parked", parked, "cause", cause.Error())
+		// A span of its own (issue 20: the model of holders), linked to the
+		// span the lock was taken in.
+		h := connHolder(c)
+		h.Key, h.Site, h.Since, h.SiteKind = strings.Join(keys, ", "), oldest.site, oldest.since, siteTook
+		c.connector.tel.lockLostSpan(h.withSpan(oldest.span), cause)
 	}
 	if l := c.advisory.Load(); l != nil {
 		l.freeTurn() // another acquirer of this process may take the key at once

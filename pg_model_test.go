@@ -37,14 +37,16 @@ func TestTrackingMatchesPgLocks(t *testing.T) {
 }
 
 // TestTrackingMatchesPgLocksThroughPgBouncer is the model test through
-// PgBouncer in transaction mode, on a database opened with
+// PgBouncer in transaction mode (1.18 and 1.25), on a database opened with
 // WithTransactionPooler: the statements such a database accepts (session
 // locks in statements of their own, transactions, unlocks through the
 // pool, terminated holders), each connection's session locks compared with
 // pg_locks of its holder's backend. The same variables as
 // TestTrackingMatchesPgLocks (default 3 seeds of 40 steps in CI).
 func TestTrackingMatchesPgLocksThroughPgBouncer(t *testing.T) {
-	runModel(t, modelPooled, 3, 40)
+	for _, v := range pgtest.Versions {
+		t.Run(v.String(), func(t *testing.T) { runModelOn(t, modelPooled, v, 3, 40) })
+	}
 }
 
 // TestTrackingMatchesPgLocksWithFaults is the model test with network
@@ -62,6 +64,11 @@ func TestTrackingMatchesPgLocksWithFaults(t *testing.T) {
 
 // runModel runs the model test of kind: seeds × steps by default.
 func runModel(t *testing.T, kind modelKind, seeds, steps int) {
+	runModelOn(t, kind, "", seeds, steps)
+}
+
+// runModelOn is runModel through PgBouncer version v (modelPooled).
+func runModelOn(t *testing.T, kind modelKind, v pgtest.Version, seeds, steps int) {
 	seeds, steps = envInt("LOCKHOOKS_MODEL_SEEDS", seeds), envInt("LOCKHOOKS_MODEL_STEPS", steps)
 	first := uint64(1)
 	if s := os.Getenv("LOCKHOOKS_MODEL_SEED"); s != "" {
@@ -73,7 +80,7 @@ func runModel(t *testing.T, kind modelKind, seeds, steps int) {
 	}
 	for seed := first; seed < first+uint64(seeds); seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			m := newModel(t, seed, kind)
+			m := newModel(t, seed, kind, v)
 			for i := range steps {
 				m.step(i)
 				m.check(fmt.Sprintf("after step %d", i))
@@ -123,13 +130,13 @@ type slot struct {
 // blockedKey is held by the raw blocker for the whole run.
 const blockedKey = 9
 
-func newModel(t *testing.T, seed uint64, kind modelKind) *model {
+func newModel(t *testing.T, seed uint64, kind modelKind, v pgtest.Version) *model {
 	m := &model{t: t, seed: seed, kind: kind, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 	switch kind {
 	case modelDirect:
 		m.e = newPinEnv(t, WithVerifyOnReturn(true))
 	case modelPooled:
-		m.e = newPooledPinEnv(t)
+		m.e = newPooledPinEnv(t, v)
 	case modelFaults:
 		fe := newFaultEnv(t, nil, WithVerifyOnReturn(true))
 		m.e, m.proxy = fe.pinEnv, fe.proxy
@@ -174,9 +181,9 @@ func (m *model) fail(format string, args ...any) {
 // server. PgBouncer's server connections outlive lockhooks' clients, so the
 // end check is that no advisory lock is left in the database. (See
 // newOwnPoolerEnv for why a PgBouncer of its own.)
-func newPooledPinEnv(t *testing.T) *pinEnv {
+func newPooledPinEnv(t *testing.T, v pgtest.Version) *pinEnv {
 	t.Helper()
-	pe, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{PoolSize: 20})
+	pe, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{Version: v, PoolSize: 20})
 	e := &pinEnv{raw: pe.raw, app: pe.app, log: pe.log, metrics: sdkmetric.NewManualReader()}
 	var err error
 	e.wrapped, err = Open("pgx", withApp(pe.pooled, e.app), WithTransactionPooler(),

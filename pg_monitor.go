@@ -95,7 +95,7 @@ func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, err
 		}
 		return nil, err
 	}
-	if !p.c.opts.txPooler {
+	if !p.c.opts.txPooler && !p.c.opts.pinningPooler {
 		p.lookForPooler(v, all)
 		if perr := p.poolerSeen(); perr != nil {
 			for _, s := range all {

@@ -90,6 +90,8 @@ type pinState struct {
 	gen       uint64        // changes whenever held may have changed
 	busy      int           // advisory statements in flight
 	recheck   bool          // read pg_locks again once the transaction ends
+	everHeld  bool          // has held a session lock (a session-pinning pooler keeps it pinned)
+	pinnedTo  int32         // WithSessionPinningPooler: the backend pg_locks found its session locks on
 
 	// exec serialises what lockhooks itself runs on a connection that
 	// database/sql no longer uses (a parked one): rerouted unlocks, reads of
@@ -100,6 +102,9 @@ type pinState struct {
 // updateActiveLocked recomputes whether statements need the slow path;
 // c.pin.mu is held.
 func (c *conn) updateActiveLocked() {
+	if len(c.pin.held) > 0 {
+		c.pin.everHeld = true
+	}
 	c.pin.active.Store(len(c.pin.held) > 0 || c.pin.lost != nil || c.pin.textTx || c.pin.recheck || len(c.pin.xact) > 0)
 }
 
@@ -216,6 +221,10 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 	}
 	c.warnSelfWait(adv, plan.keys, plan.known, plan.site)
+	if err := c.selfWaitAdvisory(ctx, fmt.Sprintf("the statement %.120q", st.text), waitingKeys(adv, plan.keys, plan.known), nil); err != nil {
+		c.connector.events.add(eventSelfWait, err.Error())
+		return plan, nil, err
+	}
 	plan.wait = c.startAdvisoryWait(ctx, adv, args, plan.site)
 	c.pin.mu.Lock()
 	c.pin.busy++
@@ -454,8 +463,8 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 // own failure does it (holderFailed), and an undeclared pooler's backend
 // serves others.
 func (c *conn) endAfterBreak(plan advisoryPlan) {
-	if c.connector.opts.txPooler || c.connector.pins.poolerSeen() != nil {
-		return
+	if c.connector.opts.txPooler || c.connector.opts.pinningPooler || c.connector.pins.poolerSeen() != nil {
+		return // (a pinning pooler may have run the statement on another backend than c.pid)
 	}
 	var keys []lockKey
 	for i, call := range plan.st.advisory.Calls {

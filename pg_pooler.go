@@ -27,9 +27,10 @@ import (
 var ErrTransactionPooler = errors.New("lockhooks: session advisory lock through a transaction-mode pooler")
 
 // WithTransactionPooler says the DSN goes through a transaction-mode pooler
-// (PgBouncer pool_mode = transaction, RDS Proxy, Supabase's and Neon's
-// poolers). Only an open transaction keeps a server connection assigned to
-// one client there, so each connection that takes a session advisory lock
+// (PgBouncer pool_mode = transaction, Supabase's and Neon's poolers; RDS
+// Proxy pins sessions instead: [WithSessionPinningPooler]). Only an open
+// transaction keeps a server connection assigned to one client there, so
+// each connection that takes a session advisory lock
 // gets a holder connection of its own whose transaction stays open while it
 // holds anything; the lock and unlock statements run there and return its
 // results. The application's own statements keep their meaning: they run
@@ -461,7 +462,7 @@ func (c *conn) marker() string {
 // only if that connection is still open (a session-mode pooler reuses
 // backends too, one client after another): one of this database's own.
 func (c *conn) sawMarker(m, pid string) {
-	if c.connector.opts.txPooler || c.mark == "" || m == "" || m == c.mark || !strings.HasPrefix(m, markerPrefix) {
+	if c.mark == "" || m == "" || m == c.mark || !strings.HasPrefix(m, markerPrefix) {
 		return
 	}
 	if o := c.connector.pins.ownerOf(m); o != nil && o != c {
@@ -491,7 +492,7 @@ func (p *pinning) ownerOf(m string) *conn {
 // opened with WithTransactionPooler, once, and has the monitor report the
 // holders.
 func (p *pinning) sawPooler(err error) {
-	if p.c.opts.txPooler {
+	if p.c.opts.txPooler || p.c.opts.pinningPooler {
 		return
 	}
 	if p.pooler.CompareAndSwap(nil, &err) {

@@ -15,8 +15,8 @@ import (
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
-// poolerEnv is one fresh database reached directly and through PgBouncer
-// in transaction mode (pool size 2).
+// poolerEnv is one fresh database reached directly and through a PgBouncer
+// in transaction mode (pool size 2): p, or the shared 1.18 when p is nil.
 type poolerEnv struct {
 	direct string // DSN straight to Postgres
 	pooled string // DSN through PgBouncer
@@ -79,7 +79,11 @@ func (e *poolerEnv) waitNoAdvisoryLocks(t testing.TB) {
 // pooler meanwhile, the unlock through db answers true; while held, a
 // direct session cannot take the key.
 func TestPoolerLockAndUnlockThroughThePool(t *testing.T) {
-	e := newPoolerEnv(t, nil)
+	pgtest.EachPooler(t, testPoolerLockAndUnlockThroughThePool)
+}
+
+func testPoolerLockAndUnlockThroughThePool(t *testing.T, p *pgtest.Pooler) {
+	e := newPoolerEnv(t, p)
 	db := e.open(t, WithTransactionPooler())
 	const k = 3881
 	if _, err := db.Exec("SELECT pg_advisory_lock($1)", k); err != nil {
@@ -138,8 +142,10 @@ func TestPoolerLockAndUnlockThroughThePool(t *testing.T) {
 // Mutual exclusion through the pooler: workers of three replicas (each its
 // own *sql.DB) increment a counter under AcquireAdvisoryLock with a read
 // and a write in separate statements; no increment is lost.
-func TestPoolerMutualExclusion(t *testing.T) {
-	e := newPoolerEnv(t, nil)
+func TestPoolerMutualExclusion(t *testing.T) { pgtest.EachPooler(t, testPoolerMutualExclusion) }
+
+func testPoolerMutualExclusion(t *testing.T, p *pgtest.Pooler) {
+	e := newPoolerEnv(t, p)
 	mustExec(t, e.raw, "CREATE TABLE counter (n int)")
 	mustExec(t, e.raw, "INSERT INTO counter VALUES (0)")
 	const replicas, workers, rounds = 3, 2, 8
@@ -182,7 +188,11 @@ func TestPoolerMutualExclusion(t *testing.T) {
 // Without WithTransactionPooler, a session lock through the pooler is not
 // silent: the error names the pooler and the option.
 func TestUndeclaredPoolerIsReported(t *testing.T) {
-	e := newPoolerEnv(t, nil)
+	pgtest.EachPooler(t, testUndeclaredPoolerIsReported)
+}
+
+func testUndeclaredPoolerIsReported(t *testing.T, p *pgtest.Pooler) {
+	e := newPoolerEnv(t, p)
 	db := e.open(t)
 	ctx := context.Background()
 	c, err := db.Conn(ctx) // opened on server connection S1
@@ -220,7 +230,11 @@ func TestUndeclaredPoolerIsReported(t *testing.T) {
 // A holder whose transaction the server kills (idle_in_transaction_
 // session_timeout) is a lost lock, reported like any other.
 func TestPoolerHolderKilledByIdleTimeoutIsLost(t *testing.T) {
-	e := newPoolerEnv(t, nil)
+	pgtest.EachPooler(t, testPoolerHolderKilledByIdleTimeoutIsLost)
+}
+
+func testPoolerHolderKilledByIdleTimeoutIsLost(t *testing.T, p *pgtest.Pooler) {
+	e := newPoolerEnv(t, p)
 	var db string
 	if err := e.raw.QueryRow("SELECT current_database()").Scan(&db); err != nil {
 		t.Fatal(err)
@@ -259,7 +273,11 @@ func TestPoolerHolderKilledByIdleTimeoutIsLost(t *testing.T) {
 // Transaction-level locks need no holder: Lock works through the pooler as
 // it is, with or without the option.
 func TestPoolerTransactionLevelLocks(t *testing.T) {
-	e := newPoolerEnv(t, nil)
+	pgtest.EachPooler(t, testPoolerTransactionLevelLocks)
+}
+
+func testPoolerTransactionLevelLocks(t *testing.T, p *pgtest.Pooler) {
+	e := newPoolerEnv(t, p)
 	for _, opts := range [][]Option{nil, {WithTransactionPooler()}} {
 		db := e.open(t, opts...)
 		ctx := context.Background()

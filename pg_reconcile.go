@@ -101,6 +101,9 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 		return c.readHolderLocks(ctx)
 	}
 	pid := c.lockPID()
+	if c.connector.opts.pinningPooler {
+		pid = 0 // the backend that answers: the pooler moves the connection until it pins it
+	}
 	inTx := c.inTx()
 	if inTx {
 		if err := c.execOwn(ctx, "SAVEPOINT lockhooks_read"); err != nil {
@@ -108,16 +111,16 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 		}
 	}
 	held, ranOn, marker, err := c.queryOwnLocks(ctx, pid)
-	if err == nil && !c.connector.opts.txPooler {
-		switch {
-		case ranOn != pid:
-			err = c.poolerDetected(fmt.Sprintf("was opened on backend pid %d but its statements now run on backend pid %d", pid, ranOn))
-		case c.mark != "" && marker != "" && marker != c.mark && strings.HasPrefix(marker, markerPrefix):
-			err = c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where another lockhooks connection was opened meanwhile", pid))
-		}
-		if err != nil {
-			c.connector.pins.sawPooler(err)
-		}
+	switch {
+	case err != nil:
+	case c.connector.opts.pinningPooler:
+		err = c.followPin(ranOn, len(held) > 0 && !inTx)
+	case ranOn != pid:
+		err = c.poolerDetected(fmt.Sprintf("was opened on backend pid %d but its statements now run on backend pid %d", pid, ranOn))
+		c.connector.pins.sawPooler(err)
+	case c.mark != "" && marker != "" && marker != c.mark && strings.HasPrefix(marker, markerPrefix):
+		err = c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where another lockhooks connection was opened meanwhile", pid))
+		c.connector.pins.sawPooler(err)
 	}
 	if inTx {
 		end := "RELEASE SAVEPOINT lockhooks_read"
@@ -158,18 +161,23 @@ func (c *conn) readHolderLocks(ctx context.Context) (map[lockKey]bool, error) {
 	return held, nil
 }
 
-// queryOwnLocks reads the granted advisory locks of backend pid, and the
-// pid and session marker of the backend that answers.
+// queryOwnLocks reads the granted advisory locks of backend pid (0: of the
+// backend that answers), and the pid and session marker of the backend
+// that answers.
 func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, marker string, err error) {
 	return queryLocksOn(ctx, c.inner, pid, c.afterDiscard())
 }
 
 // queryLocksOn reads, on the connection on, the granted advisory locks of
-// backend pid, and the pid and session marker of the backend that answers;
-// suffix ends the query's text.
+// backend pid (0: of the backend that answers), and the pid and session
+// marker of the backend that answers; suffix ends the query's text.
 func queryLocksOn(ctx context.Context, on driver.Conn, pid int32, suffix string) (held map[lockKey]bool, ranOn int32, marker string, err error) {
+	of := "pg_backend_pid()"
+	if pid != 0 {
+		of = strconv.Itoa(int(pid))
+	}
 	rows, err := queryDirect(ctx, on, `SELECT pg_backend_pid(), current_setting('lockhooks.session', true), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
-FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.pid = `+strconv.Itoa(int(pid))+` AND l.locktype = 'advisory' AND l.granted`+suffix, nil)
+FROM (SELECT 1) one LEFT JOIN pg_locks l ON l.pid = `+of+` AND l.locktype = 'advisory' AND l.granted`+suffix, nil)
 	if err != nil {
 		return nil, 0, "", err
 	}

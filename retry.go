@@ -62,9 +62,9 @@ func RetryLockNotAvailable() RetryOption {
 }
 
 // SkipCommitCheck turns off the resolution of ambiguous commits on
-// Postgres, saving the round trip that reads the transaction id before
-// each COMMIT; a COMMIT cut off by a broken connection then ends RunInTx
-// with an error wrapping [ErrAmbiguousCommit].
+// Postgres: RunInTx then lets the driver send BEGIN and COMMIT, and gives
+// the transaction no id of its own; a COMMIT cut off by a broken
+// connection ends RunInTx with an error wrapping [ErrAmbiguousCommit].
 func SkipCommitCheck() RetryOption {
 	return func(c *retryConfig) { c.commitCheck = false }
 }
@@ -154,14 +154,20 @@ func plural(n int) string {
 // with it, before the backoff.
 //
 // A COMMIT cut off by a broken connection (or by the server going away:
-// SQLSTATE classes 08 and 57) is resolved, not guessed: on Postgres (13 or
-// later), before COMMIT RunInTx reads the attempt's transaction id with
-// pg_current_xact_id_if_assigned() (one extra round trip per attempt; a
-// transaction that wrote nothing has none), and after such a failure asks
+// SQLSTATE classes 08 and 57) is resolved, not guessed, whatever the
+// transaction did (wrote, only sent a NOTIFY, or read): on Postgres (13 or
+// later) every attempt is given a transaction id when it begins
+// (pg_current_xact_id(); through lib/pq, and through pgx at the default
+// isolation level, in BEGIN's own round trip, otherwise with one more
+// round trip before COMMIT), and after such a failure RunInTx asks
 // pg_xact_status() on another connection: "committed" is success,
-// "aborted" is retried, and while the server says "in progress" or cannot
-// be reached it asks again, for up to [CommitResolveTimeout]. A
-// transaction without an id wrote nothing and is retried. Only when the
+// "aborted" is retried. While the server says "in progress" it asks again,
+// for up to [CommitResolveTimeout]; a backend still idle in the
+// transaction never got the COMMIT and never will, so RunInTx ends it
+// (pg_terminate_backend), which aborts the transaction. An attempt that
+// wrote nothing still commits a transaction id (its commit record is
+// written without waiting for the disk). On a standby, where nothing can be
+// written, no id is assigned and a cut COMMIT is retried. Only when the
 // server cannot say (or on SQLite, or with [SkipCommitCheck]) does RunInTx
 // return an error wrapping [ErrAmbiguousCommit]. A COMMIT that the server
 // itself rejected (a deferred constraint, a serialization failure) did not
@@ -171,7 +177,9 @@ func plural(n int) string {
 // and wraps the last cause. RunInTx works with any database/sql driver;
 // locking features need a database opened through lockhooks.
 func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error, options ...RetryOption) error {
-	cfg := retryConfig{
+	r := &runner{db: db, opts: opts, fn: fn, postgres: dialectOf(db) == Postgres}
+	cfg := &r.cfg
+	*cfg = retryConfig{
 		maxAttempts:    defaultMaxAttempts,
 		base:           defaultBackoffBase,
 		cap:            defaultBackoffCap,
@@ -180,10 +188,12 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 	}
 	for _, o := range options {
 		if o != nil {
-			o(&cfg)
+			o(cfg)
 		}
 	}
-	r := runner{db: db, opts: opts, fn: fn, cfg: &cfg, postgres: dialectOf(db) == Postgres}
+	if r.postgres && cfg.commitCheck {
+		ctx = runInTxContext{ctx, &r.info} // see retry_commit.go
+	}
 	for attempt := 1; ; attempt++ {
 		err := r.attempt(ctx)
 		if err == nil {
@@ -251,8 +261,9 @@ type runner struct {
 	db       *sql.DB
 	opts     *sql.TxOptions
 	fn       func(*sql.Tx) error
-	cfg      *retryConfig
+	cfg      retryConfig
 	postgres bool
+	info     commitInfo // the current attempt's transaction (Postgres, commit check on)
 }
 
 // attemptError marks an attempt's error with where it happened.
@@ -284,8 +295,12 @@ func (r *runner) retryable(err error) bool {
 
 // attempt runs one transaction.
 func (r *runner) attempt(ctx context.Context) (err error) {
+	r.info = commitInfo{}
 	tx, err := r.db.BeginTx(ctx, r.opts)
 	if err != nil {
+		if sqlState(err) == "42883" { // lockhooks' BEGIN asks for the transaction id
+			err = xidError(err)
+		}
 		return r.beforeCommit(ctx, err)
 	}
 	done := false
@@ -299,22 +314,24 @@ func (r *runner) attempt(ctx context.Context) (err error) {
 		done = true
 		return r.fnFailed(ctx, err, tx.Rollback())
 	}
-	xid := ""
-	if r.postgres && r.cfg.commitCheck && (r.opts == nil || !r.opts.ReadOnly) {
-		var v sql.NullString
-		if err := tx.QueryRowContext(ctx, "SELECT pg_current_xact_id_if_assigned()::text").Scan(&v); err != nil {
+	if r.postgres && r.cfg.commitCheck && !r.info.begun {
+		// The transaction began without its id (a driver or an isolation
+		// level that BEGIN's round trip cannot serve): assign and read it
+		// now, in a round trip of its own.
+		var xid sql.NullString
+		if err := tx.QueryRowContext(ctx, xidQuery).Scan(&xid); err != nil {
 			done = true
 			tx.Rollback()
 			return r.beforeCommit(ctx, xidError(err))
 		}
-		xid = v.String
+		r.info.xid = xid.String
 	}
 	done = true
 	err = tx.Commit()
 	if err == nil {
 		return nil
 	}
-	return r.commitFailed(ctx, xid, err)
+	return r.commitFailed(ctx, err)
 }
 
 // xidError explains why the transaction id could not be read.
@@ -323,7 +340,7 @@ func xidError(err error) error {
 	case "25P02": // in_failed_sql_transaction
 		return fmt.Errorf("lockhooks: RunInTx: fn returned nil, but a statement of the transaction failed and Postgres aborted it; return that statement's error from fn: %w", err)
 	case "42883": // undefined_function
-		return fmt.Errorf("lockhooks: RunInTx reads the transaction id with pg_current_xact_id_if_assigned(), which needs Postgres 13 or later; pass lockhooks.SkipCommitCheck() on older servers: %w", err)
+		return fmt.Errorf("lockhooks: RunInTx gives each attempt a transaction id with pg_current_xact_id(), which needs Postgres 13 or later; pass lockhooks.SkipCommitCheck() on older servers: %w", err)
 	}
 	return fmt.Errorf("lockhooks: RunInTx: reading the transaction id before COMMIT: %w", err)
 }
@@ -351,24 +368,29 @@ func (r *runner) beforeCommit(ctx context.Context, err error) error {
 }
 
 // commitFailed decides what a failed COMMIT means.
-func (r *runner) commitFailed(ctx context.Context, xid string, err error) error {
+func (r *runner) commitFailed(ctx context.Context, err error) error {
 	if errors.Is(err, sql.ErrTxDone) || err == ctx.Err() {
 		// database/sql rolled the transaction back when ctx ended; COMMIT
 		// was never sent.
 		return err
 	}
+	if sqlState(err) == "25P02" { // lockhooks' COMMIT (commitGuarded) found the transaction aborted
+		return xidError(err)
+	}
 	if !commitOutcomeUnknown(err) {
 		return err // the server rejected COMMIT: the transaction aborted
 	}
+	xid := r.info.xid
 	switch {
 	case !r.postgres:
 		return fmt.Errorf("%w: COMMIT failed with %w and lockhooks can ask only Postgres what became of a transaction; check whether its effects are there before doing it again", ErrAmbiguousCommit, err)
 	case !r.cfg.commitCheck:
 		return fmt.Errorf("%w: COMMIT failed with %w, and lockhooks.SkipCommitCheck() kept RunInTx from learning the transaction id; check whether its effects are there before doing it again", ErrAmbiguousCommit, err)
 	case xid == "":
-		// The transaction had no id, so it wrote nothing: running it again
-		// cannot write anything twice.
-		return &attemptError{err: fmt.Errorf("lockhooks: COMMIT of a transaction that wrote nothing failed: %w", err), beforeWrite: true}
+		// No id was assigned: the transaction ran on a standby, where it
+		// could neither write nor notify, so running it again cannot do
+		// anything twice.
+		return &attemptError{err: fmt.Errorf("lockhooks: COMMIT of a transaction on a standby (which can write nothing) failed: %w", err), beforeWrite: true}
 	}
 	status, serr := r.resolve(ctx, xid)
 	switch status {
@@ -399,21 +421,40 @@ func commitOutcomeUnknown(err error) bool {
 	return true
 }
 
+// resolveQuery asks what became of transaction $1, and whether the backend
+// running it (the one whose backend_xid it is) is still idle inside it:
+// then COMMIT never reached it.
+const resolveQuery = `SELECT pg_xact_status($1::xid8), EXISTS (SELECT FROM pg_stat_activity
+	WHERE backend_xid = xid($1::xid8) AND state LIKE 'idle in transaction%')`
+
 // resolve asks Postgres, on another connection, what became of
-// transaction xid: "committed" or "aborted", or "" and why it cannot say.
+// transaction xid: "committed" or "aborted", or "" and why it cannot say. A backend still idle inside the transaction never
+// got its COMMIT, and never will (the connection that would send it is
+// broken): it is ended, which aborts the transaction, rather than waited
+// for until the server notices the broken connection.
 func (r *runner) resolve(ctx context.Context, xid string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.resolveTimeout)
 	defer cancel()
 	wait := 5 * time.Millisecond
 	var last error
+	terminated := false
 	for {
 		var status sql.NullString
-		err := r.db.QueryRowContext(ctx, "SELECT pg_xact_status($1::xid8)", xid).Scan(&status)
+		var idle bool
+		err := r.db.QueryRowContext(ctx, resolveQuery, xid).Scan(&status, &idle)
 		switch {
 		case err == nil && !status.Valid:
 			return "", errors.New("pg_xact_status returned NULL: the transaction id is older than the commit log the server keeps")
 		case err == nil && status.String != "in progress":
 			return status.String, nil
+		case err == nil && idle && !terminated:
+			terminated = true
+			_, err = r.db.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE backend_xid = xid($1::xid8) AND state LIKE 'idle in transaction%'`, xid)
+			if err == nil {
+				continue // ask again at once
+			}
+			last = fmt.Errorf("ending the backend idle in transaction %s without its COMMIT: %w", xid, err)
 		case err == nil:
 			last = fmt.Errorf("pg_xact_status still said %q after %v", status.String, r.cfg.resolveTimeout)
 		case sqlState(err) != "" && !strings.HasPrefix(sqlState(err), "08") && !strings.HasPrefix(sqlState(err), "57"):

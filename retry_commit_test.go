@@ -131,11 +131,15 @@ func TestRunInTxAmbiguousWithoutCommitCheck(t *testing.T) {
 // cuttingProxy relays TCP connections to a Postgres server and, once
 // armed, cuts the first connection whose client sends COMMIT: the COMMIT
 // reaches the server (which commits), the reply never reaches the client.
-// The database is real; only the network fails.
+// With drop set, the COMMIT is lost instead of forwarded, and the server's
+// side stays open: the backend waits, idle in the transaction, for a
+// COMMIT that never comes (a black-holed network). The database is real;
+// only the network fails.
 type cuttingProxy struct {
 	ln     net.Listener
 	target string
 	armed  atomic.Bool
+	drop   atomic.Bool
 	cut    atomic.Bool
 	mu     sync.Mutex
 	conns  []net.Conn
@@ -184,8 +188,10 @@ func (p *cuttingProxy) serve() {
 				if n > 0 {
 					if p.armed.Load() && bytes.Contains(bytes.ToLower(buf[:n]), []byte("commit\x00")) && p.cut.CompareAndSwap(false, true) {
 						client.Close() // first, so that no reply can reach the client
-						server.Write(buf[:n])
-						return // the server still has COMMIT, and commits
+						if !p.drop.Load() {
+							server.Write(buf[:n]) // the server still has COMMIT, and commits
+						}
+						return
 					}
 					if _, werr := server.Write(buf[:n]); werr != nil {
 						return

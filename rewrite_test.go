@@ -428,7 +428,7 @@ func TestSQLiteAcceptsLockingClauses(t *testing.T) {
 // no allocation in the hooks.
 func TestInterceptAllocations(t *testing.T) {
 	for _, d := range []Dialect{Postgres, SQLite} {
-		c := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(d)))}
+		c := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(d)), "", sqliteDSN{})}
 		ctx := context.Background()
 		for _, q := range []string{
 			"UPDATE t SET v = v + 1 WHERE id = $1",

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,7 +64,23 @@ type waitInfo struct {
 	ended      bool          // ended while its "still waiting" line was being written
 	endOutcome string
 	endWaited  time.Duration
+
+	// lookAt is when, shortly before its context's deadline, a Postgres
+	// wait looks up who holds what it waits for, so that the error of a
+	// wait that times out can name the holder (the server forgets the
+	// wait the moment the driver cancels it). Zero: no lookup.
+	lookAt time.Time
+	looked bool
+	// found is who held what the wait waits for, as the slow-wait log or
+	// the lookup found them (named again, with their ages then, by
+	// holderNamed).
+	found         []holder
+	foundBlockers []pgBlocker
 }
+
+// lookupLead is how long before its context's deadline a Postgres wait
+// looks up its holder: a quarter of the wait's budget, at most this.
+const lookupLead = time.Second
 
 // waitWatch is the set of lock waits in progress of one database, for the
 // debug page and the slow-wait log: an intrusive list (no allocation per
@@ -92,10 +107,14 @@ func newWaitWatch(c *connector) *waitWatch {
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 }
 
-// add lists w, reading its keys and namespace from the wait's attributes.
-func (ww *waitWatch) add(w *lockWait, attrs []attribute.KeyValue) {
+// add lists w, reading its keys and namespace from the wait's attributes
+// and, on Postgres, when to look up its holder from ctx's deadline.
+func (ww *waitWatch) add(ctx context.Context, w *lockWait, attrs []attribute.KeyValue) {
 	if ww == nil {
 		return
+	}
+	if deadline, ok := ctx.Deadline(); ok && ww.c != nil && ww.c.opts.dialect == Postgres {
+		w.lookAt = deadline.Add(-min(lookupLead, deadline.Sub(w.start)/4))
 	}
 	ww.started.Add(1)
 	for _, a := range attrs {
@@ -119,7 +138,8 @@ func (ww *waitWatch) add(w *lockWait, attrs []attribute.KeyValue) {
 		ww.head = w
 	}
 	ww.tail = w
-	start := !ww.running && ww.threshold > 0
+	watched := ww.threshold > 0 || !w.lookAt.IsZero()
+	start := !ww.running && watched
 	if start {
 		ww.running = true
 	}
@@ -127,7 +147,7 @@ func (ww *waitWatch) add(w *lockWait, attrs []attribute.KeyValue) {
 	if start {
 		go ww.run()
 	}
-	if ww.threshold > 0 {
+	if watched {
 		select {
 		case ww.wake <- struct{}{}:
 		default:
@@ -273,23 +293,38 @@ func (ww *waitWatch) run() {
 		for {
 			now := time.Now()
 			next := time.Duration(-1)
-			var due []waitView
+			soon := func(left time.Duration) {
+				if next < 0 || left < next {
+					next = left
+				}
+			}
+			var due, look []waitView
 			ww.mu.Lock()
 			for w := ww.head; w != nil; w = w.next {
-				if w.slow != slowNone {
-					continue
+				if ww.threshold > 0 && w.slow == slowNone {
+					left := ww.threshold - now.Sub(w.start)
+					if left <= 0 {
+						w.slow = slowReporting
+						due = append(due, viewLocked(w))
+					} else {
+						soon(left)
+					}
 				}
-				left := ww.threshold - now.Sub(w.start)
-				if left <= 0 {
-					w.slow = slowReporting
-					due = append(due, viewLocked(w))
-				} else if next < 0 || left < next {
-					next = left
+				if !w.lookAt.IsZero() && !w.looked && w.slow == slowNone {
+					if left := w.lookAt.Sub(now); left <= 0 {
+						w.looked = true
+						look = append(look, viewLocked(w))
+					} else {
+						soon(left)
+					}
 				}
 			}
 			ww.mu.Unlock()
 			for _, v := range due {
 				ww.report(v)
+			}
+			for _, v := range look {
+				ww.lookUp(v)
 			}
 			if next < 0 {
 				break
@@ -314,13 +349,14 @@ func (ww *waitWatch) report(v waitView) {
 	cancel()
 	holder := describeHolders(holders, blockers, err)
 	at := time.Since(v.start).Round(time.Millisecond)
-	args := append(v.logArgs(), "waited", at.String(), "holder", holder)
+	args := append(v.logArgs(), "waited", at.String())
 	if len(holders) > 0 {
-		h := holders[0]
-		args = append(args, "holder_site", h.Site, "holder_age", h.age().String())
-		if h.PID != 0 {
-			args = append(args, "holder_pid", h.PID)
+		args = append(args, holders[0].logArgs()...)
+		if len(holders) > 1 || len(blockers) > 0 {
+			args = append(args, "holders", holder)
 		}
+	} else {
+		args = append(args, "holder", holder)
 	}
 	if len(blockers) > 0 {
 		pids := make([]string, len(blockers))
@@ -334,11 +370,46 @@ func (ww *waitWatch) report(v waitView) {
 
 	ww.mu.Lock()
 	v.w.slow, v.w.holderText, v.w.holderAt = slowReported, holder, at
+	if len(holders)+len(blockers) > 0 {
+		v.w.found, v.w.foundBlockers = holders, blockers
+	}
 	ended, outcome, waited := v.w.ended, v.w.endOutcome, v.w.endWaited
 	ww.mu.Unlock()
 	if ended {
 		ww.logEnd(v.w, outcome, waited, holder, at)
 	}
+}
+
+// lookUp finds, shortly before the deadline of v's context, who holds
+// what v waits for, for the error of a wait that times out.
+func (ww *waitWatch) lookUp(v waitView) {
+	v.symbolise()
+	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
+	holders, blockers, _ := ww.c.holdersOf(ctx, v) // a failed read leaves the error as it was
+	cancel()
+	if len(holders) == 0 && len(blockers) == 0 {
+		return
+	}
+	ww.mu.Lock()
+	if len(v.w.found)+len(v.w.foundBlockers) == 0 {
+		v.w.found, v.w.foundBlockers = holders, blockers
+	}
+	ww.mu.Unlock()
+}
+
+// holderNamed names the holder of what w waits for, as the slow-wait log
+// or the lookup before the deadline found it (with its age now), or "".
+func (w *lockWait) holderNamed() string {
+	if w == nil || w.t == nil || w.t.watch == nil {
+		return ""
+	}
+	w.t.watch.mu.Lock()
+	holders, blockers := w.found, w.foundBlockers
+	w.t.watch.mu.Unlock()
+	if len(holders)+len(blockers) == 0 {
+		return ""
+	}
+	return describeHolders(holders, blockers, nil)
 }
 
 // logEnd writes the last line of a slow wait. The holder is not read
@@ -380,7 +451,7 @@ func (v waitView) logArgs() []any {
 		args = append(args, "statement", truncate(v.query, 200))
 	}
 	if v.conn != nil {
-		args = append(args, "connection", v.conn.id)
+		args = append(args, "database", v.conn.connector.pool, "connection", v.conn.id)
 		if pid := v.conn.pid.Load(); pid != 0 {
 			args = append(args, "backend_pid", pid)
 		}
@@ -404,76 +475,6 @@ func truncate(s string, n int) string {
 
 func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
-// describeHolders is the holder part of a slow-wait line.
-func describeHolders(holders []debugHolder, blockers []pgBlocker, err error) string {
-	var parts []string
-	for _, h := range holders {
-		s := fmt.Sprintf("connection #%d", h.Conn)
-		if h.PID != 0 {
-			s += fmt.Sprintf(" (backend pid %d)", h.PID)
-		}
-		if h.Site != "" {
-			s += " which took it at " + h.Site
-		}
-		if !h.Since.IsZero() {
-			s += fmt.Sprintf(", %v ago", h.age())
-		}
-		parts = append(parts, s)
-	}
-	for _, b := range blockers {
-		if b.Conn != 0 && slicesContainsConn(holders, b.Conn) {
-			continue
-		}
-		s := fmt.Sprintf("backend pid %d", b.PID)
-		if b.ApplicationName != "" {
-			s += fmt.Sprintf(" (%q)", b.ApplicationName)
-		}
-		if b.Conn != 0 {
-			s += fmt.Sprintf(" = connection #%d", b.Conn)
-		}
-		s += ", " + b.State
-		if b.XactSeconds >= 0 {
-			s += fmt.Sprintf(", transaction open %.1fs", b.XactSeconds)
-		}
-		if b.Query != "" {
-			s += fmt.Sprintf(", last statement %.120q", b.Query)
-		}
-		parts = append(parts, s)
-	}
-	if err != nil {
-		parts = append(parts, "(reading pg_blocking_pids failed: "+err.Error()+")")
-	}
-	if len(parts) == 0 {
-		return "unknown"
-	}
-	return strings.Join(parts, "; ")
-}
-
-func slicesContainsConn(hs []debugHolder, id uint64) bool {
-	for _, h := range hs {
-		if h.Conn == id {
-			return true
-		}
-	}
-	return false
-}
-
-// debugHolder is an in-process holder of a lock someone waits for.
-type debugHolder struct {
-	Conn  uint64    `json:"conn"`
-	PID   int32     `json:"pid,omitempty"`
-	Key   string    `json:"key,omitempty"`
-	Site  string    `json:"site,omitempty"`
-	Since time.Time `json:"since,omitzero"`
-}
-
-func (h debugHolder) age() time.Duration {
-	if h.Since.IsZero() {
-		return 0
-	}
-	return time.Since(h.Since).Round(time.Millisecond)
-}
-
 // pgBlocker is a Postgres backend that blocks one of the database's
 // connections, as pg_blocking_pids and pg_stat_activity show it.
 type pgBlocker struct {
@@ -483,67 +484,6 @@ type pgBlocker struct {
 	XactSeconds     float64 `json:"xact_age_seconds"` // -1: no transaction
 	Query           string  `json:"query"`            // the statement text; never its arguments
 	Conn            uint64  `json:"conn,omitempty"`   // the connection of this database it is, if any
-}
-
-// holdersOf finds who holds what v waits for: in-process holders from the
-// lock tables and the advisory-lock tracking, and, on Postgres, the
-// backends pg_blocking_pids names.
-func (c *connector) holdersOf(ctx context.Context, v waitView) ([]debugHolder, []pgBlocker, error) {
-	holders := c.inProcessHolders(v, c.inProcessEdges())
-	if c.opts.dialect != Postgres || v.conn == nil || v.conn.pid.Load() == 0 {
-		return holders, nil, nil
-	}
-	pid := v.conn.pid.Load()
-	blocked, err := c.blockersOf(ctx, []int32{pid})
-	if err != nil {
-		return holders, nil, err
-	}
-	if b := blocked[pid]; b != nil {
-		return holders, b.blockers, nil
-	}
-	return holders, nil, nil // not waiting on the server (an in-process queue)
-}
-
-// inProcessHolders returns the holders in this process of what v waits
-// for: from the lock tables' edges, and from the advisory-lock tracking.
-func (c *connector) inProcessHolders(v waitView, edges []inProcessEdge) []debugHolder {
-	holders := []debugHolder{}
-	if v.conn == nil {
-		return holders
-	}
-	for _, e := range edges {
-		if e.waiter == v.conn {
-			holders = append(holders, e.holderInfo())
-		}
-	}
-	if c.pins != nil {
-		for _, k := range v.advKeys {
-			holders = append(holders, c.pinHolders(k, v.conn)...)
-		}
-	}
-	return holders
-}
-
-// pinHolders returns the connections other than except that hold k or a
-// session lock that conflicts with it.
-func (c *connector) pinHolders(k lockKey, except *conn) []debugHolder {
-	var out []debugHolder
-	for _, h := range c.pins.snapshot() {
-		if h == except {
-			continue
-		}
-		h.pin.mu.Lock()
-		for _, hk := range []lockKey{k.exclusive(), {pair: k.pair, k1: k.k1, k2: k.k2, shared: true}} {
-			if k.shared && hk.shared {
-				continue // shared locks do not conflict
-			}
-			if l := h.pin.held[hk]; l != nil {
-				out = append(out, debugHolder{Conn: h.id, PID: h.pid.Load(), Key: hk.String(), Site: l.site, Since: l.since})
-			}
-		}
-		h.pin.mu.Unlock()
-	}
-	return out
 }
 
 // blockedBackend is what Postgres says of one backend that waits.
@@ -628,68 +568,4 @@ func asFloat64(v driver.Value) float64 {
 		return f
 	}
 	return 0
-}
-
-// inProcessEdge is one in-process wait: waiter waits for a lock holder
-// holds, in one of the database's lock tables.
-type inProcessEdge struct {
-	kind   string // advisory | lockset | sqlite_writer
-	key    string
-	ns     string
-	waiter *conn
-	since  time.Time // when the waiter began waiting
-	wsite  string    // where the waiter asked
-	holder *conn
-	hsite  string
-	hsince time.Time
-}
-
-func (e inProcessEdge) holderInfo() debugHolder {
-	h := debugHolder{Site: e.hsite, Since: e.hsince, Key: e.key}
-	if e.ns != "" {
-		h.Key = e.ns + " / " + e.key
-	}
-	if e.holder != nil {
-		h.Conn, h.PID = e.holder.id, e.holder.pid.Load()
-	}
-	return h
-}
-
-// inProcessEdges lists who waits for whom in the in-process lock tables:
-// SQLite's advisory locks, Postgres AcquireAdvisoryLock's queue, locksets
-// and the writer lock.
-func (c *connector) inProcessEdges() []inProcessEdge {
-	var out []inProcessEdge
-	sym := siteNames{} // many waiters share a call site: symbolise each once
-	c.named.waits(func(key int64, h holderInfo, w waiterInfo) {
-		out = append(out, inProcessEdge{kind: "advisory", key: describeKey(key), waiter: ownerConn(w.owner), since: w.since,
-			wsite: sym.of(&w.site), holder: ownerConn(h.owner), hsite: sym.of(&h.site), hsince: h.since})
-	})
-	c.turns.waits(func(key int64, h holderInfo, w waiterInfo) { // AcquireAdvisoryLock's in-process queue (Postgres)
-		out = append(out, inProcessEdge{kind: "advisory", key: describeKey(key), waiter: ownerConn(w.owner), since: w.since,
-			wsite: sym.of(&w.site), holder: ownerConn(h.owner), hsite: sym.of(&h.site), hsince: h.since})
-	})
-	c.locksets.waits(func(key locksetKey, h holderInfo, w waiterInfo) {
-		out = append(out, inProcessEdge{kind: "lockset", key: describeID(key.id), ns: key.namespace, waiter: ownerConn(w.owner), since: w.since,
-			wsite: sym.of(&w.site), holder: ownerConn(h.owner), hsite: sym.of(&h.site), hsince: h.since})
-	})
-	c.writer.waits(func(h writerHolder, w writerWaiterInfo) {
-		out = append(out, inProcessEdge{kind: "sqlite_writer", key: "writer", waiter: ownerConn(w.owner), since: w.since,
-			wsite: w.where, holder: ownerConn(h.owner), hsite: h.where, hsince: h.since})
-	})
-	sort.SliceStable(out, func(i, j int) bool { return out[i].since.Before(out[j].since) })
-	return out
-}
-
-// ownerConn returns the connection of a lock owner.
-func ownerConn(owner any) *conn {
-	switch o := owner.(type) {
-	case *conn:
-		return o
-	case txOwner:
-		return o.c
-	case *AdvisoryLock:
-		return o.c
-	}
-	return nil
 }

@@ -34,6 +34,8 @@ type lockEntry struct {
 	since   time.Time
 	site    callers           // where the holder took it
 	span    trace.SpanContext // the holder's span, for waiters' links
+	ctx     context.Context   // the holder's, for self-waits
+	g       uintptr           // the holder's goroutine (currentG), for self-waits
 	waiters []*lockWaiter
 }
 
@@ -43,6 +45,8 @@ type lockWaiter struct {
 	since   time.Time // when it began waiting
 	site    callers
 	span    trace.SpanContext
+	ctx     context.Context
+	g       uintptr       // its goroutine (currentG)
 	granted chan struct{} // closed when the lock is handed to this waiter
 }
 
@@ -55,17 +59,24 @@ type holderInfo struct {
 }
 
 // lock takes key for owner, waiting while another owner holds it, until
-// ctx ends (then it returns ctx.Err() and holds nothing new).
+// ctx ends (then it returns a *tableWaitError wrapping ctx.Err() and holds
+// nothing new). A wait for a holder of the caller's own call chain (see
+// sameCallChain) is refused at once with a *tableWaitError.
 func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, site *callers) error {
 	span := trace.SpanContextFromContext(ctx)
 	t.mu.Lock()
 	e := t.entry(key)
 	if e.count == 0 || e.owner == owner {
-		e.take(owner, site, span)
+		e.take(owner, site, span, ctx, currentG())
 		t.mu.Unlock()
 		return nil
 	}
-	w := &lockWaiter{owner: owner, since: time.Now(), span: span, granted: make(chan struct{})}
+	if sameCallChain(ctx, e.ctx, e.g) {
+		h := e.holderInfo()
+		t.mu.Unlock()
+		return &tableWaitError{holder: h, self: true}
+	}
+	w := &lockWaiter{owner: owner, since: time.Now(), span: span, ctx: ctx, g: currentG(), granted: make(chan struct{})}
 	if site != nil {
 		w.site = *site
 	}
@@ -85,17 +96,69 @@ func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, site *callers
 	default:
 		e.removeWaiter(w)
 	}
-	return ctx.Err()
+	return &tableWaitError{holder: e.holderInfo(), waited: time.Since(w.since), err: ctx.Err()}
 }
 
-// tryLock takes key for owner if nobody else holds it; span is the
-// caller's, for the links of later waiters.
-func (t *lockTable[K]) tryLock(key K, owner any, site *callers, span trace.SpanContext) bool {
+// tableWaitError is why lockTable.lock did not take a key: its context
+// ended (err), or the holder is of the caller's own call chain (self). It
+// carries the holder, which the caller names with the key.
+type tableWaitError struct {
+	holder holderInfo
+	waited time.Duration
+	self   bool
+	err    error
+}
+
+func (e *tableWaitError) Error() string {
+	if e.self {
+		return ErrSelfWait.Error()
+	}
+	return e.err.Error()
+}
+
+func (e *tableWaitError) Unwrap() error {
+	if e.self {
+		return ErrSelfWait
+	}
+	return e.err
+}
+
+// explainTableWait turns a *tableWaitError of a wait for key (named by
+// what) into the caller's error: a self-wait, or how long the caller
+// (waiter) waited and who holds the key, wrapping the context's error.
+// Other errors are returned unchanged.
+func explainTableWait(err error, waiter, what, key string) error {
+	var tw *tableWaitError
+	if !errors.As(err, &tw) {
+		return err
+	}
+	h := tableHolder(key, tw.holder)
+	if tw.self {
+		return selfWaitError(waiter, what, h)
+	}
+	if h.Conn == 0 && h.Since.IsZero() { // freed meanwhile
+		return fmt.Errorf("lockhooks: %s gave up waiting for %s after %v: %w", waiter, what, tw.waited.Round(time.Millisecond), tw.err)
+	}
+	return fmt.Errorf("lockhooks: %s gave up waiting for %s after %v; it is held by %s: %w", waiter, what, tw.waited.Round(time.Millisecond), h, tw.err)
+}
+
+// holderInfo describes the entry's holder; the table's mutex is held.
+func (e *lockEntry) holderInfo() holderInfo {
+	if e.count == 0 {
+		return holderInfo{}
+	}
+	return holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}
+}
+
+// tryLock takes key for owner if nobody else holds it; ctx is the
+// caller's (its span for the links of later waiters, itself for their
+// self-wait check).
+func (t *lockTable[K]) tryLock(ctx context.Context, key K, owner any, site *callers) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.entry(key)
 	if e.count == 0 || e.owner == owner {
-		e.take(owner, site, span)
+		e.take(owner, site, trace.SpanContextFromContext(ctx), ctx, currentG())
 		return true
 	}
 	return false
@@ -159,13 +222,13 @@ func (t *lockTable[K]) release(key K, e *lockEntry) {
 	w := e.waiters[0]
 	e.waiters[0] = nil
 	e.waiters = e.waiters[1:]
-	e.take(w.owner, &w.site, w.span)
+	e.take(w.owner, &w.site, w.span, w.ctx, w.g)
 	close(w.granted)
 }
 
-func (e *lockEntry) take(owner any, site *callers, span trace.SpanContext) {
+func (e *lockEntry) take(owner any, site *callers, span trace.SpanContext, ctx context.Context, g uintptr) {
 	if e.count == 0 {
-		e.owner, e.since, e.span = owner, time.Now(), span
+		e.owner, e.since, e.span, e.ctx, e.g = owner, time.Now(), span, ctx, g
 		if site != nil {
 			e.site = *site
 		} else {
@@ -395,13 +458,30 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 	}
 	var ok bool
 	if c.connector.opts.dialect == Postgres {
+		ks := make([]lockKey, len(keys))
+		for i, id := range keys {
+			ks[i] = lockKey{k1: LockID(namespace + "\x00" + id)}
+		}
+		if !try {
+			names := map[int64]string{}
+			for i, id := range keys {
+				names[ks[i].k1] = lockKeyName(namespace, describeID(id))
+			}
+			if err := c.selfWaitAdvisory(ctx, fmt.Sprintf("Lock(%q, %s)", namespace, describeIDs(keys)), ks, names); err != nil {
+				c.connector.events.add(eventSelfWait, err.Error())
+				return nil, err
+			}
+		}
 		_, w := c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
 			AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
 		var site callers
-		site.capture()
-		w.setWaiter(c, "", &site, "", nil)
+		site.captureFast()
+		w.setWaiter(c, "", &site, "", ks)
 		c.watchBlockers(ctx, w)
 		ok, err = c.locksetPostgres(ctx, namespace, keys, try, &site)
+		if !try {
+			err = c.nameHolder(w, err)
+		}
 		outcome := ""
 		if err == nil && !ok {
 			outcome = outcomeNotAcquired
@@ -442,28 +522,32 @@ func (t *tx) snapshotGuard(namespace string) error {
 func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []string, try bool) (bool, error) {
 	table := &t.c.connector.locksets
 	owner := txOwner{t.c, t.gen}
-	span := trace.SpanContextFromContext(ctx)
 	_, w := t.c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
 		AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
 	var site callers
-	site.capture()
+	site.captureFast()
 	w.setWaiter(t.c, "", &site, "", nil)
 	taken := 0
 	for _, k := range keys {
 		key := locksetKey{namespace, k}
-		if w.recording() {
+		if w.wantsHolder() {
 			if h, ok := table.holder(key); ok && h.owner != owner {
-				w.holder(h.span, h.since, h.site.String(), 0)
+				w.heldBy(tableHolder(lockKeyName(namespace, describeID(k)), h))
 			}
 		}
 		if try {
-			if !table.tryLock(key, owner, &site, span) {
+			if !table.tryLock(ctx, key, owner, &site) {
 				t.releaseLast(taken)
 				w.end(ctx, outcomeNotAcquired, nil)
 				return false, nil
 			}
 		} else if err := table.lock(ctx, key, owner, &site); err != nil {
 			t.releaseLast(taken)
+			name := lockKeyName(namespace, describeID(k))
+			err = explainTableWait(err, fmt.Sprintf("Lock(%q, %s)", namespace, describeIDs(keys)), "lockset id "+name, name)
+			if errors.Is(err, ErrSelfWait) {
+				t.c.connector.events.add(eventSelfWait, err.Error())
+			}
 			w.end(ctx, "", err)
 			return false, err
 		}
@@ -614,6 +698,8 @@ type writerLock struct {
 	site     callers           // where the transaction holding it began (n == 0: not recorded)
 	siteLate bool              // site is that of a later statement of the transaction
 	span     trace.SpanContext // the holder's span
+	ctx      context.Context   // the holder's: its BeginTx's, or its statement's (self-waits)
+	g        uintptr           // the holder's goroutine (currentG), for self-waits
 	waiters  []*writerWaiter
 
 	// contended is when a writer last had to wait.
@@ -633,6 +719,8 @@ type writerWaiter struct {
 	stmt    string
 	site    callers
 	span    trace.SpanContext
+	ctx     context.Context
+	g       uintptr
 }
 
 // lock takes the writer lock for owner, waiting at most timeout (0: no
@@ -643,31 +731,44 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 	w.mu.Lock()
 	now := time.Now()
 	if !w.held {
-		w.held, w.owner, w.since, w.stmt, w.span = true, owner, now, stmt, span
+		w.held, w.owner, w.since, w.stmt, w.span, w.ctx, w.g = true, owner, now, stmt, span, ctx, currentG()
 		w.site.n, w.siteLate = 0, false
-		if stmt == "" && now.Sub(w.contended) < siteWindow {
-			w.site.capture()
+		if stmt == "" && (fastCallers || now.Sub(w.contended) < siteWindow) {
+			w.site.captureFast()
 		}
 		w.mu.Unlock()
 		return nil
 	}
-	wt := &writerWaiter{owner: owner, since: now, granted: make(chan struct{}), stmt: stmt, span: span}
+	if sameCallChain(ctx, w.ctx, w.g) {
+		// The holder is a transaction (or statement) of this very call
+		// chain: it cannot end while we wait.
+		holder := w.holderLocked()
+		w.mu.Unlock()
+		waiter := "BeginTx of a write transaction"
+		if stmt != "" {
+			waiter = fmt.Sprintf("the statement %.120q", stmt)
+		}
+		err := selfWaitError(waiter, "the SQLite writer lock", holder.identity())
+		tel.events.add(eventSelfWait, err.Error())
+		return err
+	}
+	wt := &writerWaiter{owner: owner, since: now, granted: make(chan struct{}), stmt: stmt, span: span, ctx: ctx, g: currentG()}
 	if stmt == "" {
-		wt.site.capture()
+		wt.site.captureFast()
 	}
 	w.waiters = append(w.waiters, wt)
 	w.contended = now
 	if w.stmt == "" && w.site.n == 0 {
 		w.siteWanted.Store(true)
 	}
-	holderSpan, holderSince, holder := w.span, w.since, w.holderLocked()
+	holder := w.holderLocked()
 	w.mu.Unlock()
 
 	// Contended: time the wait, linked to the holder.
 	_, wait := tel.startWait(ctx, "sqlite_writer", "exclusive", "transaction")
 	wait.setWaiter(ownerConn(owner), "", &wt.site, stmt, nil)
-	if wait.recording() {
-		wait.holder(holderSpan, holderSince, holder.location(), 0)
+	if wait.wantsHolder() {
+		wait.heldBy(holder.identity())
 	}
 	defer func() { wait.end(ctx, "", err) }()
 
@@ -697,20 +798,23 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 			break
 		}
 	}
-	holder, held := w.holderLocked(), time.Since(w.since)
+	holder = w.holderLocked()
 	w.mu.Unlock()
 	if err != nil {
-		return err
+		// Cancelled or past its deadline: say what it waited for, how long,
+		// and who holds it, still wrapping the context's error.
+		return fmt.Errorf("lockhooks: gave up waiting for the SQLite writer lock after %v; held by %s: %w",
+			time.Since(now).Round(time.Millisecond), holder.describe(), err)
 	}
-	err = fmt.Errorf("%w: waited %v; the holder has held it for %v, %s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
-		ErrWriterLockTimeout, timeout, held.Round(time.Millisecond), holder.describe())
+	err = fmt.Errorf("%w: waited %v; held by %s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
+		ErrWriterLockTimeout, timeout, holder.describe())
 	tel.events.add(eventWriterTimeout, err.Error())
 	return err
 }
 
 // holderLocked returns the holder, to describe once w.mu is released.
 func (w *writerLock) holderLocked() writerHolder {
-	return writerHolder{owner: w.owner, since: w.since, stmt: w.stmt, site: w.site, siteLate: w.siteLate}
+	return writerHolder{owner: w.owner, since: w.since, stmt: w.stmt, site: w.site, siteLate: w.siteLate, span: w.span}
 }
 
 // noteStatementInTx is called at each statement of the transaction that
@@ -743,13 +847,13 @@ func (w *writerLock) handOff() {
 	w.siteWanted.Store(false)
 	w.siteLate = false
 	if len(w.waiters) == 0 {
-		w.held, w.owner, w.stmt, w.site.n = false, nil, "", 0
+		w.held, w.owner, w.stmt, w.site.n, w.ctx = false, nil, "", 0, nil
 		return
 	}
 	next := w.waiters[0]
 	w.waiters[0] = nil
 	w.waiters = w.waiters[1:]
-	w.owner, w.since, w.stmt, w.site, w.span = next.owner, time.Now(), next.stmt, next.site, next.span
+	w.owner, w.since, w.stmt, w.site, w.span, w.ctx, w.g = next.owner, time.Now(), next.stmt, next.site, next.span, next.ctx, next.g
 	close(next.granted)
 }
 

@@ -35,6 +35,9 @@ const (
 	AttrHolderSite     = attribute.Key("lockhooks.holder.call_site") // where the holder took the lock
 	AttrHolderSince    = attribute.Key("lockhooks.holder.since")     // when the holder took it (RFC 3339)
 	AttrHolderPID      = attribute.Key("lockhooks.holder.backend_pid")
+	AttrHolderPool     = attribute.Key("lockhooks.holder.pool.name")  // the holder's database (its pool name)
+	AttrHolderConn     = attribute.Key("lockhooks.holder.connection") // the holder's connection number in its database
+	attrPoolName       = attribute.Key("db.client.connection.pool.name")
 	attrDBSystem       = attribute.Key("db.system.name")
 	attrDBStatus       = attribute.Key("db.response.status_code")
 	attrErrorType      = attribute.Key("error.type")
@@ -69,8 +72,12 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 }
 
 // WithRootSpans makes lockhooks start lock-wait spans also when the
-// context carries no recording span. By default it only adds spans to
-// traces that are already being recorded.
+// context carries no recording span: a span for every lock acquisition,
+// waited for or not. By default lockhooks adds spans to traces that are
+// already being recorded and, when a TracerProvider was given with
+// [WithTracerProvider], also records as a trace of its own every wait that
+// lasted at least 100ms in a context without a trace (the span starts when
+// the wait started): waits are rare and are what you want to see.
 func WithRootSpans(on bool) Option {
 	return func(o *options) { o.rootSpans = on }
 }
@@ -95,6 +102,7 @@ func WithStatementSpans(on bool) Option {
 type telemetry struct {
 	tracer           trace.Tracer
 	rootSpans        bool
+	orphanSpans      bool // a TracerProvider was given: waits of orphanWait or more outside a trace get a span of their own
 	statementSpans   bool
 	blockerThreshold time.Duration
 	system           attribute.KeyValue
@@ -106,7 +114,7 @@ type telemetry struct {
 	timeouts       metric.Int64Counter
 	serialization  metric.Int64Counter
 	reg            metric.Registration
-	base           metric.MeasurementOption // db.system.name
+	base           metric.MeasurementOption // db.system.name, db.client.connection.pool.name
 
 	watch  *waitWatch // the waits in progress (debug page, slow-wait log)
 	events *eventRing // recent events and counters (debug page)
@@ -116,7 +124,7 @@ type telemetry struct {
 // each collection for the gauges. An instrument that cannot be created is
 // reported to otel.Handle and left out: telemetry never breaks the
 // database.
-func newTelemetry(o *options, observe func() (held, parked int64)) *telemetry {
+func newTelemetry(o *options, pool string, observe func() (held, parked int64)) *telemetry {
 	tp, mp := o.tracerProvider, o.meterProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
@@ -131,11 +139,14 @@ func newTelemetry(o *options, observe func() (held, parked int64)) *telemetry {
 	t := &telemetry{
 		tracer:           tp.Tracer(instrumentationName),
 		rootSpans:        o.rootSpans,
+		orphanSpans:      o.tracerProvider != nil && !o.rootSpans,
 		statementSpans:   o.statementSpans,
 		blockerThreshold: o.blockerThreshold,
 		system:           attrDBSystem.String(system),
 	}
-	t.base = metric.WithAttributeSet(attribute.NewSet(t.system))
+	// Every observation carries the database's pool name, so that several
+	// databases on one MeterProvider have series (and gauges) of their own.
+	t.base = metric.WithAttributeSet(attribute.NewSet(t.system, attrPoolName.String(pool)))
 	m := mp.Meter(instrumentationName)
 	check := func(err error) {
 		if err != nil {
@@ -197,6 +208,25 @@ func (t *telemetry) lockLost(ctx context.Context, kind string, n int) {
 	t.add(ctx, t.lost, int64(n), AttrLockKind.String(kind), AttrLockScope.String("session"))
 }
 
+// lockLostSpan records a lost lock as a span "lock.lost advisory" of its
+// own, linked to the span the lock was taken in, with the holder's
+// identity: when spans outside traces are wanted (WithTracerProvider or
+// WithRootSpans), since the loss happens on no request's behalf.
+func (t *telemetry) lockLostSpan(h holder, cause error) {
+	if !t.orphanSpans && !t.rootSpans {
+		return
+	}
+	attrs := append([]attribute.KeyValue{t.system, AttrLockKind.String("advisory"), AttrLockScope.String("session"),
+		AttrLockKeys.String(h.Key), AttrLockOutcome.String(outcomeLost)}, h.spanAttrs()...)
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...)}
+	if h.span.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: h.span}))
+	}
+	_, span := t.tracer.Start(context.Background(), "lock.lost advisory", opts...)
+	span.SetStatus(codes.Error, "lock lost: "+cause.Error())
+	span.End()
+}
+
 // unlockRerouted counts one rerouted unlock.
 func (t *telemetry) unlockRerouted(ctx context.Context) { t.add(ctx, t.rerouted, 1) }
 
@@ -207,8 +237,7 @@ func (t *telemetry) unlockRefused(ctx context.Context) { t.add(ctx, t.refused, 1
 func (t *telemetry) countError(ctx context.Context, err error) {
 	switch sqlState(err) {
 	case "40P01":
-		t.add(ctx, t.deadlocks, 1)
-		t.events.add(eventDeadlock, err.Error())
+		t.add(ctx, t.deadlocks, 1) // its event, with the whole explanation: conn.deadlockError
 	case "55P03":
 		t.add(ctx, t.timeouts, 1)
 		t.events.count(countLockTimeout, 1)
@@ -236,9 +265,17 @@ type lockWait struct {
 	kind  string
 	mode  string
 	scope string
-	stop  chan struct{} // stops the blockers lookup
+	stop  chan struct{}  // stops the blockers lookup
+	self  *selfWaitProbe // a row-lock wait that may be a self-wait (selfwait.go)
+	// heldBy's holder, kept for a span started at the wait's end
+	// (orphanSpans) when the wait had none.
+	holders []holder
 	waitInfo
 }
+
+// orphanWait is how long a wait outside a trace must last for lockhooks
+// to record it as a trace of its own (see WithRootSpans).
+const orphanWait = 100 * time.Millisecond
 
 // startWait begins timing an acquisition of a lock of kind.
 func (t *telemetry) startWait(ctx context.Context, kind, mode, scope string, attrs ...attribute.KeyValue) (context.Context, *lockWait) {
@@ -250,28 +287,33 @@ func (t *telemetry) startWait(ctx context.Context, kind, mode, scope string, att
 			w.span = nil
 		}
 	}
-	t.watch.add(w, attrs)
+	t.watch.add(ctx, w, attrs)
 	return ctx, w
 }
 
 // recording reports whether the wait has a recording span.
 func (w *lockWait) recording() bool { return w != nil && w.span != nil }
 
-// holder records what holds the lock this acquisition waits for: a link
-// to the holder's span, and when and where it took the lock.
-func (w *lockWait) holder(span trace.SpanContext, since time.Time, site string, pid int32) {
+// wantsHolder reports whether the wait records its holder: it has a
+// recording span, or may get one at its end (orphanSpans).
+func (w *lockWait) wantsHolder() bool {
+	return w.recording() || w != nil && w.span == nil && w.t.orphanSpans
+}
+
+// heldBy records what holds the lock this acquisition waits for, as the
+// model of holders names it: a link to the holder's span, and its
+// database, connection, backend pid, call site and since when.
+func (w *lockWait) heldBy(h holder) {
+	if w != nil && w.span == nil && w.t.orphanSpans {
+		w.holders = append(w.holders, h) // for a span at the wait's end
+		return
+	}
 	if !w.recording() {
 		return
 	}
-	attrs := []attribute.KeyValue{AttrHolderSite.String(site)}
-	if !since.IsZero() {
-		attrs = append(attrs, AttrHolderSince.String(since.UTC().Format(time.RFC3339Nano)))
-	}
-	if pid != 0 {
-		attrs = append(attrs, AttrHolderPID.Int64(int64(pid)))
-	}
-	if span.IsValid() {
-		w.span.AddLink(trace.Link{SpanContext: span, Attributes: attrs})
+	attrs := h.spanAttrs()
+	if h.span.IsValid() {
+		w.span.AddLink(trace.Link{SpanContext: h.span, Attributes: attrs})
 	}
 	w.span.SetAttributes(attrs...)
 }
@@ -293,6 +335,9 @@ func (w *lockWait) end(ctx context.Context, outcome string, err error) {
 		h.Record(ctx, time.Since(w.start).Seconds(), w.t.base, metric.WithAttributes(
 			AttrLockKind.String(w.kind), AttrLockMode.String(w.mode), AttrLockScope.String(w.scope), AttrLockOutcome.String(outcome)))
 	}
+	if w.span == nil && w.t.orphanSpans && time.Since(w.start) >= orphanWait && !trace.SpanContextFromContext(ctx).IsValid() {
+		w.orphanSpan(ctx)
+	}
 	if w.span == nil {
 		return
 	}
@@ -310,6 +355,36 @@ func (w *lockWait) end(ctx context.Context, outcome string, err error) {
 		}
 	}
 	w.span.End()
+}
+
+// orphanSpan starts, at the end of a wait outside any trace, the span it
+// would have had as a root span, from the wait's start, with its holders
+// (see WithRootSpans).
+func (w *lockWait) orphanSpan(ctx context.Context) {
+	attrs := []attribute.KeyValue{w.t.system, AttrLockKind.String(w.kind), AttrLockMode.String(w.mode), AttrLockScope.String(w.scope)}
+	if w.namespace != "" {
+		attrs = append(attrs, AttrLockNamespace.String(w.namespace))
+	}
+	if w.keys != "" {
+		attrs = append(attrs, AttrLockKeys.String(w.keys))
+	}
+	if w.conn != nil {
+		if pid := w.conn.pid.Load(); pid != 0 {
+			attrs = append(attrs, AttrBackendPID.Int64(int64(pid)))
+		}
+	}
+	if text := w.holderNamed(); text != "" && len(w.holders) == 0 {
+		attrs = append(attrs, attribute.String("lockhooks.holder", text))
+	}
+	_, w.span = w.t.tracer.Start(ctx, "lock.wait "+w.kind, trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithTimestamp(w.start), trace.WithAttributes(attrs...))
+	if !w.span.IsRecording() {
+		w.span = nil
+		return
+	}
+	for _, h := range w.holders {
+		w.heldBy(h)
+	}
 }
 
 // outcomeOf classifies the error of a lock acquisition.
@@ -373,7 +448,7 @@ func (w *lockWait) lookForBlockers(c *connector, pid int32) {
 		return
 	}
 	w.stop = make(chan struct{})
-	stop, span, threshold := w.stop, w.span, w.t.blockerThreshold
+	stop, span, threshold, keys := w.stop, w.span, w.t.blockerThreshold, w.advKeys
 	go func() {
 		timer := time.NewTimer(threshold)
 		defer timer.Stop()
@@ -390,7 +465,24 @@ func (w *lockWait) lookForBlockers(c *connector, pid int32) {
 			return
 		}
 		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attrs...))
+		w.blockedBy(attrs, keys)
 	}()
+}
+
+// blockedBy names, as holders (attributes and a link to their span), the
+// blocking backends that are connections of a lockhooks database of this
+// process.
+func (w *lockWait) blockedBy(attrs []attribute.KeyValue, keys []lockKey) {
+	for _, a := range attrs {
+		if a.Key != "lockhooks.blocker.backend_pids" {
+			continue
+		}
+		for _, pid := range a.Value.AsInt64Slice() {
+			if oc := databases.connByPID(int32(pid)); oc != nil {
+				w.heldBy(oc.asHolder(keys))
+			}
+		}
+	}
 }
 
 // blockers reads who blocks backend pid.
@@ -518,16 +610,12 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, arg
 	}
 	_, w := c.connector.tel.startWait(ctx, "advisory", mode, scope, AttrLockKeys.String(strings.Join(keys, ", ")))
 	w.setWaiter(c, site, nil, "", resolved)
-	if !w.recording() {
+	if !w.wantsHolder() {
 		return w
 	}
 	for _, k := range resolved {
 		if h := c.connector.pins.holderOf(k, c); h != nil {
-			h.pin.mu.Lock()
-			if l := h.pin.held[k]; l != nil {
-				w.holder(l.span, l.since, l.site, h.pid.Load())
-			}
-			h.pin.mu.Unlock()
+			w.heldBy(h.asHolder([]lockKey{k}))
 		}
 	}
 	c.watchBlockers(ctx, w)
@@ -549,6 +637,9 @@ func (c *conn) startRowLockWait(ctx context.Context, st statement) *lockWait {
 		AttrLockNoWait.Bool(st.locks&sqlscan.NoWait != 0), AttrLockSkipLocked.Bool(st.locks&sqlscan.SkipLocked != 0))
 	w.setWaiter(c, "", nil, st.text, nil)
 	c.watchBlockers(ctx, w)
+	if h := selfWaitHolder(ctx, c); h != nil && st.locks&(sqlscan.NoWait|sqlscan.SkipLocked) == 0 {
+		w.probeSelfWait(c, h)
+	}
 	return w
 }
 

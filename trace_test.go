@@ -460,7 +460,7 @@ func TestNoAllocationsOnPlainStatements(t *testing.T) {
 		fc := newFakeConn()
 		fc.quiet = true
 		fc.rows = func() driver.Rows { return (*fakeRows)(nil) }
-		w := newConn(newConnector(fakeConnector{}, &Driver{}, mustOptions(t, WithDialect(d))), fc)
+		w := newConn(newConnector(fakeConnector{}, &Driver{}, mustOptions(t, WithDialect(d)), "", sqliteDSN{}), fc)
 		ctx := context.Background()
 		exec := w.(driver.ExecerContext)
 		query := w.(driver.QueryerContext)
@@ -480,4 +480,52 @@ func TestNoAllocationsOnPlainStatements(t *testing.T) {
 			}
 		}
 	}
+}
+
+// With only WithTracerProvider (no parent span, no WithRootSpans), a wait
+// that lasted 100ms or more is recorded as a trace of its own, from the
+// moment it began, with its holder; a short acquisition is not.
+func TestLongWaitsWithoutAParentGetASpan(t *testing.T) {
+	tr := newTraced()
+	db, _ := openSQLiteFile(t, tr.opts...)
+	mustExec(t, db, "CREATE TABLE t (id INTEGER PRIMARY KEY)")
+	ctx := context.Background()
+	began := nextLine(t)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, cancel := context.WithCancel(ctx) // another call chain: it waits
+	defer cancel()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := db.ExecContext(other, "INSERT INTO t VALUES (1)")
+		done <- err
+	}()
+	w := &connectorOf(t, db).writer
+	waitFor(t, 10*time.Second, "the waiter", func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(w.waiters) == 1
+	})
+	for time.Since(start) < 2*orphanWait { // the wait must last; its outcome does not depend on it
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, "INSERT INTO t VALUES (2)") // uncontended: no span
+	spans := tr.ended("lock.wait sqlite_writer")
+	if len(spans) != 1 {
+		t.Fatalf("%d writer-wait spans, want 1: %v", len(spans), tr.spans.Ended())
+	}
+	s := spans[0]
+	if s.Parent().IsValid() || s.EndTime().Sub(s.StartTime()) < orphanWait || s.StartTime().Before(start) {
+		t.Errorf("span from %v to %v (wait began %v), parent %v", s.StartTime(), s.EndTime(), start, s.Parent())
+	}
+	wantAttrs(t, s, map[attribute.Key]string{AttrLockOutcome: "acquired", AttrHolderSite: testDir + began})
 }

@@ -99,7 +99,7 @@ func TestDemoServe(t *testing.T) {
 	}
 	body, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || !regexp.MustCompile(`(?m)^lockhooks_lock_wait_duration_seconds_bucket\{db_system_name="sqlite",lockhooks_lock_kind="`).Match(body) {
+	if resp.StatusCode != 200 || !regexp.MustCompile(`(?m)^lockhooks_lock_wait_duration_seconds_bucket\{db_client_connection_pool_name="[^"]+",db_system_name="sqlite",lockhooks_lock_kind="`).Match(body) {
 		t.Errorf("/metrics: %s\n%s", resp.Status, body)
 	}
 	if c := <-code; c != 0 {

@@ -25,18 +25,18 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // twoReplicas opens one fresh database twice through lockhooks+pgx, as two
-// replicas of a service would; through PgBouncer in transaction mode with
-// WithTransactionPooler when pooled.
-func twoReplicas(t *testing.T, pooled bool) [2]*sql.DB {
+// replicas of a service would; through pooler (PgBouncer in transaction
+// mode) with WithTransactionPooler when it is not nil.
+func twoReplicas(t *testing.T, pooler *pgtest.Pooler) [2]*sql.DB {
 	t.Helper()
 	dsn := pgtest.DSN(t)
 	var dbs [2]*sql.DB
-	if pooled {
+	if pooler != nil {
 		u, err := url.Parse(dsn)
 		if err != nil {
 			t.Fatal(err)
 		}
-		dsn = pgtest.SharedPooler(t).DSNFor(strings.TrimPrefix(u.Path, "/"))
+		dsn = pooler.DSNFor(strings.TrimPrefix(u.Path, "/"))
 		for i := range dbs {
 			if dbs[i], err = lockhooks.Open("pgx", dsn, lockhooks.WithTransactionPooler()); err != nil {
 				t.Fatal(err)
@@ -58,11 +58,11 @@ func twoReplicas(t *testing.T, pooled bool) [2]*sql.DB {
 	return dbs
 }
 
-// modes runs fn straight to Postgres and through PgBouncer in transaction
-// mode (WithTransactionPooler).
-func modes(t *testing.T, fn func(t *testing.T, pooled bool)) {
-	t.Run("direct", func(t *testing.T) { fn(t, false) })
-	t.Run("pgbouncer-transaction-mode", func(t *testing.T) { fn(t, true) })
+// modes runs fn straight to Postgres (pooler nil) and through each
+// PgBouncer of the test matrix in transaction mode (WithTransactionPooler).
+func modes(t *testing.T, fn func(t *testing.T, pooler *pgtest.Pooler)) {
+	t.Run("direct", func(t *testing.T) { fn(t, nil) })
+	pgtest.EachPooler(t, fn)
 }
 
 // noAdvisoryLocksLeft fails t if any advisory lock is held.
@@ -84,12 +84,12 @@ func noAdvisoryLocksLeft(t *testing.T, db *sql.DB) {
 // without lockhooks.
 func TestGooseSessionLockerThroughLockhooks(t *testing.T) { modes(t, testGoose) }
 
-func testGoose(t *testing.T, pooled bool) {
+func testGoose(t *testing.T, pooler *pgtest.Pooler) {
 	fsys := fstest.MapFS{
 		"00001_accounts.sql": {Data: []byte("-- +goose Up\nCREATE TABLE accounts (id int PRIMARY KEY);\nSELECT pg_sleep(0.3);\n-- +goose Down\nDROP TABLE accounts;\n")},
 		"00002_index.sql":    {Data: []byte("-- +goose Up\nCREATE INDEX ON accounts (id);\n-- +goose Down\nSELECT 1;\n")},
 	}
-	dbs := twoReplicas(t, pooled)
+	dbs := twoReplicas(t, pooler)
 	ctx := context.Background()
 	applied := make([]int, len(dbs))
 	var wg sync.WaitGroup
@@ -122,14 +122,14 @@ func testGoose(t *testing.T, pooled bool) {
 // PgBouncer in transaction mode.
 func TestGolangMigrateThroughLockhooks(t *testing.T) { modes(t, testMigrate) }
 
-func testMigrate(t *testing.T, pooled bool) {
+func testMigrate(t *testing.T, pooler *pgtest.Pooler) {
 	fsys := fstest.MapFS{
 		"migrations/1_accounts.up.sql":   {Data: []byte("CREATE TABLE accounts (id int PRIMARY KEY); SELECT pg_sleep(0.3);")},
 		"migrations/1_accounts.down.sql": {Data: []byte("DROP TABLE accounts;")},
 		"migrations/2_index.up.sql":      {Data: []byte("CREATE INDEX ON accounts (id);")},
 		"migrations/2_index.down.sql":    {Data: []byte("SELECT 1;")},
 	}
-	dbs := twoReplicas(t, pooled)
+	dbs := twoReplicas(t, pooler)
 	results := make([]error, len(dbs))
 	ms := make([]*migrate.Migrate, len(dbs))
 	var wg sync.WaitGroup

@@ -76,7 +76,7 @@ func main() {
 		},
 		{
 			title: "RunInTx",
-			intro: "`how=manual` is `BeginTx` / one `UPDATE` / `Commit`; `how=runintx` is the same work through `RunInTx` with its defaults; `how=runintx-skipcheck` adds `SkipCommitCheck()`. Both databases opened through lockhooks, one connection. On Postgres the default costs one extra round trip per committed attempt: `SELECT pg_current_xact_id_if_assigned()` before COMMIT, so that a COMMIT cut off by a broken connection can be resolved with `pg_xact_status()` instead of retried blindly or reported as ambiguous. It stays on by default (RunInTx's users chose correctness); read-only transactions skip it and `SkipCommitCheck()` removes it.",
+			intro: "`how=manual-raw` is `BeginTx` / one `UPDATE` / `Commit` on the raw driver; `how=manual` the same through lockhooks; `how=runintx` is the same work through `RunInTx` with its defaults; `how=runintx-skipcheck` adds `SkipCommitCheck()`. One connection. On Postgres the default gives each attempt a transaction id in BEGIN's own round trip (lockhooks sends `SELECT format('%s/%s', pg_backend_pid(), pg_current_xact_id()); BEGIN` in one simple-protocol message) and sends COMMIT as `SELECT 1; COMMIT`, so that a COMMIT cut off by a broken connection can be resolved with `pg_xact_status()` whatever the transaction did: no extra round trip, issue 22's goal is at most 1.05× `manual-raw`. `SkipCommitCheck()` lets the driver send BEGIN and COMMIT.",
 			pkg:   ".", bench: "^BenchmarkRunInTx$", extra: []string{"-benchtime", "3000x"}, columns: "/how",
 		},
 		{

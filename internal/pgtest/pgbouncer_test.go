@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"net"
 	"net/url"
 	"os"
@@ -79,10 +80,12 @@ func withParam(t *testing.T, dsn, k, v string) string {
 	return u.String()
 }
 
-func TestPoolerQuery(t *testing.T) {
-	dsn := PoolerDSN(t)
-	if !strings.Contains(dsn, "default_query_exec_mode=exec") {
-		t.Errorf("PoolerDSN = %s, want default_query_exec_mode=exec", dsn)
+func TestPoolerQuery(t *testing.T) { EachPooler(t, testPoolerQuery) }
+
+func testPoolerQuery(t *testing.T, p *Pooler) {
+	dsn := p.DSN(t)
+	if exec := strings.Contains(dsn, "default_query_exec_mode=exec"); exec == p.KeepsPreparedStatements() {
+		t.Errorf("%v: DSN %s; want default_query_exec_mode=exec exactly where prepared statements are not kept", p.Version(), dsn)
 	}
 	db := openPooled(t, dsn)
 	var name string
@@ -97,7 +100,7 @@ func TestPoolerQuery(t *testing.T) {
 		t.Errorf("current_database() = %s, want %s", name, want)
 	}
 	var mode string
-	for _, pool := range SharedPooler(t).Show(t, "POOLS") {
+	for _, pool := range p.Show(t, "POOLS") {
 		if pool["database"] == name {
 			mode = pool["pool_mode"]
 		}
@@ -105,12 +108,18 @@ func TestPoolerQuery(t *testing.T) {
 	if mode != "transaction" {
 		t.Errorf("SHOW POOLS: pool_mode of %s = %q, want transaction", name, mode)
 	}
+	rows := p.Show(t, "VERSION")
+	if len(rows) != 1 || !strings.HasPrefix(rows[0]["version"], "PgBouncer "+string(p.Version())+".") {
+		t.Errorf("SHOW VERSION = %v, want PgBouncer %s", rows, p.Version())
+	}
 }
 
 // Two client connections each run a transaction at the same time, on two
 // server backends.
-func TestPoolerTwoTransactions(t *testing.T) {
-	db := openPooled(t, PoolerDSN(t))
+func TestPoolerTwoTransactions(t *testing.T) { EachPooler(t, testPoolerTwoTransactions) }
+
+func testPoolerTwoTransactions(t *testing.T, p *Pooler) {
+	db := openPooled(t, p.DSN(t))
 	ctx := context.Background()
 	a, b := clientConn(t, db), clientConn(t, db)
 	txA, err := a.BeginTx(ctx, nil)
@@ -175,7 +184,11 @@ func handOver(t *testing.T, b *sql.Conn) *sql.Tx {
 // backend, which then serves another client's transaction, while the client
 // that took it continues on another backend: server connections change hands.
 func TestPoolerServerConnectionsChangeHands(t *testing.T) {
-	dsn := PoolerDSN(t)
+	EachPooler(t, testPoolerServerConnectionsChangeHands)
+}
+
+func testPoolerServerConnectionsChangeHands(t *testing.T, p *Pooler) {
+	dsn := p.DSN(t)
 	db := openPooled(t, dsn)
 	ctx := context.Background()
 	a, b := clientConn(t, db), clientConn(t, db)
@@ -212,7 +225,7 @@ func TestPoolerServerConnectionsChangeHands(t *testing.T) {
 	// PgBouncer's view: two server connections for the database, one
 	// active (b's transaction), one idle (a's last statement ended).
 	servers := map[string]int{}
-	for _, s := range SharedPooler(t).Show(t, "SERVERS") {
+	for _, s := range p.Show(t, "SERVERS") {
 		if s["database"] == dbName(t, dsn) {
 			servers[s["state"]]++
 		}
@@ -223,20 +236,23 @@ func TestPoolerServerConnectionsChangeHands(t *testing.T) {
 }
 
 // Named prepared statements (pgx's default exec mode, cache_statement) break
-// once the server changes hands; exec and simple_protocol do not.
-func TestPoolerExecModes(t *testing.T) {
+// once the server changes hands in PgBouncer 1.18; exec and simple_protocol
+// do not. PgBouncer 1.25 with max_prepared_statements runs every mode.
+func TestPoolerExecModes(t *testing.T) { EachPooler(t, testPoolerExecModes) }
+
+func testPoolerExecModes(t *testing.T, p *Pooler) {
 	for _, tc := range []struct {
 		mode string
 		ok   bool
 	}{
-		{"cache_statement", false},
+		{"cache_statement", p.KeepsPreparedStatements()},
 		{"cache_describe", true},
 		{"describe_exec", true},
 		{"exec", true},
 		{"simple_protocol", true},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
-			db := openPooled(t, withParam(t, PoolerDSN(t), "default_query_exec_mode", tc.mode))
+			db := openPooled(t, withParam(t, p.DSN(t), "default_query_exec_mode", tc.mode))
 			a, b := clientConn(t, db), clientConn(t, db)
 			const q = "SELECT $1::int * 2, pg_backend_pid()"
 			var n, s1, s2 int
@@ -265,8 +281,10 @@ func TestPoolerExecModes(t *testing.T) {
 
 // PgBouncer tracks application_name per client and sets it on the server
 // connection that runs the client's transaction.
-func TestPoolerApplicationName(t *testing.T) {
-	dsn := PoolerDSN(t)
+func TestPoolerApplicationName(t *testing.T) { EachPooler(t, testPoolerApplicationName) }
+
+func testPoolerApplicationName(t *testing.T, p *Pooler) {
+	dsn := p.DSN(t)
 	alpha := openPooled(t, withParam(t, dsn, "application_name", "alpha"))
 	beta := openPooled(t, withParam(t, dsn, "application_name", "beta"))
 	a, b := clientConn(t, alpha), clientConn(t, beta)
@@ -335,7 +353,13 @@ func TestPoolerApplicationName(t *testing.T) {
 // A dedicated pooler with idle_transaction_timeout closes a client whose
 // transaction idles, and its server backend with it: the locks go.
 func TestStartPoolerIdleTransactionTimeout(t *testing.T) {
-	p := StartPooler(t, PoolerOptions{IdleTransactionTimeout: 500 * time.Millisecond})
+	EachPooler(t, func(t *testing.T, shared *Pooler) {
+		p := StartPooler(t, PoolerOptions{Version: shared.Version(), IdleTransactionTimeout: 500 * time.Millisecond})
+		testIdleTransactionTimeout(t, p)
+	})
+}
+
+func testIdleTransactionTimeout(t *testing.T, p *Pooler) {
 	dsn := p.DSN(t)
 	holder := clientConn(t, openPooled(t, dsn))
 	ctx := context.Background()
@@ -365,7 +389,7 @@ func TestStartPoolerIdleTransactionTimeout(t *testing.T) {
 // A pooler whose test binary was killed is stopped and removed by the next.
 func TestStalePoolerIsRemoved(t *testing.T) {
 	needServer(t)
-	if _, err := findPgBouncer(); err != nil {
+	if _, err := findPgBouncer(PgBouncer118); err != nil {
 		poolerUnavailable(t, err)
 	}
 	p, err := startPooler(PoolerOptions{})
@@ -407,13 +431,90 @@ func TestStartPoolerWithoutPgBouncerSkips(t *testing.T) {
 	pgbouncerBin = filepath.Join(t.TempDir(), "pgbouncer")
 	t.Cleanup(func() { pgbouncerBin = saved })
 	t.Setenv("PATH", t.TempDir())
-	skipped := false
-	t.Run("start", func(t *testing.T) {
-		defer func() { skipped = t.Skipped() }()
-		StartPooler(t, PoolerOptions{})
-	})
-	testcaps.Forget(t.Name()) // PgBouncer is missing on purpose: not for the report
-	if !skipped {
-		t.Error("StartPooler without PgBouncer did not skip")
+	t.Setenv(EnvPgBouncer125, filepath.Join(t.TempDir(), "pgbouncer"))
+	for _, v := range Versions {
+		skipped := false
+		t.Run(v.String(), func(t *testing.T) {
+			defer func() { skipped = t.Skipped() }()
+			StartPooler(t, PoolerOptions{Version: v})
+		})
+		if !skipped {
+			t.Errorf("StartPooler without PgBouncer %s did not skip", v)
+		}
 	}
+	testcaps.Forget(t.Name()) // PgBouncer is missing on purpose: not for the report
+}
+
+// In session mode a client keeps its server connection, and the session
+// locks on it, until it disconnects; PgBouncer then runs DISCARD ALL
+// (server_reset_query), which releases them, before the next client gets
+// that server connection.
+func TestStartPoolerSessionMode(t *testing.T) {
+	EachPooler(t, func(t *testing.T, shared *Pooler) {
+		p := StartPooler(t, PoolerOptions{Version: shared.Version(), Mode: "session"})
+		if p.Mode() != "session" {
+			t.Fatalf("Mode() = %q", p.Mode())
+		}
+		dsn := p.DSN(t)
+		db := openPooled(t, dsn)
+		ctx := context.Background()
+		a := clientConn(t, db)
+		var s1 int
+		if err := a.QueryRowContext(ctx, "SELECT pg_backend_pid() FROM (SELECT pg_advisory_lock(42)) l").Scan(&s1); err != nil {
+			t.Fatal(err)
+		}
+		// Another client's transaction cannot take a's server connection.
+		b := clientConn(t, db)
+		tx := handOver(t, b)
+		if sb := backendPID(t, tx); sb == s1 {
+			t.Fatalf("b's transaction runs on a's backend %d in session mode", s1)
+		}
+		tx.Rollback()
+		if s2 := backendPID(t, a); s2 != s1 {
+			t.Fatalf("a moved from backend %d to %d in session mode", s1, s2)
+		}
+		var unlocked bool
+		if err := a.QueryRowContext(ctx, "SELECT pg_advisory_unlock(42)").Scan(&unlocked); err != nil || !unlocked {
+			t.Fatalf("a's unlock on its own backend: %v, %v", unlocked, err)
+		}
+		for _, row := range p.Show(t, "POOLS") {
+			if row["database"] == dbName(t, dsn) && row["pool_mode"] != "session" {
+				t.Errorf("SHOW POOLS: pool_mode %q, want session", row["pool_mode"])
+			}
+		}
+		// A lock left behind by a client that disconnects is released by
+		// the reset query.
+		if _, err := a.ExecContext(ctx, "SELECT pg_advisory_lock(43)"); err != nil {
+			t.Fatal(err)
+		}
+		a.Raw(func(any) error { return driver.ErrBadConn }) // database/sql closes the connection
+		a.Close()
+		admin := direct(t, dsn)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var n int
+			if err := admin.QueryRow("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 43").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the disconnected client's session lock is still held")
+			}
+			time.Sleep(10 * time.Millisecond) // polling pg_locks, not timing
+		}
+		if !backendAlive(t, admin, s1) {
+			t.Error("the server connection was closed instead of reset and kept")
+		}
+	})
+}
+
+func backendAlive(t *testing.T, db *sql.DB, pid int) bool {
+	t.Helper()
+	var alive bool
+	if err := db.QueryRow("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)", pid).Scan(&alive); err != nil {
+		t.Fatal(err)
+	}
+	return alive
 }

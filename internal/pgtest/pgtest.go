@@ -13,13 +13,19 @@
 //     user must be allowed to create databases);
 //   - LOCKHOOKS_REQUIRE_PG=1: fail, instead of skip, when no server can be had
 //     (CI sets it);
-//   - LOCKHOOKS_REQUIRE_PGBOUNCER=1: fail, instead of skip, when PgBouncer
-//     cannot be had for [PoolerDSN] or [StartPooler] (CI sets it).
+//   - LOCKHOOKS_REQUIRE_PGBOUNCER=1: fail, instead of skip, when a PgBouncer
+//     version cannot be had for [PoolerDSN], [EachPooler] or [StartPooler]
+//     (CI sets it);
+//   - LOCKHOOKS_PGBOUNCER_1_25: the PgBouncer 1.25 binary (default: where
+//     ../shared/tools/build-pgbouncer puts it).
 //
 // [PoolerDSN] is DSN through a real PgBouncer in transaction mode (the
-// Debian package's /usr/sbin/pgbouncer), started once per test binary in
-// front of the server; [StartPooler] starts one for a single test with its
-// own settings. See pgbouncer.go for what they guarantee.
+// Debian package's /usr/sbin/pgbouncer, 1.18), started once per test binary
+// in front of the server; [EachPooler] runs a test against each PgBouncer
+// version of the matrix (1.18, and 1.25 built from source:
+// LOCKHOOKS_PGBOUNCER_1_25); [StartPooler] starts one for a single test with
+// its own settings (version, session mode, timeouts). See pgbouncer.go for
+// what they guarantee.
 //
 // When the tests run as root (initdb refuses to), the cluster is run as the
 // postgres system user through runuser.

@@ -1,0 +1,200 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockhooks/lockhooks/internal/pgtest"
+)
+
+// Token grows with every acquisition of one key, alternating between this
+// process and a child process: directly, and through each PgBouncer of the
+// test matrix in transaction mode (WithTransactionPooler, where the token
+// is read on another server connection than the holder's). TryAdvisoryLock
+// gets one too.
+func TestTokenGrowsAcrossProcesses(t *testing.T) {
+	run := func(t *testing.T, p *pgtest.Pooler) {
+		dsn := pgtest.DSN(t)
+		var opts []Option
+		if p != nil {
+			u, err := url.Parse(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dsn = p.DSNFor(strings.TrimPrefix(u.Path, "/"))
+			opts = append(opts, WithTransactionPooler())
+		}
+		db, err := Open("pgx", dsn, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		c := startChild(t, dsn, p != nil)
+		ctx := context.Background()
+		const key = 77
+		var tokens []int64
+		for i := range 4 {
+			var l *AdvisoryLock
+			if i%2 == 0 {
+				l, err = AcquireAdvisoryLock(ctx, db, key)
+			} else {
+				var ok bool
+				l, ok, err = TryAdvisoryLock(ctx, db, key)
+				if err == nil && !ok {
+					t.Fatal("TryAdvisoryLock of a free key: not acquired")
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tokens = append(tokens, l.Token())
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			theirs, err := strconv.ParseInt(c.ask(t, "token "+strconv.Itoa(key)), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tokens = append(tokens, theirs)
+		}
+		for i := 1; i < len(tokens); i++ {
+			if tokens[i] <= tokens[i-1] {
+				t.Fatalf("tokens of successive acquisitions (this process, the child, …): %v; want each larger than the last", tokens)
+			}
+		}
+		t.Logf("tokens: %v", tokens)
+	}
+	t.Run("direct", func(t *testing.T) { run(t, nil) })
+	pgtest.EachPooler(t, run)
+}
+
+// The README's guarded write: a holder whose lock was lost (its backend
+// terminated) and taken by another replica cannot overwrite the newer
+// holder's write with its older token.
+func TestTokenFencesAStaleHolder(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	db, err := Open("pgx", dsn, WithLockCheckInterval(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	raw, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	mustExec(t, raw, "CREATE TABLE jobs (id int PRIMARY KEY, state text NOT NULL, fence bigint NOT NULL DEFAULT 0)")
+	mustExec(t, raw, "INSERT INTO jobs (id, state) VALUES (1, 'new')")
+	ctx := context.Background()
+	const guarded = "UPDATE jobs SET state = $1, fence = $2 WHERE id = $3 AND fence < $2"
+	write := func(q interface {
+		ExecContext(context.Context, string, ...any) (sql.Result, error)
+	}, state string, token int64) int64 {
+		res, err := q.ExecContext(ctx, guarded, state, token, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	old, err := AcquireAdvisoryLock(ctx, db, LockID("job-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := write(old.Conn(), "started by the old holder", old.Token()); n != 1 {
+		t.Fatalf("the holder's guarded write updated %d rows", n)
+	}
+	// The old holder stalls; its backend is terminated, the lock is lost.
+	mustExec(t, raw, "SELECT pg_terminate_backend($1)", old.c.pid.Load())
+	select {
+	case <-old.Lost():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the terminated holder's lock was not reported lost")
+	}
+	other, err := Open("pgx", dsn) // another replica
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	newer, err := AcquireAdvisoryLock(ctx, other, LockID("job-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer newer.Release(ctx)
+	if newer.Token() <= old.Token() {
+		t.Fatalf("the new holder's token %d is not larger than the old one's %d", newer.Token(), old.Token())
+	}
+	if n := write(newer.Conn(), "done by the new holder", newer.Token()); n != 1 {
+		t.Fatalf("the new holder's guarded write updated %d rows", n)
+	}
+	// The old holder wakes up and writes from elsewhere with its token.
+	if n := write(raw, "overwritten by the stale holder", old.Token()); n != 0 {
+		t.Fatalf("the stale holder's guarded write updated %d rows; want 0", n)
+	}
+	var state string
+	if err := raw.QueryRow("SELECT state FROM jobs WHERE id = 1").Scan(&state); err != nil || state != "done by the new holder" {
+		t.Fatalf("state %q (%v)", state, err)
+	}
+	old.Release(ctx)
+}
+
+// On SQLite the lock is in-process, and so is the token: it grows with
+// each acquisition in the process (goroutines competing for one key), and
+// starts from the clock.
+func TestTokenGrowsInProcessOnSQLite(t *testing.T) {
+	db, err := Open("sqlite", "file:"+filepath.Join(t.TempDir(), "t.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	start := time.Now().UnixNano()
+	var mu sync.Mutex
+	var tokens []int64
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for i := range 10 {
+				var l *AdvisoryLock
+				var err error
+				if i%2 == 0 {
+					l, err = AcquireAdvisoryLock(ctx, db, 5)
+				} else {
+					var ok bool
+					for !ok && err == nil {
+						l, ok, err = TryAdvisoryLock(ctx, db, 5)
+					}
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock() // under the advisory lock: the order of acquisitions
+				tokens = append(tokens, l.Token())
+				mu.Unlock()
+				if err := l.Release(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(tokens) != 40 || tokens[0] < start {
+		t.Fatalf("%d tokens, the first %d (the clock was %d before)", len(tokens), tokens[0], start)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("token %d after %d: want each acquisition's larger", tokens[i], tokens[i-1])
+		}
+	}
+}

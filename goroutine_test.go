@@ -1,0 +1,103 @@
+package lockhooks
+
+import (
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// currentG is stable within a goroutine and different between goroutines
+// alive at the same time.
+func TestCurrentGoroutine(t *testing.T) {
+	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
+		t.Skipf("no goroutine identity on %s", runtime.GOARCH)
+	}
+	me := currentG()
+	if me == 0 || currentG() != me {
+		t.Fatalf("currentG: %#x then %#x", me, currentG())
+	}
+	const n = 50
+	got := make(chan uintptr)
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			id := currentG()
+			runtime.Gosched()
+			if currentG() != id {
+				t.Errorf("goroutine %d: its identity changed", i)
+			}
+			got <- id
+			<-release // all alive at once
+		})
+	}
+	seen := map[uintptr]bool{me: true}
+	for range n {
+		id := <-got
+		if seen[id] {
+			t.Errorf("two goroutines alive at once share the identity %#x", id)
+		}
+		seen[id] = true
+	}
+	close(release)
+	wg.Wait()
+}
+
+//go:noinline
+func nestedCapture(depth int, fast bool) (c callers) {
+	if depth > 0 {
+		return nestedCapture(depth-1, fast)
+	}
+	if fast {
+		c.captureFast()
+	} else {
+		c.n = runtime.Callers(1, c.pcs[:]) // from this function, as captureFast
+	}
+	return c
+}
+
+// captureFast records the frames runtime.Callers records.
+func TestCaptureFastMatchesCallers(t *testing.T) {
+	for _, depth := range []int{0, 3, 20} {
+		fast, slow := nestedCapture(depth, true), nestedCapture(depth, false)
+		frames := func(c callers) []string {
+			var out []string
+			fs := runtime.CallersFrames(c.pcs[:c.n])
+			for {
+				f, more := fs.Next()
+				out = append(out, f.Function)
+				if !more {
+					return out
+				}
+			}
+		}
+		ff, sf := frames(fast), frames(slow)
+		if len(ff) == 0 || ff[0] != sf[0] {
+			t.Fatalf("depth %d: fast %v, runtime.Callers %v", depth, ff, sf)
+		}
+		for i := range min(len(ff), len(sf), depth+2) { // up to the test (the runtime elides wrappers below it)
+			if ff[i] != sf[i] && fastCallers {
+				t.Errorf("depth %d, frame %d: fast %s, runtime.Callers %s", depth, i, ff[i], sf[i])
+			}
+		}
+	}
+}
+
+func BenchmarkCapture(b *testing.B) {
+	for _, fast := range []bool{false, true} {
+		name := "runtime.Callers"
+		if fast {
+			name = "frame pointers"
+		}
+		b.Run(name, func(b *testing.B) {
+			var c callers
+			for b.Loop() {
+				if fast {
+					c.captureFast()
+				} else {
+					c.capture()
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,203 @@
+package lockhooks
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lockhooks/lockhooks/internal/pgtest"
+)
+
+// nextLine returns the line after the caller's, for asserting call sites.
+func nextLine(t testing.TB) string {
+	t.Helper()
+	_, file, line, _ := runtime.Caller(1)
+	return fmt.Sprintf("%s:%d", file[strings.LastIndexByte(file, '/')+1:], line+1)
+}
+
+// replicasWithLog opens dsn twice, as two replicas of one service in one
+// process: a holder and a waiter whose slow-wait log goes to buf, both
+// traced by tr.
+func replicasWithLog(t *testing.T, tr *traced, buf *syncBuffer) (holderDB, waiterDB *sql.DB) {
+	t.Helper()
+	dsn := pgtest.DSN(t)
+	holderDB = tr.openPG(t, dsn)
+	var err error
+	waiterDB, err = Open("pgx", dsn, append(append([]Option{}, tr.opts...), slowLogOptions(buf, 50*time.Millisecond)...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { waiterDB.Close() })
+	return holderDB, waiterDB
+}
+
+// A row locked by a transaction of another *sql.DB of this process (a
+// second replica): the waiter's slow-wait log line, its span and the debug
+// page name the holder's database, connection, pid, where its transaction
+// began, its age and its trace; none shows it as an outside pid.
+func TestHolderInAnotherDatabaseIsNamed(t *testing.T) {
+	tr := newTraced()
+	buf := &syncBuffer{}
+	a, b := replicasWithLog(t, tr, buf)
+	pa, pb := connectorOf(t, a).pool, connectorOf(t, b).pool
+	if pa == pb || pb != pa+"#2" {
+		t.Errorf("two databases on one DSN have the pool names %q and %q, want distinct defaults", pa, pb)
+	}
+	mustExec(t, a, "CREATE TABLE jobs (id int PRIMARY KEY, state text)")
+	mustExec(t, a, "INSERT INTO jobs VALUES (1, 'new')")
+
+	ctx, parent := tr.parent("holder request")
+	defer parent.End()
+	began := nextLine(t)
+	holderTx, err := a.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holderTx.Rollback()
+	if _, err := holderTx.ExecContext(ctx, "UPDATE jobs SET state = 'running' WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(DebugHandler(b))
+	defer srv.Close()
+
+	waitCtx, waitSpan := tr.parent("waiter request")
+	done := make(chan error, 1)
+	go func() {
+		tx, err := b.BeginTx(waitCtx, nil)
+		if err == nil {
+			err = tx.QueryRowContext(waitCtx, "SELECT state FROM jobs WHERE id = 1 FOR UPDATE").Scan(new(string))
+			tx.Rollback()
+		}
+		done <- err
+	}()
+	waitFor(t, 20*time.Second, "the still-waiting line", func() bool { return strings.Contains(buf.String(), "still waiting") })
+	line := buf.String()
+	t.Log(line)
+	for _, want := range []string{
+		fmt.Sprintf("holder_database=%s ", pa), "holder_connection=", "holder_pid=", "holder_site=" + testDir + began, "holder_age=",
+		"holder_trace_id=" + parent.SpanContext().TraceID().String(), "in a transaction begun at " + testDir + began,
+	} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the slow-wait line lacks %q:\n%s", want, line)
+		}
+	}
+	if strings.Contains(line, "blocking_pids") {
+		t.Errorf("the holder is shown as an outside backend:\n%s", line)
+	}
+
+	// The page shows the holder with its database.
+	var w debugWaiter
+	waitFor(t, 10*time.Second, "the waiter on the page", func() bool {
+		rep, _ := debugJSON(t, srv)
+		for _, x := range rep.Databases[0].Waiters {
+			if x.Kind == "row" && len(x.Holders) > 0 {
+				w = x
+				return true
+			}
+		}
+		return false
+	})
+	if h := w.Holders[0]; h.Database != pa || !strings.HasSuffix(h.Site, began) || h.SiteKind != siteBegan || len(w.Blockers) != 0 ||
+		h.TraceID != parent.SpanContext().TraceID().String() {
+		t.Errorf("the page's waiter: %+v", w)
+	}
+
+	// The wait span links to the holder's span once the blockers are read.
+	waitFor(t, 10*time.Second, "the wait span's link", func() bool { return len(liveWaitSpanLinks(tr, waitSpan)) > 0 })
+	holderTx.Rollback()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitSpan.End()
+	spans := tr.ended("lock.wait row")
+	if len(spans) != 1 {
+		t.Fatalf("%d row-wait spans", len(spans))
+	}
+	s := spans[0]
+	wantAttrs(t, s, map[attribute.Key]string{AttrHolderPool: pa, AttrHolderSite: testDir + began})
+	if links := s.Links(); len(links) != 1 || links[0].SpanContext.TraceID() != parent.SpanContext().TraceID() {
+		t.Errorf("links: %+v, want one to the holder's trace", links)
+	}
+}
+
+// liveWaitSpanLinks returns the links of the lock-wait spans started under
+// parent that are still running (sdktrace spans are read-write).
+func liveWaitSpanLinks(tr *traced, parent trace.Span) []sdktrace.Link {
+	var out []sdktrace.Link
+	for _, s := range tr.spans.Started() {
+		if s.Parent().SpanID() == parent.SpanContext().SpanID() && strings.HasPrefix(s.Name(), "lock.wait") {
+			out = append(out, s.Links()...)
+		}
+	}
+	return out
+}
+
+// A session advisory lock held through AcquireAdvisoryLock on another
+// *sql.DB of the process: the waiter's log names where it was taken.
+func TestAdvisoryHolderInAnotherDatabaseIsNamed(t *testing.T) {
+	tr := newTraced()
+	buf := &syncBuffer{}
+	a, b := replicasWithLog(t, tr, buf)
+	ctx := context.Background()
+	took := nextLine(t)
+	held, err := AcquireAdvisoryLock(ctx, a, 7170)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		l, err := AcquireAdvisoryLock(ctx, b, 7170)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		done <- err
+	}()
+	waitFor(t, 20*time.Second, "the still-waiting line", func() bool { return strings.Contains(buf.String(), "still waiting") })
+	line := buf.String()
+	for _, want := range []string{"holder_database=" + connectorOf(t, a).pool + " ", "which took it at " + testDir + took, "keys=7170"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the slow-wait line lacks %q:\n%s", want, line)
+		}
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The process's registry holds each database from Open to Close.
+func TestRegistryForgetsClosedDatabases(t *testing.T) {
+	before := len(databases.list())
+	db, err := Open("sqlite", t.TempDir()+"/r.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := connectorOf(t, db)
+	found := false
+	for _, x := range databases.list() {
+		found = found || x == c
+	}
+	if !found {
+		t.Error("an open database is not in the registry")
+	}
+	db.Close()
+	for _, x := range databases.list() {
+		if x == c {
+			t.Error("a closed database stays in the registry")
+		}
+	}
+	if after := len(databases.list()); after > before {
+		t.Errorf("the registry grew from %d to %d", before, after)
+	}
+}
