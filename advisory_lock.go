@@ -18,11 +18,20 @@ type AdvisoryLock struct {
 	conn *sql.Conn
 	c    *conn // the wrapper's state of conn
 
-	turn  any   // the owner of this key's turn in the in-process queue (Postgres)
-	token int64 // the fencing token (Token)
+	turn     any // the owner of this key's turn in the in-process queue (Postgres)
+	turnOnce sync.Once
+	token    int64 // the fencing token (Token)
 
 	mu       sync.Mutex
 	released bool
+}
+
+// freeTurn gives up l's turn in the in-process queue of its key, once: at
+// Release, or as soon as the lock is lost (so that another acquirer of
+// this process may take the key at once, instead of waiting for the lost
+// lock's Release).
+func (l *AdvisoryLock) freeTurn() {
+	l.turnOnce.Do(func() { l.c.connector.turns.unlock(l.key, l.turn) })
 }
 
 // AcquireAdvisoryLock takes the exclusive session advisory lock key
@@ -89,19 +98,50 @@ func acquire(user, ctx context.Context, db *sql.DB, key int64, try bool) (*Advis
 	}
 	got, err := l.lockOnServer(ctx, try)
 	if err != nil || !got {
-		l.conn.Close()
-		turns.unlock(key, l.turn)
+		l.abandon()
+		l.freeTurn()
 		return nil, false, err
 	}
 	if !l.c.connector.pins.track(l) {
 		l.conn.Close() // db.Close ran meanwhile: the lock goes with the connection
-		turns.unlock(key, l.turn)
+		l.freeTurn()
 		return nil, false, fmt.Errorf("%w: advisory lock %s: the database was closed while it was acquired", ErrLockLost, describeKey(key))
 	}
 	if err := l.readToken(ctx); err != nil {
 		return nil, false, l.releaseAfterTokenError(ctx, err)
 	}
+	l.c.advisory.Store(l)
+	if l.Err() != nil {
+		l.freeTurn() // lost before the line above: markLost could not see l
+	}
 	return l, true, nil
+}
+
+// abandon gives back the connection of an acquire that failed. The failed
+// statement may still have taken the lock: a lock_timeout, statement_timeout
+// or cancel racing the grant, or a context that ended after the server's
+// answer arrived but before it was read (database/sql then reports the
+// context's error). lockhooks' tracking, which the server confirms after any
+// error, says whether the connection holds the key; if it does, the key is
+// unlocked before the connection goes back to the pool, or, if that fails,
+// the connection is closed for good (which ends its backend), so no lock
+// stays behind on a parked connection for this process's next acquirer to
+// wait on. The error-free path never gets here.
+func (l *AdvisoryLock) abandon() {
+	defer l.conn.Close()
+	k := lockKey{k1: l.key}
+	if !l.c.holds(k) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	var ok bool
+	err := l.conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
+	if err == nil && ok && !l.c.holds(k) {
+		return
+	}
+	why := fmt.Sprintf("could not be unlocked after its acquire failed (unlock: %v, %v), so its connection is closed", ok, err)
+	l.c.markLost(why, errors.New(why), lossEnd)
 }
 
 // lockhooksConn takes a connection of db and its lockhooks state.
@@ -178,8 +218,12 @@ func (l *AdvisoryLock) Conn() *sql.Conn { return l.conn }
 
 // Lost returns a channel that is closed when the lock is known lost: its
 // connection died, so another session may hold the lock now. lockhooks
-// checks the holder's backend every WithLockCheckInterval (default 1s). On
-// SQLite the in-process lock cannot be lost and the channel never closes.
+// checks the holder's backend every WithLockCheckInterval (default 1s); a
+// server it cannot reach then counts as lost too (the lock cannot be
+// assumed held), and the old backend, if it still lives, is ended once the
+// server can be reached. Once Lost is closed, another acquirer of this
+// process may take the key at once. On SQLite the in-process lock cannot
+// be lost and the channel never closes.
 func (l *AdvisoryLock) Lost() <-chan struct{} {
 	return l.c.lostChan()
 }
@@ -207,7 +251,8 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		l.c.connector.named.unlock(l.key, l)
 		return nil
 	}
-	defer l.c.connector.turns.unlock(l.key, l.turn) // the next acquirer of this process, after the unlock
+	defer l.c.advisory.CompareAndSwap(l, nil) // before the connection goes back
+	defer l.freeTurn()                        // the next acquirer of this process, after the unlock
 	defer l.c.connector.pins.untrack(l)
 	if err := l.Err(); err != nil {
 		return err

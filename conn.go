@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -84,6 +85,14 @@ type conn struct {
 	// pub is what the connection publishes of its identity to other
 	// processes (Postgres; pg_identity_publish.go).
 	pub published
+
+	// advisory is the AdvisoryLock held on this connection, if any: a loss
+	// frees its in-process turn at once.
+	advisory atomic.Pointer[AdvisoryLock]
+
+	// mark is the marker the connection leaves on its backend (Postgres;
+	// see sessionQuery), set before its first statement.
+	mark string
 }
 
 var _ connCore = (*conn)(nil)
@@ -590,22 +599,44 @@ func isServerError(err error) bool {
 }
 
 // backendPID returns the Postgres backend pid of the connection, asking the
-// server once, the first time a feature needs it.
+// server once, the first time a feature needs it. The same statement leaves
+// the connection's marker on its backend (see sessionQuery).
 func (c *conn) backendPID(ctx context.Context) (int32, error) {
 	if pid := c.pid.Load(); pid != 0 {
 		return pid, nil
 	}
-	v, err := c.queryValue(ctx, "SELECT pg_backend_pid()")
+	if c.connector.pins == nil {
+		return 0, errors.New("lockhooks: a backend pid is a Postgres notion")
+	}
+	var row []driver.Value
+	var err error
+	if c.connector.opts.txPooler || c.connector.opts.pinningPooler {
+		// A declared pooler: no guard, so no marker (RDS Proxy would pin
+		// the connection for a setting).
+		row, err = c.queryRow(ctx, "SELECT pg_backend_pid()", nil)
+	} else {
+		row, err = c.queryRow(ctx, sessionQuery, []driver.NamedValue{{Ordinal: 1, Value: c.marker()}})
+	}
+	if err != nil && c.mark != "" && isServerError(err) && !c.connectionBroken(err) {
+		// A server that refuses the marker (one that speaks Postgres's
+		// protocol but has no custom settings): the pid alone, and the
+		// pooler guard without markers.
+		c.mark = ""
+		row, err = c.queryRow(ctx, "SELECT pg_backend_pid()", nil)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("lockhooks: reading the backend pid of %v: %w", c, err)
 	}
-	switch pid := v.(type) {
+	switch pid := row[0].(type) {
 	case int64:
 		c.pid.Store(int32(pid))
 	case int32:
 		c.pid.Store(pid)
 	default:
-		return 0, fmt.Errorf("lockhooks: pg_backend_pid() returned %T, want an integer", v)
+		return 0, fmt.Errorf("lockhooks: pg_backend_pid() returned %T, want an integer", row[0])
+	}
+	if len(row) > 1 {
+		c.sawMarker(asString(row[1]), strconv.Itoa(int(c.pid.Load())))
 	}
 	return c.pid.Load(), nil
 }

@@ -171,7 +171,7 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 			s.Held = append(s.Held, de.Held...)
 		case identified: // a connection of a lockhooks database, here or in another process
 			h = other
-			h.State, h.Statement = "", "" // the side says what it ran
+			h.State, h.Statement = "", ""    // the side says what it ran
 			de.others = append(de.others, h) // for the wait span's link
 		}
 		if h.Conn != 0 {

@@ -16,6 +16,7 @@ const (
 	stateDeadlock         = "40P01" // deadlock_detected
 	stateSerialization    = "40001" // serialization_failure
 	stateLockNotAvailable = "55P03" // lock_not_available: lock_timeout, NOWAIT
+	stateIdleInTx         = "25P03" // idle_in_transaction_session_timeout: FATAL, the session ended
 )
 
 // SQLite result codes that lockhooks classifies (extended codes keep the
@@ -95,15 +96,17 @@ func IsRetryable(err error) bool {
 // connectionLost reports whether err says the connection to the server
 // broke or the server is going away, rather than that the server rejected
 // the statement: SQLSTATE classes 08 (connection exception) and 57
-// (operator intervention: pg_terminate_backend, shutdown; 57014, a
-// cancelled statement, is not one), driver.ErrBadConn, an unexpected EOF,
-// a network error or a reset connection.
+// (operator intervention: pg_terminate_backend, shutdown, 57P05
+// idle_session_timeout; 57014, a cancelled statement, is not one), 25P03
+// (idle_in_transaction_session_timeout, a FATAL that ends the session),
+// driver.ErrBadConn, an unexpected EOF, a network error or a reset
+// connection.
 func connectionLost(err error) bool {
 	if err == nil {
 		return false
 	}
 	if s := sqlState(err); s != "" {
-		return strings.HasPrefix(s, "08") || (strings.HasPrefix(s, "57") && s != "57014")
+		return strings.HasPrefix(s, "08") || (strings.HasPrefix(s, "57") && s != "57014") || s == stateIdleInTx
 	}
 	if _, ok := sqliteCode(err); ok {
 		return false

@@ -60,32 +60,65 @@ const appNameUnknown = "\x00unknown"
 // identifyOnConnect reads, in the one statement Connect runs on Postgres
 // anyway, the backend pid and the application_name the user's
 // configuration gave the connection (DSN, PGAPPNAME, the connector's
-// settings); lockhooks publishes identities only where it is empty.
+// settings); lockhooks publishes identities only where it is empty. Unless
+// the database declared a pooler, the same statement leaves the
+// connection's session marker on its backend (see sessionQuery).
 func (w *conn) identifyOnConnect(ctx context.Context) error {
 	own := w.connector.own.of(w.inner)
 	if !own.ok() {
 		_, err := w.backendPID(ctx)
 		return err
 	}
-	rows, err := queryDirect(ctx, w.inner, "SELECT pg_backend_pid(), current_setting('application_name')", own.args)
-	var row *staticRows
-	if err == nil {
-		row, err = readStaticRow(rows)
-	}
-	if err == nil && len(row.row) != 2 {
-		err = fmt.Errorf("lockhooks: reading the backend pid of %v: no row", w)
+	marked := !w.connector.opts.txPooler && !w.connector.opts.pinningPooler
+	row, err := w.connectRow(ctx, own, marked)
+	if err != nil && marked && isServerError(err) && !w.connectionBroken(err) {
+		// A server that refuses the marker (one that speaks Postgres's
+		// protocol but has no custom settings): the pool guard without
+		// markers.
+		w.mark = ""
+		row, err = w.connectRow(ctx, own, false)
 	}
 	if err != nil {
 		return fmt.Errorf("lockhooks: reading the backend pid of %v: %w", w, w.observe(err))
 	}
-	w.pid.Store(int32(asInt64(row.row[0])))
+	pid := int32(asInt64(row[0]))
+	w.pid.Store(pid)
 	if own.pgx {
 		w.tx.status = pgxTxStatus(w.inner)
 	}
-	app := asString(row.row[1])
+	app := asString(row[1])
 	w.pub.connectApp = app
 	w.pub.on = app == "" || strings.HasPrefix(app, appNamePrefix)
+	if len(row) > 2 {
+		w.sawMarker(asString(row[2]), strconv.Itoa(int(pid)))
+	}
 	return nil
+}
+
+// connectRow runs identifyOnConnect's statement: the backend pid, the
+// application_name and, marked, the marker found on the backend as the
+// connection's own replaces it.
+func (w *conn) connectRow(ctx context.Context, own *ownStatements, marked bool) ([]driver.Value, error) {
+	query := "SELECT pg_backend_pid(), current_setting('application_name')"
+	want := 2
+	if marked {
+		// The marker is hex digits, a colon and a number: a literal is
+		// safe, and the simple protocol caches nothing.
+		query += ", current_setting('lockhooks.session', true), set_config('lockhooks.session', '" + w.marker() + "', false)"
+		want = 4
+	}
+	rows, err := queryDirect(ctx, w.inner, query, own.args)
+	var row *staticRows
+	if err == nil {
+		row, err = readStaticRow(rows)
+	}
+	if err == nil && len(row.row) != want {
+		err = fmt.Errorf("%d columns, want %d", len(row.row), want)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return row.row, nil
 }
 
 // holderIdentityLocked is c's identity as a holder of session locks: its
@@ -177,12 +210,7 @@ func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue,
 			args = own.args // a text of this hold's: not for pgx's statement cache
 		}
 	}
-	of := "pg_backend_pid()" // pid 0: the backend that answers
-	if pid != 0 {
-		of = strconv.Itoa(int(pid))
-	}
-	return note + `SELECT pg_backend_pid(), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
-FROM ` + from + ` LEFT JOIN pg_locks l ON l.pid = ` + of + ` AND l.locktype = 'advisory' AND l.granted` + c.afterDiscard(), args, setTo
+	return locksQuery(note, from, pid, c.afterDiscard()), args, setTo
 }
 
 // publishedAppName records what the read set, and whether it did so

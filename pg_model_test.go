@@ -1,16 +1,24 @@
 package lockhooks
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/lockhooks/lockhooks/internal/faultproxy"
+	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
 // The model-based differential test: seeded random sequences of advisory
@@ -25,7 +33,43 @@ import (
 // LOCKHOOKS_MODEL_SEED replays one seed; LOCKHOOKS_MODEL_STEPS the steps
 // per seed (default 60). A failure prints the seed and the steps so far.
 func TestTrackingMatchesPgLocks(t *testing.T) {
-	seeds, steps := envInt("LOCKHOOKS_MODEL_SEEDS", 6), envInt("LOCKHOOKS_MODEL_STEPS", 60)
+	runModel(t, modelDirect, 6, 60)
+}
+
+// TestTrackingMatchesPgLocksThroughPgBouncer is the model test through
+// PgBouncer in transaction mode (1.18 and 1.25), on a database opened with
+// WithTransactionPooler: the statements such a database accepts (session
+// locks in statements of their own, transactions, unlocks through the
+// pool, terminated holders), each connection's session locks compared with
+// pg_locks of its holder's backend. The same variables as
+// TestTrackingMatchesPgLocks (default 3 seeds of 40 steps in CI).
+func TestTrackingMatchesPgLocksThroughPgBouncer(t *testing.T) {
+	for _, v := range pgtest.Versions {
+		t.Run(v.String(), func(t *testing.T) { runModelOn(t, modelPooled, v, 3, 40) })
+	}
+}
+
+// TestTrackingMatchesPgLocksWithFaults is the model test with network
+// faults injected between its steps (issue 21): the connections reach the
+// server through a proxy that cuts a connection on both sides, or on the
+// client's side only (half-open: the server keeps the backend and its
+// locks), or the server terminates a backend. A faulted connection's next
+// statement must fail (with ErrLockLost where it held session locks), and
+// lockhooks' view must still equal pg_locks: a connection it reports lost
+// holds nothing on the server, once lockhooks has ended the backends the
+// fault left behind. The same variables (default 3 seeds of 40 steps).
+func TestTrackingMatchesPgLocksWithFaults(t *testing.T) {
+	runModel(t, modelFaults, 3, 40)
+}
+
+// runModel runs the model test of kind: seeds × steps by default.
+func runModel(t *testing.T, kind modelKind, seeds, steps int) {
+	runModelOn(t, kind, "", seeds, steps)
+}
+
+// runModelOn is runModel through PgBouncer version v (modelPooled).
+func runModelOn(t *testing.T, kind modelKind, v pgtest.Version, seeds, steps int) {
+	seeds, steps = envInt("LOCKHOOKS_MODEL_SEEDS", seeds), envInt("LOCKHOOKS_MODEL_STEPS", steps)
 	first := uint64(1)
 	if s := os.Getenv("LOCKHOOKS_MODEL_SEED"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
@@ -36,7 +80,7 @@ func TestTrackingMatchesPgLocks(t *testing.T) {
 	}
 	for seed := first; seed < first+uint64(seeds); seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			m := newModel(t, seed)
+			m := newModel(t, seed, kind, v)
 			for i := range steps {
 				m.step(i)
 				m.check(fmt.Sprintf("after step %d", i))
@@ -45,6 +89,15 @@ func TestTrackingMatchesPgLocks(t *testing.T) {
 		})
 	}
 }
+
+// modelKind is how the model's database is reached.
+type modelKind int
+
+const (
+	modelDirect modelKind = iota // straight to the server
+	modelPooled                  // through PgBouncer (transaction mode), WithTransactionPooler
+	modelFaults                  // through a fault-injecting proxy, with fault steps
+)
 
 func envInt(name string, def int) int {
 	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
@@ -59,8 +112,10 @@ func envInt(name string, def int) int {
 type model struct {
 	t       *testing.T
 	seed    uint64
+	kind    modelKind
 	rnd     *rand.Rand
 	e       *pinEnv
+	proxy   *faultproxy.Proxy // modelFaults
 	conn    *connector
 	slots   [2]*slot
 	blocker *sql.Conn
@@ -75,9 +130,18 @@ type slot struct {
 // blockedKey is held by the raw blocker for the whole run.
 const blockedKey = 9
 
-func newModel(t *testing.T, seed uint64) *model {
-	e := newPinEnv(t, WithVerifyOnReturn(true))
-	m := &model{t: t, seed: seed, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), e: e}
+func newModel(t *testing.T, seed uint64, kind modelKind, v pgtest.Version) *model {
+	m := &model{t: t, seed: seed, kind: kind, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	switch kind {
+	case modelDirect:
+		m.e = newPinEnv(t, WithVerifyOnReturn(true))
+	case modelPooled:
+		m.e = newPooledPinEnv(t, v)
+	case modelFaults:
+		fe := newFaultEnv(t, nil, WithVerifyOnReturn(true))
+		m.e, m.proxy = fe.pinEnv, fe.proxy
+	}
+	e := m.e
 	for _, q := range []string{
 		`CREATE FUNCTION lh_advisory_take(k bigint) RETURNS void LANGUAGE sql AS 'SELECT pg_advisory_lock(k)'`,
 		`CREATE FUNCTION lh_advisory_give(k bigint) RETURNS boolean LANGUAGE sql AS 'SELECT pg_advisory_unlock(k)'`,
@@ -86,8 +150,10 @@ func newModel(t *testing.T, seed uint64) *model {
 		mustExec(t, e.raw, q)
 	}
 	m.conn = e.connector(t)
-	m.blocker = otherConn(t, e.raw)
-	mustExec(t, m.blocker, "SELECT pg_advisory_lock($1)", blockedKey)
+	if kind != modelPooled { // no lock waits through the pooler (it polls)
+		m.blocker = otherConn(t, e.raw)
+		mustExec(t, m.blocker, "SELECT pg_advisory_lock($1)", blockedKey)
+	}
 	t.Cleanup(func() {
 		for _, s := range m.slots {
 			if s != nil {
@@ -103,8 +169,35 @@ func newModel(t *testing.T, seed uint64) *model {
 
 func (m *model) fail(format string, args ...any) {
 	m.t.Helper()
-	m.t.Fatalf("seed %d (replay: LOCKHOOKS_MODEL_SEED=%d go test -race -run TestTrackingMatchesPgLocks .): %s\nsteps:\n  %s",
-		m.seed, m.seed, fmt.Sprintf(format, args...), strings.Join(m.history, "\n  "))
+	name := [...]string{modelDirect: "TestTrackingMatchesPgLocks", modelPooled: "TestTrackingMatchesPgLocksThroughPgBouncer", modelFaults: "TestTrackingMatchesPgLocksWithFaults"}[m.kind]
+	m.t.Fatalf("seed %d (replay: LOCKHOOKS_MODEL_SEED=%d go test -race -run '%s$' .): %s\nsteps:\n  %s",
+		m.seed, m.seed, name, fmt.Sprintf(format, args...), strings.Join(m.history, "\n  "))
+}
+
+// newPooledPinEnv is a pinEnv whose lockhooks database goes through a
+// PgBouncer of its own (transaction mode, with room for the holders' open
+// transactions, each of which keeps a server connection, beside the slots'
+// and the monitor's) with WithTransactionPooler; raw goes straight to the
+// server. PgBouncer's server connections outlive lockhooks' clients, so the
+// end check is that no advisory lock is left in the database. (See
+// newOwnPoolerEnv for why a PgBouncer of its own.)
+func newPooledPinEnv(t *testing.T, v pgtest.Version) *pinEnv {
+	t.Helper()
+	pe, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{Version: v, PoolSize: 20})
+	e := &pinEnv{raw: pe.raw, app: pe.app, log: pe.log, metrics: sdkmetric.NewManualReader()}
+	var err error
+	e.wrapped, err = Open("pgx", withApp(pe.pooled, e.app), WithTransactionPooler(),
+		WithLockCheckInterval(20*time.Millisecond),
+		WithLogger(slog.New(slog.NewTextHandler(e.log, nil))),
+		WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.metrics))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		e.wrapped.Close()
+		pe.waitNoAdvisoryLocks(t)
+	})
+	return e
 }
 
 // execer is a slot's transaction, its connection, or the pool.
@@ -194,6 +287,20 @@ func (m *model) step(i int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	op := m.rnd.IntN(15)
+	switch m.kind {
+	case modelPooled:
+		// Through the pooler lockhooks refuses what it cannot split from a
+		// holder (several calls, DO blocks), cannot see (a function taking
+		// a lock on whatever server connection runs it), or runs elsewhere
+		// (transaction-level locks, whose backend lockhooks does not know;
+		// a lock wait, which polls instead); DISCARD ALL would reset another
+		// client's server connection.
+		for op == 5 || op == 6 || op == 7 || op == 8 || op == 12 {
+			op = m.rnd.IntN(15)
+		}
+	case modelFaults:
+		op = m.rnd.IntN(18)
+	}
 	var desc string
 	var err error
 	switch op {
@@ -294,7 +401,7 @@ func (m *model) step(i int) {
 	case 10: // release everything
 		x, s, where := m.target(true)
 		q := "SELECT pg_advisory_unlock_all()"
-		if s != nil && s.tx == nil && m.rnd.IntN(2) == 0 {
+		if s != nil && s.tx == nil && m.rnd.IntN(2) == 0 && m.kind != modelPooled {
 			q = "/* reset */ DISCARD ALL"
 		}
 		desc = where + ": " + q
@@ -329,6 +436,8 @@ func (m *model) step(i int) {
 		m.cancelledWait(i, s)
 	case 13, 14: // terminate a backend holding session locks
 		desc = m.terminateHolder()
+	case 15, 16, 17: // a network fault (modelFaults)
+		desc = m.injectFault()
 	}
 	if desc == "" {
 		return
@@ -435,7 +544,7 @@ func (m *model) terminateHolder() string {
 		deadline := time.Now().Add(10 * time.Second)
 		for !w.view().lost {
 			if time.Now().After(deadline) {
-				m.fail("the terminated parked holder (pid %d) was never reported lost", v.pid)
+				m.fail("the terminated parked holder (pid %d) was never reported lost (%s); log:\n%s", v.pid, m.state(w), m.e.log)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -466,6 +575,14 @@ func (m *model) check(when string) {
 		seen := map[int32]bool{}
 		for _, w := range m.conn.openConns() {
 			v := w.view()
+			if m.kind == modelPooled && w.holderPID.Load() == 0 {
+				// No holder: the connection holds no session lock, and the
+				// backend it was opened on is the pooler's, shared.
+				if len(v.session) > 0 && !v.lost {
+					problems = append(problems, fmt.Sprintf("%v tracks %v without a holder", w, v.session))
+				}
+				continue
+			}
 			seen[v.pid] = true
 			if v.lost {
 				// Reported lost: its backend must be gone (or going), so it
@@ -599,4 +716,103 @@ func (m *model) drain() {
 		}
 		m.fail("after unlocking every counted lock, %d advisory locks are still held: %v\nlockhooks' views: %v", n, left, views)
 	}
+}
+
+// injectFault (modelFaults) breaks one connection that a slot uses or that
+// is parked: its proxy link is cut on both sides, or on the client's side
+// only (half-open: the backend lives on, holding what it held), or its
+// backend is terminated. A slot's next statement must then fail, with
+// ErrLockLost where it held session locks, and the slot is closed; a
+// parked holder must be reported lost. Either way lockhooks must end a
+// backend the fault left holding locks (check sees to it).
+func (m *model) injectFault() string {
+	conns := m.conn.openConns()
+	slices.SortFunc(conns, func(a, b *conn) int { return cmp.Compare(a.id, b.id) })
+	type target struct {
+		w    *conn
+		slot int // -1: parked
+	}
+	var targets []target
+	for _, w := range conns {
+		v := w.view()
+		if v.lost {
+			continue
+		}
+		slot := -1
+		for i, s := range m.slots {
+			if s != nil && trackedConn(m.t, s.c) == w {
+				slot = i
+			}
+		}
+		if slot >= 0 || v.parked {
+			targets = append(targets, target{w, slot})
+		}
+	}
+	if len(targets) == 0 {
+		return ""
+	}
+	tg := targets[m.rnd.IntN(len(targets))]
+	v := tg.w.view()
+	kind := m.rnd.IntN(3)
+	if tg.slot < 0 && kind == 1 {
+		kind = 0 // a half-open parked holder looks held to the server and to lockhooks alike until it is used
+	}
+	var port int
+	if err := m.e.raw.QueryRow("SELECT client_port FROM pg_stat_activity WHERE pid = $1", v.pid).Scan(&port); err != nil {
+		m.fail("client port of backend %d: %v", v.pid, err)
+	}
+	link := m.proxy.LinkByServerPort(port)
+	if link == nil && kind != 2 {
+		m.fail("no proxy link for backend %d", v.pid)
+	}
+	what := [...]string{"cut", "half-open", "terminate"}[kind]
+	switch kind {
+	case 0:
+		link.Cut()
+	case 1:
+		link.CutClient()
+	case 2:
+		terminate(m.t, m.e.raw, v.pid)
+	}
+	if tg.slot < 0 {
+		deadline := time.Now().Add(10 * time.Second)
+		for !tg.w.view().lost {
+			if time.Now().After(deadline) {
+				m.fail("%s parked holder (pid %d) was never reported lost (%s); log:\n%s", what, v.pid, m.state(tg.w), m.e.log)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return fmt.Sprintf("%s a parked holder (pid %d)", what, v.pid)
+	}
+	s := m.slots[tg.slot]
+	var x execer = s.c
+	if s.tx != nil {
+		x = s.tx
+	}
+	_, err := x.ExecContext(context.Background(), "SELECT 1")
+	switch {
+	case err == nil:
+		m.fail("a statement on slot%d after %s (pid %d) succeeded", tg.slot, what, v.pid)
+	case len(v.session) > 0 && !errors.Is(err, ErrLockLost):
+		m.fail("a statement on slot%d after %s (pid %d), which held %v: %v, want ErrLockLost", tg.slot, what, v.pid, v.session, err)
+	}
+	if s.tx != nil {
+		s.tx.Rollback()
+	}
+	s.c.Close()
+	m.slots[tg.slot] = nil
+	return fmt.Sprintf("%s slot%d (pid %d)", what, tg.slot, v.pid)
+}
+
+// state describes what lockhooks knows of w, for a failure message.
+func (m *model) state(w *conn) string {
+	p := m.conn.pins
+	p.mu.Lock()
+	_, registered := p.holders[w]
+	monitor := p.cancelMonitor != nil
+	p.mu.Unlock()
+	w.pin.mu.Lock()
+	defer w.pin.mu.Unlock()
+	return fmt.Sprintf("registered %v, monitor running %v, busy %d, gen %d, held %d, lost %v, pid %d, holder pid %d",
+		registered, monitor, w.pin.busy, w.pin.gen, len(w.pin.held), w.pin.lost, w.pid.Load(), w.holderPID.Load())
 }

@@ -6,15 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 )
 
 // monitor checks, every interval, that the holders' backends still hold
-// their locks, until no connection holds any.
-func (p *pinning) monitor(stop, done chan struct{}) {
+// their locks, and ends the backends of lost holders that may still hold
+// them, until there is nothing more to do. Cancelling ctx (db.Close) stops
+// it at once, also in the middle of a check: a silent network must not
+// hold db.Close up.
+func (p *pinning) monitor(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	var side driver.Conn
 	defer func() {
@@ -26,19 +28,24 @@ func (p *pinning) monitor(stop, done chan struct{}) {
 	defer t.Stop()
 	for {
 		select {
-		case <-stop:
+		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-p.ends.kick:
+		}
+		if ctx.Err() != nil {
+			return // db.Close and a tick came together: no new check
 		}
 		p.mu.Lock()
-		if len(p.holders) == 0 {
-			p.stop = nil
+		if len(p.holders) == 0 && p.ends.empty() {
+			p.cancelMonitor()
+			p.cancelMonitor = nil
 			p.mu.Unlock()
 			return
 		}
 		p.mu.Unlock()
 		var err error
-		if side, err = p.check(side); err != nil {
+		if side, err = p.check(ctx, side); err != nil && ctx.Err() == nil {
 			p.c.opts.logger.Warn("lockhooks: checking advisory-lock holders failed; will retry", "error", err)
 		}
 	}
@@ -46,83 +53,179 @@ func (p *pinning) monitor(stop, done chan struct{}) {
 
 // holderSnapshot is what the monitor knows of one holder before it asks.
 type holderSnapshot struct {
-	c    *conn
-	pid  int32
-	gen  uint64
-	keys []lockKey
+	c      *conn
+	pid    int32
+	gen    uint64
+	keys   []lockKey
+	parked bool
 }
 
 // check asks the server whether the holders' backends are alive and hold
-// their locks, on a side connection of its own (never a holder's).
-func (p *pinning) check(side driver.Conn) (driver.Conn, error) {
-	var snaps []holderSnapshot
+// their locks, on a side connection of its own (never a holder's), and
+// ends the backends of lost holders. When the server cannot be reached,
+// a holder that cannot be confirmed is lost (see unreachable).
+func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, error) {
+	var snaps, all []holderSnapshot
 	for _, h := range p.snapshot() {
 		h.pin.mu.Lock()
-		if pid := h.lockPID(); pid != 0 && h.pin.busy == 0 && h.pin.lost == nil && len(h.pin.held) > 0 {
-			s := holderSnapshot{c: h, pid: pid, gen: h.pin.gen}
-			for k := range h.pin.held {
-				s.keys = append(s.keys, k)
+		if pid := h.lockPID(); pid != 0 && h.pin.lost == nil && len(h.pin.held) > 0 {
+			s := holderSnapshot{c: h, pid: pid, gen: h.pin.gen, parked: h.pin.parked}
+			all = append(all, s)
+			if h.pin.busy == 0 {
+				for k := range h.pin.held {
+					s.keys = append(s.keys, k)
+				}
+				snaps = append(snaps, s)
 			}
-			snaps = append(snaps, s)
 		}
 		h.pin.mu.Unlock()
 	}
 	p.warnParked()
-	if len(snaps) == 0 {
-		return side, nil
+	if len(snaps) == 0 && p.ends.empty() && (p.c.opts.txPooler || len(all) == 0) {
+		return side, nil // (through an undeclared pooler, a busy holder's backend is still looked for)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), p.c.opts.lockCheckTimeout)
+	cctx, cancel := context.WithTimeout(ctx, p.c.opts.lockCheckTimeout)
 	defer cancel()
-	if side == nil {
-		var err error
-		if side, err = p.c.inner.Connect(ctx); err != nil {
-			return nil, err
-		}
-	}
-	pids := make([]string, len(snaps))
-	for i, s := range snaps {
-		pids[i] = strconv.Itoa(int(s.pid))
-	}
-	alive, held, err := queryAdvisoryLocks(ctx, side, "a.pid IN ("+strings.Join(pids, ",")+")")
+	v, side, err := p.ask(cctx, side, snaps)
 	if err != nil {
-		side.Close()
+		var ue unreachableError
+		if ctx.Err() == nil && errors.As(err, &ue) {
+			p.unreachable(ctx, snaps, ue.err)
+		}
 		return nil, err
 	}
+	if !p.c.opts.txPooler && !p.c.opts.pinningPooler {
+		p.lookForPooler(v, all)
+		if perr := p.poolerSeen(); perr != nil {
+			for _, s := range all {
+				s.c.markLost("may no longer be held: "+perr.Error(), perr, lossReport|lossPooler)
+				p.settle(s.c)
+			}
+			snaps = nil
+		}
+	}
 	for _, s := range snaps {
-		s.c.pin.mu.Lock()
-		changed := s.c.pin.gen != s.gen || s.c.pin.busy > 0
-		s.c.pin.mu.Unlock()
-		if changed {
+		if s.c.changedSince(s.gen) {
 			continue // it ran a lock statement meanwhile; look again next time
 		}
-		if !alive[s.pid] {
-			s.c.loseLocks(fmt.Errorf("its backend (pid %d) is gone", s.pid))
+		if !v.alive[s.pid] {
+			s.c.markLost(fmt.Sprintf("its backend (pid %d) is gone", s.pid), fmt.Errorf("backend %d is gone", s.pid), lossReport)
 			p.settle(s.c)
 			continue
 		}
 		missing := false
 		for _, k := range s.keys {
-			missing = missing || !held[s.pid][k]
+			missing = missing || !v.held[s.pid][k]
 		}
-		s.c.pin.mu.Lock()
-		parked := s.c.pin.parked
-		s.c.pin.mu.Unlock()
-		if missing && parked {
+		if missing && s.parked {
 			// Released by something lockhooks could not see (a server-side
 			// function), or the backend is exiting: the parked connection
 			// itself tells which. An in-use connection is read when it is
 			// returned and parked.
-			s.c.verifyParked()
+			s.c.verifyParked(ctx)
 		}
 		p.settle(s.c)
+	}
+	if err := p.endBackends(cctx, side); err != nil {
+		side.Close()
+		return nil, err
 	}
 	return side, nil
 }
 
+// ask reads the holders' backends (alive, and their advisory locks) on the
+// side connection, opening it if needed. A side connection kept from an
+// earlier check may have been ended meanwhile (idle_session_timeout, a
+// pooler's server_lifetime): its failure is tried again once on a fresh
+// one, so that only the server's own unreachability counts.
+func (p *pinning) ask(ctx context.Context, side driver.Conn, snaps []holderSnapshot) (v sideView, _ driver.Conn, err error) {
+	pids := make([]string, len(snaps))
+	for i, s := range snaps {
+		pids[i] = strconv.Itoa(int(s.pid))
+	}
+	where := "false"
+	if len(pids) > 0 {
+		where = "a.pid IN (" + strings.Join(pids, ",") + ")"
+	}
+	for reused := side != nil; ; reused = false {
+		if side == nil {
+			if side, err = p.c.inner.Connect(ctx); err != nil {
+				if !isServerError(err) {
+					err = unreachableError{err}
+				}
+				return v, nil, err
+			}
+		}
+		if v, err = queryAdvisoryLocks(ctx, side, where); err == nil {
+			return v, side, nil
+		}
+		side.Close()
+		side = nil
+		if !reused || ctx.Err() != nil {
+			return v, nil, err
+		}
+	}
+}
+
+// unreachableError is a check that could not open a connection to the
+// server, and got no answer from it either (refused, reset, silent within
+// the check's timeout). A connection that opens but whose query then fails
+// or times out is not one: the server, or the pooler, is there but busy (a
+// pooler whose server connections are all taken, by lock holders among
+// others), and the holders are looked at again next time.
+type unreachableError struct{ err error }
+
+func (e unreachableError) Error() string { return e.err.Error() }
+func (e unreachableError) Unwrap() error { return e.err }
+
+// lookForPooler looks at where the side connection's check ran: on a
+// holder's backend (busy or not), or on one where an open connection of
+// this database left its marker, only a transaction-mode pooler puts two
+// clients.
+func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) {
+	for _, s := range holders {
+		if s.pid == v.ranOn {
+			p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check", s.pid)))
+			return
+		}
+	}
+	if o := p.ownerOf(v.marker); o != nil {
+		p.sawPooler(o.poolerDetected(fmt.Sprintf("was opened on backend pid %d, where lockhooks' monitor, another client, ran its check", v.ranOn)))
+	}
+}
+
+// unreachable handles a check that got no answer from the server (it
+// refused the connection, the network is silent, the pooler is gone): no
+// reachable server means a lock cannot be assumed held. A parked holder is
+// asked on its own connection, which may still work; any other holder is
+// lost now (Lost fires, its next statement fails), and its backend is
+// ended once the server can be reached again.
+func (p *pinning) unreachable(ctx context.Context, snaps []holderSnapshot, cause error) {
+	for _, s := range snaps {
+		if s.c.changedSince(s.gen) {
+			continue // its own statement found out, one way or the other
+		}
+		if s.parked {
+			s.c.verifyParked(ctx)
+		} else {
+			s.c.markLost(fmt.Sprintf("the server could not be reached to confirm it (%v), so it cannot be assumed held", cause), cause, lossReport|lossEnd)
+		}
+		p.settle(s.c)
+	}
+}
+
+// changedSince reports whether c ran a lock statement since generation gen,
+// or runs one now.
+func (c *conn) changedSince(gen uint64) bool {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	return c.pin.gen != gen || c.pin.busy > 0
+}
+
 // verifyParked reads pg_locks on the parked connection c: a connection
 // that fails is lost, one that works makes the tracking true.
-func (c *conn) verifyParked() {
+func (c *conn) verifyParked(ctx context.Context) {
 	c.pin.exec.Lock()
 	defer c.pin.exec.Unlock()
 	c.pin.mu.Lock()
@@ -131,9 +234,9 @@ func (c *conn) verifyParked() {
 	if closed {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.connector.opts.lockCheckTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.connector.opts.lockCheckTimeout)
 	defer cancel()
-	if err := c.reconcile(ctx, "unknown", nil, false); err != nil && c.connectionBroken(err) {
+	if err := c.reconcile(ctx, "unknown", nil, false); err != nil && (!isServerError(err) || c.connectionBroken(err)) {
 		c.loseLocks(err)
 	}
 }
@@ -171,35 +274,50 @@ func (p *pinning) warnParked() {
 	}
 }
 
-// queryAdvisoryLocks reads, for the backends matched by where (over
-// pg_stat_activity a), which are alive and which advisory locks they hold.
-func queryAdvisoryLocks(ctx context.Context, c driver.Conn, where string) (alive map[int32]bool, held map[int32]map[lockKey]bool, err error) {
-	q := `SELECT a.pid, l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
-FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted
-WHERE ` + where
+// sideView is what the monitor's check reads on its side connection: for
+// the backends it asked about, which are alive and which advisory locks they
+// hold, and the backend the check ran on (its pid and session marker).
+type sideView struct {
+	alive  map[int32]bool
+	held   map[int32]map[lockKey]bool
+	ranOn  int32
+	marker string
+}
+
+// queryAdvisoryLocks reads the sideView of the backends matched by where
+// (over pg_stat_activity a).
+func queryAdvisoryLocks(ctx context.Context, c driver.Conn, where string) (v sideView, err error) {
+	q := `SELECT me.pid, me.marker, a.pid, l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
+FROM (SELECT pg_backend_pid() AS pid, current_setting('lockhooks.session', true) AS marker) me
+LEFT JOIN pg_stat_activity a ON ` + where + `
+LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted`
 	rows, err := queryDirect(ctx, c, q, nil)
 	if err != nil {
-		return nil, nil, err
+		return v, err
 	}
 	defer rows.Close()
-	alive, held = map[int32]bool{}, map[int32]map[lockKey]bool{}
-	dest := make([]driver.Value, 5)
+	v.alive, v.held = map[int32]bool{}, map[int32]map[lockKey]bool{}
+	dest := make([]driver.Value, 7)
 	for {
 		if err := rows.Next(dest); err != nil {
 			if err == io.EOF {
-				return alive, held, nil
+				return v, nil
 			}
-			return nil, nil, err
+			return v, err
 		}
-		pid := int32(asInt64(dest[0]))
-		alive[pid] = true
-		if dest[1] == nil {
+		v.ranOn, v.marker = int32(asInt64(dest[0])), asString(dest[1])
+		if dest[2] == nil {
 			continue
 		}
-		if held[pid] == nil {
-			held[pid] = map[lockKey]bool{}
+		pid := int32(asInt64(dest[2]))
+		v.alive[pid] = true
+		if dest[3] == nil {
+			continue
 		}
-		held[pid][advisoryKeyOf(asInt64(dest[1]), asInt64(dest[2]), asInt64(dest[3]), dest[4])] = true
+		if v.held[pid] == nil {
+			v.held[pid] = map[lockKey]bool{}
+		}
+		v.held[pid][advisoryKeyOf(asInt64(dest[3]), asInt64(dest[4]), asInt64(dest[5]), dest[6])] = true
 	}
 }
 
@@ -248,115 +366,4 @@ func asInt64(v driver.Value) int64 {
 		return n
 	}
 	return 0
-}
-
-// connectionBroken reports whether err means the connection is gone, so its
-// session locks are too: a driver error that is not the server's, or the
-// server's own "terminating connection" and connection-exception errors.
-func (c *conn) connectionBroken(err error) bool {
-	if errors.Is(err, driver.ErrBadConn) {
-		return true
-	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		code := pg.SQLState()
-		return strings.HasPrefix(code, "08") || code == "57P01" || code == "57P02" || code == "57P03"
-	}
-	if !c.suspect.Load() {
-		return false
-	}
-	// Not the server's error: ask whether the connection is still there.
-	return !c.alive()
-}
-
-// alive pings the connection.
-func (c *conn) alive() bool {
-	if c.pinger == nil {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-	defer cancel()
-	return c.pinger.Ping(ctx) == nil
-}
-
-// loseLocks records that c's session locks are gone because its
-// connection died, reports it (log, metric, Lost), and returns the error
-// to give to whoever relied on them (nil if c held none). The caller
-// settles c afterwards (a parked one is closed).
-func (c *conn) loseLocks(cause error) error {
-	return c.markLost("its connection died ("+cause.Error()+")", cause, true)
-}
-
-// markLost records that c's session locks are gone (why completes "…held
-// advisory lock k and"); report says whether to log and count it as a loss
-// (db.Close reports its own way).
-func (c *conn) markLost(why string, cause error, report bool) error {
-	c.pin.mu.Lock()
-	if c.pin.lost != nil {
-		defer c.pin.mu.Unlock()
-		return c.pin.lost
-	}
-	if len(c.pin.held) == 0 {
-		c.pin.mu.Unlock()
-		return nil
-	}
-	keys := make([]string, 0, len(c.pin.held))
-	var oldest *heldLock
-	for k, l := range c.pin.held {
-		keys = append(keys, k.String())
-		if oldest == nil || l.since.Before(oldest.since) {
-			oldest = l
-		}
-	}
-	sort.Strings(keys)
-	n := len(c.pin.held)
-	c.pin.lost = fmt.Errorf("%w: %v held advisory lock %s (taken at %s, %v ago) and %s; the work it protected must stop",
-		ErrLockLost, c, strings.Join(keys, ", "), oldest.site, time.Since(oldest.since).Round(time.Millisecond), why)
-	c.pin.held = nil
-	c.pin.gen++
-	parked := c.pin.parked
-	if c.pin.lostCh == nil {
-		c.pin.lostCh = make(chan struct{})
-	}
-	lostCh, lost := c.pin.lostCh, c.pin.lost
-	c.updateActiveLocked() // statements now fail with lost
-	c.pin.mu.Unlock()
-
-	if report {
-		c.connector.tel.lockLost(context.Background(), "advisory", n)
-		c.connector.events.add(eventLockLost, lost.Error())
-		held := time.Since(oldest.since).Round(time.Millisecond)
-		c.connector.opts.logger.Error("lockhooks: advisory lock lost", "database", c.connector.pool, "connection", c.id, "backend_pid", c.pid.Load(),
-			"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "held_for", held.String(), "parked", parked, "cause", cause.Error())
-		// A span of its own (issue 20: the model of holders), linked to the
-		// span the lock was taken in.
-		h := connHolder(c)
-		h.Key, h.Site, h.Since, h.SiteKind = strings.Join(keys, ", "), oldest.site, oldest.since, siteTook
-		c.connector.tel.lockLostSpan(h.withSpan(oldest.span), cause)
-	}
-	close(lostCh) // after the log and the count, so whoever waits on Lost sees them
-	return lost
-}
-
-// lostError combines the lost-lock error with the driver's error; a
-// driver.ErrBadConn is not wrapped, so database/sql does not retry the
-// protected work on a fresh connection.
-func (c *conn) lostError(lost, err error) error {
-	if lost == nil {
-		return err
-	}
-	if errors.Is(err, driver.ErrBadConn) {
-		return lost
-	}
-	return fmt.Errorf("%w (the statement failed with: %w)", lost, err)
-}
-
-// lostChan returns the channel closed when c's locks are lost.
-func (c *conn) lostChan() <-chan struct{} {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	if c.pin.lostCh == nil {
-		c.pin.lostCh = make(chan struct{})
-	}
-	return c.pin.lostCh
 }

@@ -150,6 +150,9 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	if lost != nil {
 		return plan, nil, lost
 	}
+	if err := c.refuseThroughPooler(st.advisory); err != nil {
+		return plan, nil, err
+	}
 	if c.pin.active.Load() {
 		// database/sql would let the driver see a cancelled context, and pgx
 		// then closes the connection: every lock it holds would be gone.
@@ -159,6 +162,9 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	}
 	adv := st.advisory
 	if adv == nil {
+		if err := c.checkHolder(ctx); err != nil {
+			return plan, nil, err
+		}
 		if st.rowLock {
 			plan.wait = c.startRowLockWait(ctx, st)
 		}
@@ -182,6 +188,11 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	}
 	if plan.onHolder, err = c.onHolder(adv); err != nil {
 		return plan, nil, err
+	}
+	if !plan.onHolder {
+		if err := c.checkHolder(ctx); err != nil {
+			return plan, nil, err
+		}
 	}
 	if c.connector.opts.txPooler {
 		if err := c.splitConflict(adv, plan.keys, plan.known); err != nil {
@@ -366,7 +377,9 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	adv := plan.st.advisory
 	if adv == nil {
 		if err != nil && c.connectionBroken(err) {
-			return c.lostError(c.loseLocks(err), err)
+			lost := c.loseLocks(err)
+			c.connector.pins.settle(c) // the monitor ends its backend
+			return c.lostError(lost, err)
 		}
 		c.followTxControl(plan.st.text, false, err != nil)
 		return err
@@ -380,15 +393,24 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	ctx = context.WithoutCancel(ctx)
 	if err != nil {
 		if c.connectionBroken(err) {
-			if lost := c.loseLocks(err); lost != nil {
-				return c.lostError(lost, err)
-			}
-			return err
+			c.endAfterBreak(plan)
+			lost := c.loseLocks(err)
+			c.connector.pins.settle(c) // the monitor ends its backend
+			return c.lostError(lost, err)
 		}
-		// A failed statement of several calls may have taken some; a
-		// blocking lock cancelled (57014) may have been granted just before.
-		if !adv.Simple || !plan.exact || sqlState(err) == "57014" {
-			c.reconcile(ctx, plan.site, nil, true)
+		// Any error on a statement that may have taken or released a lock
+		// makes the server say what the backend holds now: a lock_timeout
+		// (55P03), statement_timeout or cancel (57014) or deadlock (40P01)
+		// racing the grant leaves the lock granted; a statement of several
+		// calls may have run some of them. One read, on the error path
+		// only. (Inside a transaction the error aborted it, the read fails,
+		// and the connection is read once the transaction ends.)
+		if len(adv.Calls) > 0 {
+			if rerr := c.reconcile(ctx, plan.site, nil, !adv.Simple || !plan.exact); rerr != nil && c.connectionBroken(rerr) {
+				if lost := c.loseLocks(rerr); lost != nil {
+					err = c.lostError(lost, err)
+				}
+			}
 		}
 		c.connector.pins.settle(c)
 		if c.connector.opts.txPooler {
@@ -417,7 +439,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		case errors.Is(verr, ErrTransactionPooler):
 			// The statement ran on another backend than the connection's:
 			// its locks cannot be trusted.
-			c.markLost(verr.Error(), verr, true)
+			c.markLost(verr.Error(), verr, lossReport|lossPooler) // not ours to end: other clients use that backend
 		case verr != nil && c.connectionBroken(verr):
 			verr = c.lostError(c.loseLocks(verr), verr)
 		default:
@@ -429,6 +451,30 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		c.releaseHolder(ctx)
 	}
 	return verr
+}
+
+// endAfterBreak has the backend of a connection that broke during a
+// statement taking locks ended, where it holds or awaits one of the keys the
+// statement asked for: the server may have granted the lock as the
+// connection broke, or grant it later to a backend whose client's side is
+// gone (half-open), and nobody could unlock it. Only keys the statement
+// named (a call whose key lockhooks could not resolve, in a DO block or a
+// function, is left alone), and not through a pooler: there the holder's
+// own failure does it (holderFailed), and an undeclared pooler's backend
+// serves others.
+func (c *conn) endAfterBreak(plan advisoryPlan) {
+	if c.connector.opts.txPooler || c.connector.opts.pinningPooler || c.connector.pins.poolerSeen() != nil {
+		return // (a pinning pooler may have run the statement on another backend than c.pid)
+	}
+	var keys []lockKey
+	for i, call := range plan.st.advisory.Calls {
+		if call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) == 0 && i < len(plan.known) && plan.known[i] {
+			keys = append(keys, plan.keys[i])
+		}
+	}
+	if pid := c.pid.Load(); pid != 0 && len(keys) > 0 {
+		c.connector.pins.ends.add(pid, keys, false)
+	}
 }
 
 // apply records the effect of a target list whose keys are all known, call

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
@@ -17,7 +19,11 @@ import (
 // pool_mode = transaction, and the poolers of hosted Postgres built the
 // same way) on a database not opened with [WithTransactionPooler]: the
 // pooler hands the server connection holding the lock to other clients
-// after each transaction, so the lock is stranded there.
+// after each transaction, so the lock is stranded there. Once lockhooks
+// has seen the pooler (two of its clients on one server connection, or a
+// connection's statements on another one), the database refuses session
+// locks, and the locks already held are reported lost ([ErrLockLost] and
+// this error): their connections' next statements fail, and Lost closes.
 var ErrTransactionPooler = errors.New("lockhooks: session advisory lock through a transaction-mode pooler")
 
 // WithTransactionPooler says the DSN goes through a transaction-mode pooler
@@ -31,9 +37,11 @@ var ErrTransactionPooler = errors.New("lockhooks: session advisory lock through 
 // on the connection as before, autocommit commits at once, and a
 // migration's CREATE INDEX CONCURRENTLY still runs outside a transaction.
 //
-// The cost: one more client connection per lock-holding connection, and one
+// The cost: one more client connection per lock-holding connection, one
 // open transaction, which holds back vacuum's horizon, per lock holder for
-// as long as it holds. Watch idle_in_transaction_session_timeout and the
+// as long as it holds, and one round trip (a ping of the holder) before
+// each statement and COMMIT of the protected work, so that none runs once
+// the holder is gone. Watch idle_in_transaction_session_timeout and the
 // pooler's idle_transaction_timeout: a holder killed by either is a lost
 // lock, reported as any other (ErrLockLost).
 //
@@ -202,6 +210,9 @@ func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query str
 		case <-ctx.Done():
 			t.Stop()
 			return nil, ctx.Err()
+		case <-c.connector.pins.closing:
+			t.Stop()
+			return nil, fmt.Errorf("lockhooks: pg_advisory_lock%s(%s) on %v: the database was closed while the lock was awaited", sharedSuffix(k), k, c)
 		case <-t.C:
 		}
 		delay = min(2*delay, poolerPollMax)
@@ -240,12 +251,52 @@ func (c *conn) holder(ctx context.Context) (*holderConn, error) {
 // holderFailed drops a holder whose statement failed outside the server's
 // control: its transaction, and the locks it kept, are gone.
 func (c *conn) holderFailed(err error) error {
+	pid := c.holderPID.Load()
 	if h := c.hold; h != nil {
 		h.inner.Close()
 		c.hold = nil
 	}
 	c.holderPID.Store(0)
-	return c.lostError(c.loseLocks(err), err)
+	if pid != 0 {
+		// Whatever its backend still holds or awaits is stranded: the
+		// holder is this connection's alone, and gone from its side
+		// (also a lock granted as the connection broke).
+		c.connector.pins.ends.add(pid, nil, true)
+	}
+	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, lossReport)
+	return c.lostError(lost, err)
+}
+
+// checkHolder confirms, before a statement of the protected work runs on
+// the connection (not on its holder), that the holder keeping its session
+// locks is still there: through a transaction pooler the statement runs on
+// another server connection, so nothing else would stop it from running
+// after the lock was lost. It costs one round trip (a ping of the holder)
+// per such statement while the connection holds session locks, and
+// nothing otherwise.
+func (c *conn) checkHolder(ctx context.Context) error {
+	h := c.hold
+	if h == nil || !h.inTx || c.holderPID.Load() == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// The ping runs with a bounded context of its own: the caller's
+	// cancellation in the middle of it would make the driver close the
+	// holder, and every lock on it would be lost.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	var err error
+	if p, ok := h.inner.(driver.Pinger); ok {
+		err = p.Ping(ctx)
+	} else {
+		err = execDirect(ctx, h.inner, "SELECT 1")
+	}
+	if err != nil {
+		return c.holderFailed(fmt.Errorf("its holder did not answer a ping: %w", err))
+	}
+	return nil
 }
 
 // releaseHolder ends the holder's transaction once c holds nothing: the
@@ -255,29 +306,48 @@ func (c *conn) releaseHolder(ctx context.Context) {
 	empty := len(c.pin.held) == 0
 	c.pin.mu.Unlock()
 	if empty {
-		c.endHolderTx(ctx)
+		c.endHolderTxWithin(c.connector.opts.lockCheckTimeout)
 	}
 }
 
 // closeHolder closes c's holder, releasing what it holds (c is being
 // closed).
 func (c *conn) closeHolder() {
-	c.endHolderTx(context.Background())
+	if c.hold == nil {
+		return
+	}
+	limit := c.connector.opts.lockCheckTimeout
+	select {
+	case <-c.connector.pins.closing:
+		// db.Close: a silent network must not stretch it. Past this the
+		// holder is just closed; the pooler drops the server connection of
+		// a client that left in the middle of a transaction, and its locks
+		// with it (a clean end, when it comes in time, spares the pooler
+		// that churn).
+		limit = min(limit, closeHolderLimit)
+	default:
+	}
+	c.endHolderTxWithin(limit)
 	if h := c.hold; h != nil {
 		h.inner.Close()
 		c.hold = nil
 	}
 }
 
-// endHolderTx ends the holder's transaction. Session locks survive COMMIT,
-// so it unlocks everything first; if that fails, the holder is closed (the
-// pooler drops a server connection whose client left mid-transaction).
-func (c *conn) endHolderTx(ctx context.Context) {
+// closeHolderLimit bounds the clean end of a holder's transaction during
+// db.Close.
+const closeHolderLimit = 250 * time.Millisecond
+
+// endHolderTxWithin ends the holder's transaction, within limit. Session
+// locks survive COMMIT, so it unlocks everything first; if that fails, the
+// holder is closed (the pooler drops a server connection whose client left
+// mid-transaction).
+func (c *conn) endHolderTxWithin(limit time.Duration) {
 	h := c.hold
 	if h == nil || !h.inTx {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	err := execDirect(ctx, h.inner, "SELECT pg_advisory_unlock_all()")
 	if err == nil {
@@ -353,4 +423,126 @@ func (r *staticRows) Next(dest []driver.Value) error {
 func (c *conn) poolerDetected(what string) error {
 	return fmt.Errorf("%w: %v %s; this database's DSN goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which gives the server connection to other clients after each transaction, so a session lock stays behind on it: open the database with lockhooks.WithTransactionPooler(), or use transaction-level locks (lockhooks.Lock)",
 		ErrTransactionPooler, c, what)
+}
+
+// The undeclared-pooler guard. Each connection leaves a marker of its own
+// on its backend when it opens, in the same statement that reads the
+// backend pid: the custom setting lockhooks.session, set for the session.
+// In a direct connection (or through a session-mode pooler) no other client
+// runs on a backend while its connection lives, so the marker stays, and
+// the backend pid does not change. Through a transaction-mode pooler other
+// clients use the backend between transactions. lockhooks' own statements
+// read both back, at no extra round trip: the reads of pg_locks after lock
+// statements, each new connection's first statement, and the monitor's
+// check. Any of them finding a backend shared between two open connections
+// (another's marker on a connection's backend, a connection's statement on
+// another backend, the monitor's side connection on a holder's backend)
+// proves the pooler: from then on this database refuses session locks, and
+// the connections holding them fail their next statement and are reported
+// lost, with ErrTransactionPooler.
+
+// sessionQuery opens a connection's session: its backend pid, the marker
+// left on the backend before it (by another lockhooks connection, if any),
+// and its own marker ($1).
+const sessionQuery = "SELECT pg_backend_pid(), current_setting('lockhooks.session', true), set_config('lockhooks.session', $1, false)"
+
+// markerPrefix starts every lockhooks session marker.
+const markerPrefix = "lh:"
+
+// marker returns c's session marker: this database's nonce and c's number.
+func (c *conn) marker() string {
+	if c.mark == "" {
+		c.mark = markerPrefix + c.connector.pins.nonce + ":" + strconv.FormatUint(c.id, 10)
+	}
+	return c.mark
+}
+
+// sawMarker looks at the marker that was on c's backend when c opened. A
+// backend that served another lockhooks connection before proves a pooler
+// only if that connection is still open (a session-mode pooler reuses
+// backends too, one client after another): one of this database's own.
+func (c *conn) sawMarker(m, pid string) {
+	if c.mark == "" || m == "" || m == c.mark || !strings.HasPrefix(m, markerPrefix) {
+		return
+	}
+	if o := c.connector.pins.ownerOf(m); o != nil && o != c {
+		c.connector.pins.sawPooler(c.poolerDetected(fmt.Sprintf("was opened on backend pid %s, which %v, still open, was opened on too", pid, o)))
+	}
+}
+
+// ownerOf returns the open connection of this database whose marker m is.
+func (p *pinning) ownerOf(m string) *conn {
+	rest, ok := strings.CutPrefix(m, markerPrefix+p.nonce+":")
+	if !ok {
+		return nil
+	}
+	id, err := strconv.ParseUint(rest, 10, 64)
+	if err != nil {
+		return nil
+	}
+	for _, w := range p.c.openConns() {
+		if w.id == id {
+			return w
+		}
+	}
+	return nil
+}
+
+// sawPooler records proof of a transaction-mode pooler on a database not
+// opened with WithTransactionPooler, once, and has the monitor report the
+// holders.
+func (p *pinning) sawPooler(err error) {
+	if p.c.opts.txPooler || p.c.opts.pinningPooler {
+		return
+	}
+	if p.pooler.CompareAndSwap(nil, &err) {
+		p.c.opts.logger.Error("lockhooks: this database's DSN goes through a transaction-mode pooler; its session advisory locks are refused from now on, and those held are lost", "error", err.Error())
+		p.wakeMonitor()
+	}
+}
+
+// poolerSeen returns the proof of a transaction-mode pooler on a database
+// not opened with WithTransactionPooler, or nil.
+func (p *pinning) poolerSeen() error {
+	if e := p.pooler.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// refuseThroughPooler fails a statement, once a transaction-mode pooler is
+// known on a database not opened with WithTransactionPooler, if it would
+// take a session lock, or runs on a connection holding session locks
+// (which are lost: they stay on a server connection others use). One
+// atomic load otherwise.
+func (c *conn) refuseThroughPooler(adv *sqlscan.Advisory) error {
+	if c.connector.pins == nil {
+		return nil // SQLite
+	}
+	perr := c.connector.pins.poolerSeen()
+	if perr == nil {
+		return nil
+	}
+	c.pin.mu.Lock()
+	holding := len(c.pin.held) > 0
+	c.pin.mu.Unlock()
+	if holding {
+		lost := c.markLost("may no longer be held: "+perr.Error(), perr, lossReport|lossPooler)
+		c.connector.pins.settle(c)
+		return lost
+	}
+	if adv != nil && takesSession(adv) {
+		return perr
+	}
+	return nil
+}
+
+// takesSession reports whether a statement takes a session lock.
+func takesSession(adv *sqlscan.Advisory) bool {
+	for _, call := range adv.Calls {
+		if call.Func&(sqlscan.FnXact|sqlscan.FnUnlock|sqlscan.FnUnlockAll) == 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -316,3 +316,47 @@ func BenchmarkTransactionPooler(b *testing.B) {
 		{"driver=lockhooks/pooler=declared", func() (*sql.DB, error) { return Open("pgx", dsn, WithTransactionPooler()) }},
 	})
 }
+
+// BenchmarkPoolerProtectedStatement: a statement of the work an advisory
+// lock protects, through PgBouncer in transaction mode: raw pgx (no lock)
+// against lockhooks with WithTransactionPooler holding the lock, where each
+// such statement first pings the holder (one round trip), so that none
+// runs once the holder is gone (issue 21, point 2).
+func BenchmarkPoolerProtectedStatement(b *testing.B) {
+	dsn := pgtest.PoolerDSN(b)
+	ctx := context.Background()
+	b.Run("driver=raw", func(b *testing.B) {
+		db, err := sql.Open("pgx", dsn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer db.Close()
+		c, err := db.Conn(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		for b.Loop() {
+			if _, err := c.ExecContext(ctx, "SELECT 1"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("driver=lockhooks/holding", func(b *testing.B) {
+		db, err := Open("pgx", dsn, WithTransactionPooler())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer db.Close()
+		l, err := AcquireAdvisoryLock(ctx, db, 4242)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Release(ctx)
+		for b.Loop() {
+			if _, err := l.Conn().ExecContext(ctx, "SELECT 1"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

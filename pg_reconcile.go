@@ -5,6 +5,8 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -93,10 +95,10 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 	if _, err := c.backendPID(ctx); err != nil {
 		return nil, err
 	}
-	if c.connector.opts.txPooler && c.holderPID.Load() == 0 {
+	if c.connector.opts.txPooler {
 		// Session locks live only on a holder; the backend this connection
 		// met at connect serves other clients now.
-		return map[lockKey]bool{}, nil
+		return c.readHolderLocks(ctx)
 	}
 	pid := c.lockPID()
 	if c.connector.opts.pinningPooler {
@@ -108,13 +110,17 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 			return nil, err
 		}
 	}
-	held, ranOn, err := c.queryOwnLocks(ctx, pid)
+	held, ranOn, marker, err := c.queryOwnLocks(ctx, pid)
 	switch {
 	case err != nil:
 	case c.connector.opts.pinningPooler:
 		err = c.followPin(ranOn, len(held) > 0 && !inTx)
-	case ranOn != pid && !c.connector.opts.txPooler:
+	case ranOn != pid:
 		err = c.poolerDetected(fmt.Sprintf("was opened on backend pid %d but its statements now run on backend pid %d", pid, ranOn))
+		c.connector.pins.sawPooler(err)
+	case c.mark != "" && marker != "" && marker != c.mark && strings.HasPrefix(marker, markerPrefix):
+		err = c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where another lockhooks connection was opened meanwhile", pid))
+		c.connector.pins.sawPooler(err)
 	}
 	if inTx {
 		end := "RELEASE SAVEPOINT lockhooks_read"
@@ -131,30 +137,81 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 	return held, nil
 }
 
-// queryOwnLocks reads the granted advisory locks of backend pid (0: of the
-// backend that answers), and the pid of the backend that answers.
-func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, err error) {
-	query, args, setTo := c.ownLocksQuery(pid) // pg_identity_publish.go: the holder's identity rides on it
-	rows, err := queryDirect(ctx, c.inner, query, args)
+// readHolderLocks reads, through a transaction pooler, the advisory locks
+// of c's holder on the holder itself, inside its transaction: its own
+// backend answers, so a holder that died (or is exiting, its locks already
+// gone) is found lost, where a read of its pid from another server
+// connection would find it empty, as if it had released them. The read runs
+// with a bounded context of its own (a cancellation in the middle would
+// make the driver close the holder).
+func (c *conn) readHolderLocks(ctx context.Context) (map[lockKey]bool, error) {
+	pid := c.holderPID.Load()
+	if c.hold == nil || pid == 0 {
+		return map[lockKey]bool{}, nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	held, ranOn, _, err := queryLocksOn(ctx, c.hold.inner, pid, "")
+	if err == nil && ranOn != pid {
+		err = fmt.Errorf("its holder answered from backend pid %d, not its own %d", ranOn, pid)
+	}
 	if err != nil {
-		return nil, 0, err
+		return nil, c.holderFailed(err)
+	}
+	return held, nil
+}
+
+// queryOwnLocks reads the granted advisory locks of backend pid (0: of the
+// backend that answers), and the pid and session marker of the backend
+// that answers. On a connection that publishes its identity, the holder's
+// identity rides on the read (pg_identity_publish.go).
+func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, marker string, err error) {
+	query, args, setTo := c.ownLocksQuery(pid)
+	held, ranOn, marker, err = queryLocks(ctx, c.inner, query, args)
+	if err == nil && setTo != nil && (pid == 0 || ranOn == pid) {
+		c.publishedAppName(*setTo)
+	}
+	return held, ranOn, marker, err
+}
+
+// queryLocksOn reads, on the connection on, the granted advisory locks of
+// backend pid (0: of the backend that answers), and the pid and session
+// marker of the backend that answers; suffix ends the query's text.
+func queryLocksOn(ctx context.Context, on driver.Conn, pid int32, suffix string) (held map[lockKey]bool, ranOn int32, marker string, err error) {
+	return queryLocks(ctx, on, locksQuery("", "(SELECT 1) one", pid, suffix), nil)
+}
+
+// locksQuery is the text of a pg_locks read of backend pid's granted
+// advisory locks (0: of the backend that answers): note leads it, from is
+// what the read joins pg_locks to, suffix ends it.
+func locksQuery(note, from string, pid int32, suffix string) string {
+	of := "pg_backend_pid()"
+	if pid != 0 {
+		of = strconv.Itoa(int(pid))
+	}
+	return note + `SELECT pg_backend_pid(), current_setting('lockhooks.session', true), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
+FROM ` + from + ` LEFT JOIN pg_locks l ON l.pid = ` + of + ` AND l.locktype = 'advisory' AND l.granted` + suffix
+}
+
+// queryLocks runs a pg_locks read made by locksQuery on on.
+func queryLocks(ctx context.Context, on driver.Conn, query string, args []driver.NamedValue) (held map[lockKey]bool, ranOn int32, marker string, err error) {
+	rows, err := queryDirect(ctx, on, query, args)
+	if err != nil {
+		return nil, 0, "", err
 	}
 	defer rows.Close()
 	held = map[lockKey]bool{}
-	dest := make([]driver.Value, 5)
+	dest := make([]driver.Value, 6)
 	for {
 		if err := rows.Next(dest); err != nil {
 			if err == io.EOF {
-				if setTo != nil && (pid == 0 || ranOn == pid) {
-					c.publishedAppName(*setTo)
-				}
-				return held, ranOn, nil
+				return held, ranOn, marker, nil
 			}
-			return nil, 0, err
+			return nil, 0, "", err
 		}
-		ranOn = int32(asInt64(dest[0]))
-		if dest[1] != nil {
-			held[advisoryKeyOf(asInt64(dest[1]), asInt64(dest[2]), asInt64(dest[3]), dest[4])] = true
+		ranOn, marker = int32(asInt64(dest[0])), asString(dest[1])
+		if dest[2] != nil {
+			held[advisoryKeyOf(asInt64(dest[2]), asInt64(dest[3]), asInt64(dest[4]), dest[5])] = true
 		}
 	}
 }

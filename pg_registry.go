@@ -1,12 +1,16 @@
 package lockhooks
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,20 +23,53 @@ import (
 //
 // Lock order: pinning.mu, then a connection's pin.exec, then its pin.mu.
 // Code holding a pin.mu never calls into pinning; code holding pinning.mu
-// never takes a pin.exec.
+// never takes a pin.exec. The end queue's mutex and the in-process turn
+// table's are leaves: taken under any of these, nothing is taken under
+// them.
 type pinning struct {
-	c *connector
+	c     *connector
+	ends  *endQueue // backends of lost holders to end on the server
+	nonce string    // tells this database's session markers from others'
 
-	mu      sync.Mutex
-	holders map[*conn]struct{}
-	locks   map[*AdvisoryLock]struct{} // handed out and not released
-	closed  bool
-	stop    chan struct{} // closes the running monitor; nil when none runs
-	done    chan struct{}
+	// pooler is set once a transaction-mode pooler is seen on a database
+	// not opened with WithTransactionPooler: why it is known.
+	pooler atomic.Pointer[error]
+
+	mu            sync.Mutex
+	holders       map[*conn]struct{}
+	locks         map[*AdvisoryLock]struct{} // handed out and not released
+	closed        bool
+	closing       chan struct{}      // closed by db.Close: lockhooks' own waits stop
+	cancelMonitor context.CancelFunc // stops the running monitor; nil when none runs
+	done          chan struct{}      // closed when that monitor has returned
+	probed        bool               // the first holder had the monitor look at once
 }
 
 func newPinning(c *connector) *pinning {
-	return &pinning{c: c, holders: make(map[*conn]struct{}), locks: make(map[*AdvisoryLock]struct{})}
+	var nonce [8]byte
+	rand.Read(nonce[:])
+	return &pinning{c: c, ends: newEndQueue(), nonce: hex.EncodeToString(nonce[:]),
+		holders: make(map[*conn]struct{}), locks: make(map[*AdvisoryLock]struct{}), closing: make(chan struct{})}
+}
+
+// wakeMonitor has the running monitor check now.
+func (p *pinning) wakeMonitor() {
+	select {
+	case p.ends.kick <- struct{}{}:
+	default:
+	}
+}
+
+// startMonitorLocked starts the monitor unless one runs or the database is
+// closed; p.mu is held.
+func (p *pinning) startMonitorLocked() {
+	if p.cancelMonitor != nil || p.closed {
+		return
+	}
+	var ctx context.Context
+	ctx, p.cancelMonitor = context.WithCancel(context.Background())
+	p.done = make(chan struct{})
+	go p.monitor(ctx, p.done)
 }
 
 // observe returns the gauges' values.
@@ -66,9 +103,13 @@ func (p *pinning) register(c *conn) {
 		return // emptied, lost or closed meanwhile by another goroutine
 	}
 	p.holders[c] = struct{}{}
-	if p.stop == nil && !p.closed {
-		p.stop, p.done = make(chan struct{}), make(chan struct{})
-		go p.monitor(p.stop, p.done)
+	p.startMonitorLocked()
+	if !p.probed && !p.c.opts.txPooler {
+		// The database's first session lock: the monitor looks at once,
+		// and its side connection, through a transaction pooler, most
+		// likely lands on the backend the lock was just taken on.
+		p.probed = true
+		p.wakeMonitor()
 	}
 }
 
@@ -76,6 +117,9 @@ func (p *pinning) register(c *conn) {
 func (p *pinning) unregister(c *conn) {
 	p.mu.Lock()
 	delete(p.holders, c)
+	if !p.ends.empty() {
+		p.startMonitorLocked() // a backend of c's to end on the server
+	}
 	p.mu.Unlock()
 }
 
@@ -144,6 +188,9 @@ func (p *pinning) settle(c *conn) {
 			delete(p.holders, c)
 		}
 		c.pin.mu.Unlock()
+		if !p.ends.empty() {
+			p.startMonitorLocked() // a lost backend to end on the server
+		}
 		p.mu.Unlock()
 	} else {
 		p.register(c)
@@ -177,14 +224,17 @@ func (c *conn) closeInner() error {
 // and its locks are reported lost now. One log line says what was released.
 func (p *pinning) close() {
 	p.mu.Lock()
+	if !p.closed {
+		close(p.closing)
+	}
 	p.closed = true
-	stop, done := p.stop, p.done
-	p.stop = nil
+	stop, done := p.cancelMonitor, p.done
+	p.cancelMonitor = nil
 	holders := slices.Collect(maps.Keys(p.holders))
 	locks := slices.Collect(maps.Keys(p.locks))
 	p.mu.Unlock()
 	if stop != nil {
-		close(stop)
+		stop() // cuts a check in flight: db.Close does not wait on the network
 		<-done
 	}
 	var released []string
@@ -198,12 +248,12 @@ func (p *pinning) close() {
 			released = append(released, fmt.Sprintf("%s on %v (%s, taken at %s, %v ago)", k, h, state, l.site, time.Since(l.since).Round(time.Millisecond)))
 		}
 		h.pin.mu.Unlock()
-		h.markLost("db.Close closed its connection, which released it", nil, false)
+		h.markLost("db.Close closed its connection, which released it", nil, 0)
 		p.settle(h)
 	}
 	for _, l := range locks {
 		l.conn.Close() // database/sql closes it: the database is closed
-		p.c.turns.unlock(l.key, l.turn)
+		l.freeTurn()
 	}
 	if len(released) > 0 {
 		sort.Strings(released)

@@ -135,12 +135,16 @@ func plural(n int) string {
 //
 // What is retried: deadlocks (40P01), serialization failures (40001),
 // SQLite's SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT and SQLITE_LOCKED (see
-// [IsRetryable]), and a connection that broke before COMMIT was sent (the
-// server rolls such a transaction back, so nothing was written). Waits cut
-// by a limit you set are retried only with [RetryLockNotAvailable]:
-// lock_not_available (55P03: lock_timeout, NOWAIT) and
-// [ErrWriterLockTimeout] (an SQLite writer waited [WithBusyTimeout] for the
-// writer lock; retrying would make the wait longer than the busy timeout
+// [IsRetryable]), a transaction the server ended for idling (25P03,
+// idle_in_transaction_session_timeout), and a connection that broke before
+// COMMIT was sent (the server rolls such a transaction back, so nothing was
+// written). An error of fn's own that looks like a broken connection
+// (io.EOF or a network error from an HTTP call inside fn) is not retried: it
+// counts as the database's only when the transaction's connection broke too
+// (its ROLLBACK fails). Waits cut by a limit you set are retried only with
+// [RetryLockNotAvailable]: lock_not_available (55P03: lock_timeout, NOWAIT)
+// and [ErrWriterLockTimeout] (an SQLite writer waited [WithBusyTimeout] for
+// the writer lock; retrying would make the wait longer than the busy timeout
 // says, each attempt waiting it again).
 // Any other error from fn, BEGIN or COMMIT ends RunInTx at once. Between
 // attempts it waits a jittered, exponentially growing, capped backoff
@@ -279,6 +283,12 @@ func (r *runner) retryable(err error) bool {
 	if IsRetryable(err) || r.cfg.lockNotAvailable && sqlState(err) == stateLockNotAvailable {
 		return true
 	}
+	if sqlState(err) == stateIdleInTx {
+		// The server ended the session of a transaction left idle
+		// (idle_in_transaction_session_timeout): it aborted, also when the
+		// FATAL is what COMMIT met.
+		return true
+	}
 	var ae *attemptError
 	return errors.As(err, &ae) && ae.beforeWrite
 }
@@ -302,8 +312,7 @@ func (r *runner) attempt(ctx context.Context) (err error) {
 	err = r.fn(tx)
 	if err != nil {
 		done = true
-		tx.Rollback()
-		return r.beforeCommit(ctx, err)
+		return r.fnFailed(ctx, err, tx.Rollback())
 	}
 	if r.postgres && r.cfg.commitCheck && !r.info.begun {
 		// The transaction began without its id (a driver or an isolation
@@ -334,6 +343,19 @@ func xidError(err error) error {
 		return fmt.Errorf("lockhooks: RunInTx gives each attempt a transaction id with pg_current_xact_id(), which needs Postgres 13 or later; pass lockhooks.SkipCommitCheck() on older servers: %w", err)
 	}
 	return fmt.Errorf("lockhooks: RunInTx: reading the transaction id before COMMIT: %w", err)
+}
+
+// fnFailed classifies fn's error, given what the transaction's ROLLBACK
+// returned. fn may fail with errors of its own that look like a broken
+// connection (io.EOF, or a network error from an HTTP call inside fn): such
+// an error is the database's only when the transaction's connection broke
+// too, which its ROLLBACK then says (it fails). Retrying fn's own would run
+// its external calls again for nothing.
+func (r *runner) fnFailed(ctx context.Context, err, rollbackErr error) error {
+	if rollbackErr == nil || errors.Is(rollbackErr, sql.ErrTxDone) {
+		return err // the connection is fine: not a broken one
+	}
+	return r.beforeCommit(ctx, err)
 }
 
 // beforeCommit classifies an error met before COMMIT was sent: a broken

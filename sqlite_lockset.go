@@ -598,7 +598,7 @@ func advisoryKeys(namespace string, keys []string) []int64 {
 func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []string, try bool, site *callers) (bool, error) {
 	ks := advisoryKeys(namespace, keys)
 	if !try {
-		if _, err := c.queryRow(ctx, "SELECT "+calls("pg_advisory_xact_lock", ks), nil); err != nil {
+		if _, err := c.queryRow(ctx, lockAll("pg_advisory_xact_lock", "count", ks), nil); err != nil {
 			return false, err
 		}
 		c.addXact(ks, site)
@@ -618,7 +618,7 @@ func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []str
 	if err := c.execOwn(ctx, "SAVEPOINT lockhooks_trylock"); err != nil {
 		return false, err
 	}
-	row, err := c.queryRow(ctx, "SELECT "+calls("pg_try_advisory_xact_lock", ks), nil)
+	row, err := c.queryRow(ctx, lockAll("pg_try_advisory_xact_lock", "bool_and", ks), nil)
 	all := err == nil
 	for _, v := range row {
 		if ok, _ := v.(bool); !ok {
@@ -639,6 +639,32 @@ func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []str
 		c.addXact(ks, site)
 	}
 	return all, nil
+}
+
+// maxTargetCalls bounds the calls lockAll writes as a target list: Postgres
+// refuses a target list of more than 1664 entries (54011).
+const maxTargetCalls = 1000
+
+// lockAll returns the statement that calls fn on each key, in order: a
+// target list "SELECT fn(k1), fn(k2), …" (one column per key), or, for more
+// keys than a target list may have, "SELECT agg(fn(k)) FROM unnest(…) k"
+// (one column; unnest yields the keys in order, and the aggregate's
+// argument is evaluated row by row as they come, so the locks are taken in
+// the same order).
+func lockAll(fn, agg string, keys []int64) string {
+	if len(keys) <= maxTargetCalls {
+		return "SELECT " + calls(fn, keys)
+	}
+	var b strings.Builder
+	b.WriteString("SELECT " + agg + "(" + fn + "(k)) FROM unnest('{")
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(k, 10))
+	}
+	b.WriteString("}'::bigint[]) AS k")
+	return b.String()
 }
 
 // calls returns "fn(k1), fn(k2), …".

@@ -122,14 +122,37 @@ func (t *tx) Commit() (err error) {
 		hook()
 	}
 	defer func() { t.end(err == nil) }() // even if the driver panics: the writer lock must not stay held
-	return t.c.observe(t.inner.Commit())
+	if t.c.hold != nil {
+		// Through a transaction pooler the work commits on another server
+		// connection than the one keeping its session locks: not after
+		// the lock is lost.
+		ctx := t.ctx
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		if err := t.c.checkHolder(ctx); err != nil {
+			t.inner.Rollback()
+			return err
+		}
+	}
+	return t.c.txEnded(t.c.observe(t.inner.Commit()))
 }
 
 // Rollback rolls back the inner transaction, then runs what waits for its
 // end. database/sql also calls it when the transaction's context ends.
 func (t *tx) Rollback() error {
 	defer t.end(false)
-	return t.c.observe(t.inner.Rollback())
+	return t.c.txEnded(t.c.observe(t.inner.Rollback()))
+}
+
+// txEnded looks at what COMMIT or ROLLBACK returned: a connection that broke
+// there may leave its backend, half-open, holding the transaction's locks;
+// the ones lockhooks saw it take have it ended (Postgres).
+func (c *conn) txEnded(err error) error {
+	if err != nil && c.connector.pins != nil && !isServerError(err) {
+		c.endTransactionLocks()
+	}
+	return err
 }
 
 // end runs once COMMIT or ROLLBACK returned (whatever it returned;
