@@ -154,7 +154,7 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 			}
 		}
 		var h holder
-		seen := pgBlocker{PID: e.pid, ApplicationName: b.app, State: b.state, XactSeconds: b.xactAge, Query: b.statement}
+		seen := pgBlocker{seenBy: c.connector, PID: e.pid, ApplicationName: b.app, State: b.state, XactSeconds: b.xactAge, Query: b.statement}
 		if !known {
 			seen.XactSeconds = -1
 		}

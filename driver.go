@@ -491,19 +491,20 @@ type connector struct {
 	opts     *options
 	rewriter *rewriter
 	tel      *telemetry
-	pins     *pinning              // Postgres only
-	named    lockTable[int64]      // SQLite's in-process advisory locks
-	turns    lockTable[int64]      // Postgres: AcquireAdvisoryLock's in-process queue per key
-	tokens   tokenClock            // SQLite: the in-process advisory locks' fencing tokens
-	own      ownStatements         // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
-	sites    siteCache             // Postgres: call sites of transactions' identities, by return address (callsite.go)
-	locksets lockTable[locksetKey] // SQLite's in-process Lock/TryLock
-	writer   writerLock            // SQLite's in-process writer lock
-	dsn      string                // "" when the inner connector was given
-	pool     string                // the pool name: WithPoolName's, or a default unique in the process
-	seq      uint64                // the database's number in the process, from 1 (identities name it: pg_identity.go)
-	joined   bool                  // in the process's registry of databases (holders.go)
-	sqlite   sqliteDSN             // dsn's parameters, parsed (SQLite)
+	pins     *pinning               // Postgres only
+	named    lockTable[int64]       // SQLite's in-process advisory locks
+	turns    lockTable[int64]       // Postgres: AcquireAdvisoryLock's in-process queue per key
+	tokens   tokenClock             // SQLite: the in-process advisory locks' fencing tokens
+	own      ownStatements          // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
+	sites    siteCache              // Postgres: call sites of transactions' identities, by return address (callsite.go)
+	locksets lockTable[locksetKey]  // SQLite's in-process Lock/TryLock
+	writer   writerLock             // SQLite's in-process writer lock
+	dsn      string                 // "" when the inner connector was given
+	pool     string                 // the pool name: WithPoolName's, or a default unique in the process
+	seq      uint64                 // the database's number in the process, from 1 (identities name it: pg_identity.go)
+	server   atomic.Pointer[string] // Postgres: the server its connections reached, as identifyOnConnect read it (nil: not known)
+	joined   bool                   // in the process's registry of databases (holders.go)
+	sqlite   sqliteDSN              // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
 	events   *eventRing // recent events, for DebugHandler
 	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog

@@ -103,9 +103,11 @@ func (r *registry) list() []*connector {
 
 // connOf returns the connection of any open Postgres database of the
 // process whose statements backend pid runs, as pg_stat_activity shows
-// the backend (its application_name app and last statement query), or nil
-// (see connector.backendConn).
-func (r *registry) connOf(pid int32, app, query string) *conn {
+// the backend (its application_name app and last statement query) to
+// database seenBy, or nil (see connector.backendConn). Pids are per
+// server: a backend that shows no identity is matched only to connections
+// of seenBy and of databases known to be on the same server.
+func (r *registry) connOf(pid int32, app, query string, seenBy *connector) *conn {
 	if pid == 0 {
 		return nil
 	}
@@ -113,11 +115,24 @@ func (r *registry) connOf(pid int32, app, query string) *conn {
 		if c.opts.dialect != Postgres {
 			continue
 		}
-		if oc := c.backendConn(pid, app, query, c.index()); oc != nil {
+		if oc := c.backendConn(pid, app, query, c.index(), sameServer(c, seenBy)); oc != nil {
 			return oc
 		}
 	}
 	return nil
+}
+
+// sameServer reports whether databases a and b are known to reach the
+// same Postgres server, where a backend pid names the same backend.
+func sameServer(a, b *connector) bool {
+	if a == b {
+		return a != nil
+	}
+	if a == nil || b == nil {
+		return false
+	}
+	sa, sb := a.server.Load(), b.server.Load()
+	return sa != nil && sb != nil && *sa != "" && *sa == *sb
 }
 
 // What a holder's Site is (holder.SiteKind).
@@ -315,7 +330,7 @@ func connHolder(oc *conn) holder {
 	if oc == nil {
 		return holder{}
 	}
-	return holder{Database: oc.connector.pool, Conn: oc.id, PID: oc.pid.Load()}
+	return holder{Database: oc.connector.pool, Conn: oc.id, PID: oc.shownPID()}
 }
 
 // blockage is who holds what a wait waits for, as the model names it:
@@ -469,7 +484,7 @@ func (b *blockage) logArgs() []any {
 func identify(s pgBlocker, keys []lockKey) (h holder, ok bool) {
 	id := decodeIdentity(s.ApplicationName, s.Query)
 	ownStatement := id != nil && parseAnnotation(s.Query) != nil // lockhooks' own read, not the application's
-	switch oc := databases.connOf(s.PID, s.ApplicationName, s.Query); {
+	switch oc := databases.connOf(s.PID, s.ApplicationName, s.Query, s.seenBy); {
 	case oc != nil:
 		h = oc.asHolder(keys)
 		if h.SiteKind != siteTook && !ownStatement {

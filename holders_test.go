@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"net/http/httptest"
 	"runtime"
 	"strings"
@@ -24,12 +25,16 @@ func nextLine(t testing.TB) string {
 	return fmt.Sprintf("%s:%d", file[strings.LastIndexByte(file, '/')+1:], line+1)
 }
 
-// replicasWithLog opens dsn twice, as two replicas of one service in one
-// process: a holder and a waiter whose slow-wait log goes to buf, both
-// traced by tr.
-func replicasWithLog(t *testing.T, tr *traced, buf *syncBuffer) (holderDB, waiterDB *sql.DB) {
+// replicasWithLog opens the test database twice, as two replicas of one
+// service in one process: a holder and a waiter whose slow-wait log goes
+// to buf, both traced by tr. With pooler, both go through PgBouncer in
+// transaction mode, declared (tr's options say so).
+func replicasWithLog(t *testing.T, tr *traced, buf *syncBuffer, pooler bool) (holderDB, waiterDB *sql.DB) {
 	t.Helper()
 	dsn := pgtest.DSN(t)
+	if pooler {
+		dsn = pgtest.StartPooler(t, pgtest.PoolerOptions{PoolSize: 8}).DSN(t)
+	}
 	holderDB = tr.openPG(t, dsn)
 	var err error
 	waiterDB, err = Open("pgx", dsn, append(append([]Option{}, tr.opts...), slowLogOptions(buf, 50*time.Millisecond)...)...)
@@ -43,11 +48,23 @@ func replicasWithLog(t *testing.T, tr *traced, buf *syncBuffer) (holderDB, waite
 // A row locked by a transaction of another *sql.DB of this process (a
 // second replica): the waiter's slow-wait log line, its span and the debug
 // page name the holder's database, connection, pid, where its transaction
-// began, its age and its trace; none shows it as an outside pid.
+// began, its age and its trace; none shows it as an outside pid. Also
+// through PgBouncer in transaction mode.
 func TestHolderInAnotherDatabaseIsNamed(t *testing.T) {
-	tr := newTraced()
+	forPooler(t, testHolderInAnotherDatabaseIsNamed)
+}
+
+// forPooler runs f directly against the server and through PgBouncer in
+// transaction mode (WithTransactionPooler).
+func forPooler(t *testing.T, f func(t *testing.T, pooler bool, opts ...Option)) {
+	t.Run("pooler=false", func(t *testing.T) { f(t, false) })
+	t.Run("pooler=true", func(t *testing.T) { f(t, true, WithTransactionPooler()) })
+}
+
+func testHolderInAnotherDatabaseIsNamed(t *testing.T, pooler bool, opts ...Option) {
+	tr := newTraced(opts...)
 	buf := &syncBuffer{}
-	a, b := replicasWithLog(t, tr, buf)
+	a, b := replicasWithLog(t, tr, buf, pooler)
 	pa, pb := connectorOf(t, a).pool, connectorOf(t, b).pool
 	if pa == pb || pb != pa+"#2" {
 		t.Errorf("two databases on one DSN have the pool names %q and %q, want distinct defaults", pa, pb)
@@ -142,11 +159,16 @@ func liveWaitSpanLinks(tr *traced, parent trace.Span) []sdktrace.Link {
 }
 
 // A session advisory lock held through AcquireAdvisoryLock on another
-// *sql.DB of the process: the waiter's log names where it was taken.
+// *sql.DB of the process: the waiter's log names where it was taken. Also
+// through PgBouncer in transaction mode.
 func TestAdvisoryHolderInAnotherDatabaseIsNamed(t *testing.T) {
-	tr := newTraced()
+	forPooler(t, testAdvisoryHolderInAnotherDatabaseIsNamed)
+}
+
+func testAdvisoryHolderInAnotherDatabaseIsNamed(t *testing.T, pooler bool, opts ...Option) {
+	tr := newTraced(opts...)
 	buf := &syncBuffer{}
-	a, b := replicasWithLog(t, tr, buf)
+	a, b := replicasWithLog(t, tr, buf, pooler)
 	ctx := context.Background()
 	took := nextLine(t)
 	held, err := AcquireAdvisoryLock(ctx, a, 7170)
@@ -199,5 +221,47 @@ func TestRegistryForgetsClosedDatabases(t *testing.T) {
 	}
 	if after := len(databases.list()); after > before {
 		t.Errorf("the registry grew from %d to %d", before, after)
+	}
+}
+
+// Backend pids are per server: a backend that shows no identity, seen by
+// a database on one server, is never named as a connection of a database
+// on another server whose backend has the same pid (containers start pids
+// small, so they collide); on the same server it is.
+func TestBackendPIDsAreMatchedPerServer(t *testing.T) {
+	db := func(name, server string) *connector {
+		c := &connector{opts: &options{dialect: Postgres, logger: slog.Default()}, live: map[*conn]struct{}{}}
+		if server != "" {
+			c.server.Store(&server)
+		}
+		databases.join(c, name)
+		t.Cleanup(func() { databases.leave(c) })
+		return c
+	}
+	open := func(c *connector, pid int32) {
+		oc := &conn{connector: c, id: 1}
+		oc.pid.Store(pid)
+		c.live[oc] = struct{}{}
+	}
+	a := db("server-a:5432/app", "2026-12-01 10:00:00.1+00 port 5432")
+	b := db("server-b:5432/app", "2026-12-01 09:00:00.7+00 port 5432")
+	sameAsA := db("server-a:5432/reports", "2026-12-01 10:00:00.1+00 port 5432")
+	unknown := db("server-c:5432/app", "")
+	open(b, 812)
+	open(sameAsA, 813)
+	open(unknown, 814)
+
+	blocker := func(pid int32) pgBlocker {
+		return pgBlocker{seenBy: a, PID: pid, State: "idle in transaction", XactSeconds: 3, Depth: 1}
+	}
+	if h, ok := identify(blocker(812), nil); ok {
+		t.Errorf("backend 812 of server A was named as %s, a connection of a database on server B", h)
+	}
+	if h, ok := identify(blocker(814), nil); ok {
+		t.Errorf("backend 814 of server A was named as %s, a connection of a database whose server is not known", h)
+	}
+	h, ok := identify(blocker(813), nil)
+	if !ok || h.Database != sameAsA.pool || h.PID != 813 {
+		t.Errorf("backend 813 of server A: %v %v, want the connection of %q on the same server", h, ok, sameAsA.pool)
 	}
 }

@@ -120,7 +120,7 @@ func pgxTxStatus(inner driver.Conn) txStatuser {
 	v := reflect.ValueOf(inner)
 	for _, name := range []string{"Conn", "PgConn"} {
 		m := v.MethodByName(name)
-		if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 {
+		if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 || m.Type().Out(0).Kind() != reflect.Pointer {
 			return nil
 		}
 		if v = m.Call(nil)[0]; v.Kind() != reflect.Pointer || v.IsNil() {
@@ -132,8 +132,11 @@ func pgxTxStatus(inner driver.Conn) txStatuser {
 }
 
 // beginClause is BEGIN with opts, or "" for a level Postgres does not
-// have (the driver's BeginTx says what it makes of it).
-func beginClause(opts driver.TxOptions) string {
+// have (the driver's BeginTx says what it makes of it). snapshot says that
+// the driver begins sql.LevelSnapshot at REPEATABLE READ (pgx does; lib/pq
+// refuses it, and lockhooks' BEGIN must not accept what the driver's
+// refuses).
+func beginClause(opts driver.TxOptions, snapshot bool) string {
 	begin := "BEGIN"
 	switch sql.IsolationLevel(opts.Isolation) {
 	case sql.LevelDefault:
@@ -141,7 +144,12 @@ func beginClause(opts driver.TxOptions) string {
 		begin += " ISOLATION LEVEL READ UNCOMMITTED"
 	case sql.LevelReadCommitted:
 		begin += " ISOLATION LEVEL READ COMMITTED"
-	case sql.LevelRepeatableRead, sql.LevelSnapshot:
+	case sql.LevelRepeatableRead:
+		begin += " ISOLATION LEVEL REPEATABLE READ"
+	case sql.LevelSnapshot:
+		if !snapshot {
+			return ""
+		}
 		begin += " ISOLATION LEVEL REPEATABLE READ"
 	case sql.LevelSerializable:
 		begin += " ISOLATION LEVEL SERIALIZABLE"
@@ -200,7 +208,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *caller
 	if !own.ok() || c.queryer == nil || c.execer == nil {
 		return nil, false, nil
 	}
-	begin := beginClause(opts)
+	begin := beginClause(opts, own.pgx)
 	if begin == "" {
 		return nil, false, nil
 	}

@@ -23,14 +23,15 @@ import (
 // connections of lockhooks databases as holders, and shows the others as
 // they are.
 type pgBlocker struct {
-	PID             int32   `json:"pid"`
-	ApplicationName string  `json:"application_name"`
-	State           string  `json:"state"`
-	XactSeconds     float64 `json:"xact_age_seconds"`       // -1: no transaction
-	Query           string  `json:"query"`                  // the statement text; never its arguments
-	Depth           int     `json:"depth"`                  // 1: it blocks the waiter; 2: it blocks a backend of depth 1; …
-	Waiting         bool    `json:"waiting"`                // it waits itself (queued ahead), so it is not the holder at the root
-	WaitSeconds     float64 `json:"wait_seconds,omitempty"` // how long it has waited, when Waiting
+	PID             int32      `json:"pid"`
+	ApplicationName string     `json:"application_name"`
+	State           string     `json:"state"`
+	XactSeconds     float64    `json:"xact_age_seconds"`       // -1: no transaction
+	Query           string     `json:"query"`                  // the statement text; never its arguments
+	Depth           int        `json:"depth"`                  // 1: it blocks the waiter; 2: it blocks a backend of depth 1; …
+	Waiting         bool       `json:"waiting"`                // it waits itself (queued ahead), so it is not the holder at the root
+	WaitSeconds     float64    `json:"wait_seconds,omitempty"` // how long it has waited, when Waiting
+	seenBy          *connector // the database whose side connection read it: its pid is a backend of that server
 }
 
 // String names a backend nobody identified, for a slow-wait line or an
@@ -148,7 +149,7 @@ ORDER BY 1, 5, 6`, d.args)
 			return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
 		}
 		wpid, wapp := int32(asInt64(dest[0])), asString(dest[1])
-		oc := c.backendConn(wpid, wapp, asString(dest[3]), x)
+		oc := c.backendConn(wpid, wapp, asString(dest[3]), x, true)
 		if oc == nil || !wanted[oc] {
 			continue // another client's backend, or a connection not asked about
 		}
@@ -164,7 +165,7 @@ ORDER BY 1, 5, 6`, d.args)
 		if bb.pid != wpid {
 			continue // a second backend claims the connection: keep the one found first
 		}
-		b := pgBlocker{Depth: int(asInt64(dest[4])), PID: int32(asInt64(dest[5])), Waiting: asBool(dest[6]),
+		b := pgBlocker{seenBy: c, Depth: int(asInt64(dest[4])), PID: int32(asInt64(dest[5])), Waiting: asBool(dest[6]),
 			ApplicationName: asString(dest[7]), State: asString(dest[8]), XactSeconds: asFloat64(dest[9]), Query: asString(dest[12])}
 		if seen[[2]int32{wpid, b.PID}] {
 			continue // met again deeper in the chain
@@ -218,13 +219,17 @@ func (c *connector) index() connIndex {
 // keeps through a transaction pooler, or the connection that met it at
 // connect, unless c declared a transaction pooler (the backend serves
 // other clients then) or the backend shows another application_name than
-// the connection had (an undeclared pooler gave it to another client).
-func (c *connector) backendConn(pid int32, app, query string, x connIndex) *conn {
+// the connection had (an undeclared pooler gave it to another client). A
+// pid is matched only on c's server (byPID: pids are per server).
+func (c *connector) backendConn(pid int32, app, query string, x connIndex, byPID bool) *conn {
 	if id := decodeIdentity(app, query); id != nil {
 		if !id.ofThisProcess() || id.Database != c.seq {
 			return nil // another process's, or another database's
 		}
 		return x.byID[id.Conn]
+	}
+	if !byPID {
+		return nil
 	}
 	if oc := x.byHolder[pid]; oc != nil {
 		return oc
@@ -289,7 +294,7 @@ ORDER BY 1`, c.own.of(side).args)
 	var out []pgBlocker
 	dest := make([]driver.Value, 5)
 	for rows.Next(dest) == nil {
-		out = append(out, pgBlocker{Depth: 1, PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[1]), State: asString(dest[2]),
+		out = append(out, pgBlocker{seenBy: c, Depth: 1, PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[1]), State: asString(dest[2]),
 			XactSeconds: asFloat64(dest[3]), Query: asString(dest[4])})
 	}
 	return out

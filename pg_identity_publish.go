@@ -70,13 +70,14 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 		return err
 	}
 	marked := !w.connector.opts.txPooler && !w.connector.opts.pinningPooler
-	row, err := w.connectRow(ctx, own, marked)
-	if err != nil && marked && isServerError(err) && !w.connectionBroken(err) {
-		// A server that refuses the marker (one that speaks Postgres's
-		// protocol but has no custom settings): the pool guard without
-		// markers.
+	row, err := w.connectRow(ctx, own, marked, true)
+	if err != nil && isServerError(err) && !w.connectionBroken(err) {
+		// A server that refuses the marker or the server's identity (one
+		// that speaks Postgres's protocol but has no custom settings or
+		// no pg_postmaster_start_time): the pool guard without markers,
+		// and backend pids matched only within this database.
 		w.mark = ""
-		row, err = w.connectRow(ctx, own, false)
+		row, err = w.connectRow(ctx, own, false, false)
 	}
 	if err != nil {
 		return fmt.Errorf("lockhooks: reading the backend pid of %v: %w", w, w.observe(err))
@@ -90,22 +91,32 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 	w.pub.connectApp = app
 	w.pub.on = app == "" || strings.HasPrefix(app, appNamePrefix)
 	if len(row) > 2 {
-		w.sawMarker(asString(row[2]), strconv.Itoa(int(pid)))
+		if server := asString(row[2]); w.connector.server.Load() == nil {
+			w.connector.server.Store(&server)
+		}
+	}
+	if len(row) > 3 {
+		w.sawMarker(asString(row[3]), strconv.Itoa(int(pid)))
 	}
 	return nil
 }
 
 // connectRow runs identifyOnConnect's statement: the backend pid, the
-// application_name and, marked, the marker found on the backend as the
-// connection's own replaces it.
-func (w *conn) connectRow(ctx context.Context, own *ownStatements, marked bool) ([]driver.Value, error) {
+// application_name and, with server, the server's identity (its start time
+// and port: backend pids are per server) and, marked too, the marker found
+// on the backend as the connection's own replaces it.
+func (w *conn) connectRow(ctx context.Context, own *ownStatements, marked, server bool) ([]driver.Value, error) {
 	query := "SELECT pg_backend_pid(), current_setting('application_name')"
 	want := 2
-	if marked {
+	if server {
+		query += ", pg_postmaster_start_time()::text || ' port ' || current_setting('port')"
+		want = 3
+	}
+	if server && marked {
 		// The marker is hex digits, a colon and a number: a literal is
 		// safe, and the simple protocol caches nothing.
 		query += ", current_setting('lockhooks.session', true), set_config('lockhooks.session', '" + w.marker() + "', false)"
-		want = 4
+		want = 5
 	}
 	rows, err := queryDirect(ctx, w.inner, query, own.args)
 	var row *staticRows

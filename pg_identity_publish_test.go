@@ -693,3 +693,44 @@ func sessionLockSurvivesRollback(t *testing.T, raw, db *sql.DB) {
 	mustExecConn(t, c, "ROLLBACK")
 	check("statement-text transaction, rollback", site)
 }
+
+// sql.LevelSnapshot through lockhooks' own BEGIN is what the driver makes
+// of it: pgx begins it at REPEATABLE READ, lib/pq refuses it.
+func TestSnapshotLevelAsTheDriverHasIt(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	ctx := context.Background()
+	snapshot := &sql.TxOptions{Isolation: sql.LevelSnapshot}
+	for _, name := range []string{"pgx", "postgres"} {
+		t.Run(name, func(t *testing.T) {
+			db, err := Open(name, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			var level string
+			err = RunInTx(ctx, db, snapshot, func(tx *sql.Tx) error {
+				return tx.QueryRowContext(ctx, "SHOW transaction_isolation").Scan(&level)
+			})
+			rawTx, rawErr := db.BeginTx(ctx, snapshot)
+			if rawErr == nil {
+				rawTx.Rollback()
+			}
+			switch name {
+			case "pgx":
+				if err != nil || level != "repeatable read" {
+					t.Errorf("RunInTx at LevelSnapshot through pgx: %v, level %q; want repeatable read", err, level)
+				}
+			case "postgres":
+				// lockhooks begins these itself (its BEGIN carries the
+				// identity, and RunInTx's id): it must refuse what lib/pq's
+				// BeginTx refuses.
+				if rawErr == nil {
+					t.Error("db.BeginTx at LevelSnapshot through lib/pq began a transaction; lib/pq refuses that level")
+				}
+				if err == nil {
+					t.Errorf("RunInTx at LevelSnapshot through lib/pq ran (at %q); lib/pq refuses that level", level)
+				}
+			}
+		})
+	}
+}

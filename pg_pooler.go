@@ -71,6 +71,16 @@ func (c *conn) lockPID() int32 {
 	return c.pid.Load()
 }
 
+// shownPID is the backend pid messages name c by: through a transaction
+// pooler the backend c met at connect serves other clients, so only its
+// holder connection's (0: none known).
+func (c *conn) shownPID() int32 {
+	if c.connector.opts.txPooler {
+		return c.holderPID.Load()
+	}
+	return c.pid.Load()
+}
+
 // onHolder reports whether a statement's advisory calls must run on the
 // holder (transaction-pooler mode, session-level calls), and refuses what
 // cannot be split.

@@ -94,14 +94,21 @@ type waitWatch struct {
 	closed     bool
 	wake       chan struct{} // buffered(1): a wait was added
 	stop, done chan struct{}
+	// lookups is the context of the holder lookups the watcher makes: close
+	// cancels it, so a server that stopped answering cannot hold db.Close
+	// for a lookup timeout per listed wait.
+	lookups    context.Context
+	endLookups context.CancelFunc
 
 	started atomic.Int64 // waits begun
 	waitNS  atomic.Int64 // total time waited, in nanoseconds
 }
 
 func newWaitWatch(c *connector) *waitWatch {
+	lookups, end := context.WithCancel(context.Background())
 	return &waitWatch{c: c, threshold: c.opts.slowLockLog, logger: c.opts.logger,
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		lookups: lookups, endLookups: end}
 }
 
 // add lists w, reading its keys and namespace from the wait's attributes
@@ -221,6 +228,7 @@ func (ww *waitWatch) close() {
 	ww.closed = true
 	running := ww.running
 	ww.mu.Unlock()
+	ww.endLookups()
 	if running {
 		close(ww.stop)
 		<-ww.done
@@ -321,6 +329,9 @@ func (ww *waitWatch) run() {
 				ww.report(v)
 			}
 			for _, v := range look {
+				if ww.lookups.Err() != nil {
+					return // closing: the waits end with the database
+				}
 				ww.lookUp(v)
 			}
 			if next < 0 {
@@ -341,7 +352,7 @@ func (ww *waitWatch) run() {
 // line if the wait ended meanwhile.
 func (ww *waitWatch) report(v waitView) {
 	v.symbolise()
-	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
+	ctx, cancel := context.WithTimeout(ww.lookups, blockerLookupTimeout)
 	found := ww.c.holdersOf(ctx, v)
 	cancel()
 	holder := found.String()
@@ -366,7 +377,7 @@ func (ww *waitWatch) report(v waitView) {
 // what v waits for, for the error of a wait that times out.
 func (ww *waitWatch) lookUp(v waitView) {
 	v.symbolise()
-	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
+	ctx, cancel := context.WithTimeout(ww.lookups, blockerLookupTimeout)
 	found := ww.c.holdersOf(ctx, v) // a failed read leaves the error as it was
 	cancel()
 	v.w.noteFound(found)
@@ -441,7 +452,7 @@ func (v waitView) logArgs() []any {
 	}
 	if v.conn != nil {
 		args = append(args, "database", v.conn.connector.pool, "connection", v.conn.id)
-		if pid := v.conn.pid.Load(); pid != 0 {
+		if pid := v.conn.shownPID(); pid != 0 {
 			args = append(args, "backend_pid", pid)
 		}
 	}
