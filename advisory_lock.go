@@ -107,9 +107,7 @@ func acquire(user, ctx context.Context, db *sql.DB, key int64, try bool) (*Advis
 		l.freeTurn()
 		return nil, false, fmt.Errorf("%w: advisory lock %s: the database was closed while it was acquired", ErrLockLost, describeKey(key))
 	}
-	if err := l.readToken(ctx); err != nil {
-		return nil, false, l.releaseAfterTokenError(ctx, err)
-	}
+	l.readToken(ctx) // never fails the acquisition: the lock is held
 	l.c.advisory.Store(l)
 	if l.Err() != nil {
 		l.freeTurn() // lost before the line above: markLost could not see l
