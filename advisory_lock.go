@@ -73,14 +73,14 @@ func acquire(user, ctx context.Context, db *sql.DB, key int64, try bool) (*Advis
 	turns := &c.connector.turns
 	var site callers
 	site.capture()
-	if !turns.tryLock(user, key, l, &site) {
+	if !turns.tryLock(user, key, l, nil, &site) {
 		sc.Close() // wait without a connection
 		if try {
 			return nil, false, nil // another acquirer of this process holds or awaits it
 		}
 		_, w := c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(key)))
 		w.setWaiter(c, siteOf(ctx), nil, "", nil)
-		err := turns.lock(user, key, l, &site)
+		err := turns.lock(user, key, l, nil, &site, w)
 		err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", key), "its turn behind another acquirer of this process", describeKey(key))
 		w.end(ctx, "", err)
 		if err != nil {
@@ -107,9 +107,7 @@ func acquire(user, ctx context.Context, db *sql.DB, key int64, try bool) (*Advis
 		l.freeTurn()
 		return nil, false, fmt.Errorf("%w: advisory lock %s: the database was closed while it was acquired", ErrLockLost, describeKey(key))
 	}
-	if err := l.readToken(ctx); err != nil {
-		return nil, false, l.releaseAfterTokenError(ctx, err)
-	}
+	l.readToken(ctx) // never fails the acquisition: the lock is held
 	l.c.advisory.Store(l)
 	if l.Err() != nil {
 		l.freeTurn() // lost before the line above: markLost could not see l
@@ -187,7 +185,7 @@ func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*A
 	var site callers
 	site.capture()
 	if try {
-		if !names.tryLock(user, l.key, l, &site) {
+		if !names.tryLock(user, l.key, l, nil, &site) {
 			l.conn.Close()
 			return nil, false, nil
 		}
@@ -196,7 +194,7 @@ func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*A
 	}
 	_, w := l.c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
 	w.setWaiter(l.c, siteOf(ctx), nil, "", nil)
-	err := names.lock(user, l.key, l, &site)
+	err := names.lock(user, l.key, l, nil, &site, w)
 	err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", l.key), fmt.Sprintf("advisory lock %d", l.key), describeKey(l.key))
 	w.end(ctx, "", err)
 	if err != nil {

@@ -2,7 +2,7 @@ package lockhooks
 
 import (
 	"context"
-	"fmt"
+	"database/sql"
 	"sync/atomic"
 	"time"
 )
@@ -29,19 +29,33 @@ import (
 // where the lock is in-process, the token grows with each acquisition in
 // the process and starts from the clock (nanoseconds since 1970), so that
 // it also grows across restarts unless the clock goes back.
+//
+// Token is 0 when no token could be assigned: on a hot standby (advisory
+// locks work there, but no transaction id can be assigned during
+// recovery), on Postgres before 13 (no pg_current_xact_id()), or when the
+// read failed (the acquisition does not fail for it: the lock is held). A
+// write fenced as above refuses 0, so code that relies on the token stops
+// there instead of writing unfenced.
 func (l *AdvisoryLock) Token() int64 { return l.token }
 
-// readToken takes the fencing token of a lock that was just granted. The
-// lock is held: a context that ends now must not close the connection
-// (which would lose it) nor fail the acquisition, so the read has a bounded
-// context of its own.
-func (l *AdvisoryLock) readToken(ctx context.Context) error {
+// tokenQuery reads the fencing token: NULL on a hot standby, where
+// pg_current_xact_id() fails (25006).
+const tokenQuery = "SELECT (CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_xact_id() END)::text::bigint"
+
+// readToken takes the fencing token of a lock that was just granted
+// (0 if none can be assigned; see Token). The lock is held: a context that
+// ends now must not close the connection (which would lose it) nor fail
+// the acquisition, so the read has a bounded context of its own, and its
+// failure leaves the token 0. A failure that broke the connection is the
+// lock's loss, which the connection's tracking reports (Lost, Err) as for
+// any later statement.
+func (l *AdvisoryLock) readToken(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.connector.opts.lockCheckTimeout)
 	defer cancel()
-	if err := l.conn.QueryRowContext(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&l.token); err != nil {
-		return fmt.Errorf("lockhooks: advisory lock %d: reading its fencing token (pg_current_xact_id(), Postgres 13 or later): %w", l.key, err)
+	var token sql.NullInt64
+	if err := l.conn.QueryRowContext(ctx, tokenQuery).Scan(&token); err == nil && token.Valid {
+		l.token = token.Int64
 	}
-	return nil
 }
 
 // tokenClock gives the in-process advisory locks (SQLite) their fencing
@@ -57,14 +71,4 @@ func (c *tokenClock) next() int64 {
 			return next
 		}
 	}
-}
-
-// releaseAfterTokenError releases a lock whose token could not be read, so
-// that the failed acquisition leaves nothing held, and returns the error
-// for the caller.
-func (l *AdvisoryLock) releaseAfterTokenError(ctx context.Context, err error) error {
-	if rerr := l.Release(ctx); rerr != nil {
-		return fmt.Errorf("%w; releasing the lock afterwards: %w", err, rerr)
-	}
-	return err
 }

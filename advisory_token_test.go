@@ -198,3 +198,60 @@ func TestTokenGrowsInProcessOnSQLite(t *testing.T) {
 		}
 	}
 }
+
+// A hot standby takes advisory locks ("advisory locks work normally in
+// recovery") but cannot assign a transaction id: AcquireAdvisoryLock and
+// TryAdvisoryLock take the lock there, with Token 0, and Release frees it;
+// RunInTx runs read-only work there (its commit path assigns no id either).
+// The standby is real: pg_basebackup of the private cluster, streaming.
+func TestAdvisoryLockOnHotStandby(t *testing.T) {
+	dsn := pgtest.StandbyDSN(t)
+	db, err := Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var recovering bool
+	if err := db.QueryRowContext(ctx, "SELECT pg_is_in_recovery()").Scan(&recovering); err != nil || !recovering {
+		t.Fatalf("the standby: pg_is_in_recovery() = %v, %v", recovering, err)
+	}
+	held := func(key int64) int {
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = $1", key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	l, err := AcquireAdvisoryLock(ctx, db, 4)
+	if err != nil {
+		t.Fatalf("AcquireAdvisoryLock on a hot standby: %v", err)
+	}
+	if l.Token() != 0 {
+		t.Errorf("Token on a standby: %d, want 0 (no transaction id can be assigned)", l.Token())
+	}
+	if n := held(4); n != 1 {
+		t.Errorf("pg_locks on the standby shows %d holds of key 4, want 1", n)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release on a standby: %v", err)
+	}
+	if n := held(4); n != 0 {
+		t.Errorf("after Release pg_locks shows %d holds of key 4", n)
+	}
+	l, ok, err := TryAdvisoryLock(ctx, db, 5)
+	if err != nil || !ok {
+		t.Fatalf("TryAdvisoryLock on a standby: %v, %v", ok, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []*sql.TxOptions{nil, {ReadOnly: true}, {Isolation: sql.LevelRepeatableRead, ReadOnly: true}} {
+		if err := RunInTx(ctx, db, o, func(tx *sql.Tx) error {
+			return tx.QueryRowContext(ctx, "SELECT 1").Scan(new(int))
+		}); err != nil {
+			t.Errorf("RunInTx %+v on a standby: %v", o, err)
+		}
+	}
+}

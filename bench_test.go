@@ -84,7 +84,7 @@ func BenchmarkLocksetUncontended(b *testing.B) {
 	key := locksetKey{"accounts", "i12345678"}
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := table.lock(ctx, key, 1, nil); err != nil {
+		if err := table.lock(ctx, key, 1, nil, nil, nil); err != nil {
 			b.Fatal(err)
 		}
 		table.unlock(key, 1)
@@ -138,7 +138,7 @@ func BenchmarkLocksetContended(b *testing.B) {
 				for pb.Next() {
 					k := i % 4
 					i++
-					if err := table.lock(ctx, k, owner, nil); err != nil {
+					if err := table.lock(ctx, k, owner, nil, nil, nil); err != nil {
 						b.Error(err)
 						return
 					}

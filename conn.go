@@ -86,6 +86,10 @@ type conn struct {
 	// processes (Postgres; pg_identity_publish.go).
 	pub published
 
+	// selfRun is RunInTx's fn whose transaction the connection runs, if
+	// any, read by other connections' waiters (selfwait.go).
+	selfRun atomic.Pointer[fnRun]
+
 	// advisory is the AdvisoryLock held on this connection, if any: a loss
 	// frees its in-process turn at once.
 	advisory atomic.Pointer[AdvisoryLock]
@@ -339,6 +343,7 @@ func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []dr
 	if !(plan.st.locks&sqlscan.NoWait != 0 && sqlState(err) == stateLockNotAvailable) { // NOWAIT did not wait
 		err = c.nameHolder(plan.wait, err)
 	}
+	err = plan.wait.withSelfHint(err)
 	var de *DeadlockError
 	if errors.As(err, &de) {
 		for _, h := range de.others { // the wait span links to the other side of the cycle

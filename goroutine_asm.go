@@ -20,37 +20,51 @@ func callerFP() unsafe.Pointer
 // costs a few nanoseconds per frame instead of runtime.Callers' tens.
 const fastCallers = true
 
-// maxFrameGap bounds the distance between two frame pointers the walk
-// follows: frames are smaller, and a larger or downward step means the
-// chain left the goroutine's stack (a frame without a frame pointer, or C
-// frames below a cgo callback), where the walk stops.
-const maxFrameGap = 1 << 20
+// stackBounds returns the bounds [lo, hi) of the running goroutine's
+// stack, read from its runtime descriptor (g.stack, the descriptor's first
+// two words in every Go release since 1.4). They stay valid while the
+// caller runs without growing its stack: a goroutine's stack moves only in
+// its own function prologues (and shrinks only at its synchronous safe
+// points), never in the middle of a NOSPLIT-free loop without calls.
+func stackBounds() (lo, hi uintptr)
 
 // captureFast records the call stack by walking the frame pointers of the
 // current goroutine's stack, as the runtime's execution tracer does on
 // amd64 and arm64 (the return address sits one word above each frame
 // pointer). It reads only the goroutine's own stack, in its own frames,
-// stops at the first step that is not a short step up, and allocates
-// nothing; the return addresses it records are what runtime.Callers
-// records, so String symbolises them the same way (inlined frames
-// included).
+// allocates nothing, and stops at the first frame pointer that is not a
+// step up inside the goroutine's stack (a frame without a frame pointer,
+// or C frames below a cgo callback, leave anything in the register: the
+// walk never follows it out of the stack); the return addresses it records
+// are what runtime.Callers records, so String symbolises them the same way
+// (inlined frames included).
 //
 //go:noinline
 func (c *callers) captureFast() {
 	fp := callerFP() // captureFast's own frame
+	_, hi := stackBounds()
+	c.n = walkFrames(&c.pcs, fp, hi)
+}
+
+// walkFrames records in pcs the return addresses of the frame-pointer
+// chain from fp, inside a stack that ends at hi: it stops at a zero return
+// address, or at a next frame pointer that is not above the current one
+// and below hi (with room for its return address).
+func walkFrames(pcs *[24]uintptr, fp unsafe.Pointer, hi uintptr) int {
+	const word = unsafe.Sizeof(uintptr(0))
 	n := 0
-	for fp != nil && n < len(c.pcs) {
-		pc := *(*uintptr)(unsafe.Add(fp, unsafe.Sizeof(uintptr(0))))
+	for n < len(pcs) && fp != nil && uintptr(fp)+2*word <= hi {
+		pc := *(*uintptr)(unsafe.Add(fp, word))
 		if pc == 0 {
 			break
 		}
-		c.pcs[n] = pc
+		pcs[n] = pc
 		n++
 		next := *(*unsafe.Pointer)(fp)
-		if next == nil || uintptr(next) <= uintptr(fp) || uintptr(next)-uintptr(fp) > maxFrameGap {
-			break
+		if uintptr(next) <= uintptr(fp) {
+			break // nil, or not a step up: the chain left the stack's frames
 		}
 		fp = next
 	}
-	c.n = n
+	return n
 }

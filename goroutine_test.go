@@ -1,6 +1,7 @@
 package lockhooks
 
 import (
+	"reflect"
 	"runtime"
 	"sync"
 	"testing"
@@ -100,4 +101,64 @@ func BenchmarkCapture(b *testing.B) {
 			}
 		})
 	}
+}
+
+//go:noinline
+func deepCapture(n int, pad [64]byte, f func()) byte {
+	if n == 0 {
+		f()
+		return pad[0]
+	}
+	var big [512]byte
+	big[n%512] = byte(n)
+	return deepCapture(n-1, pad, f) + big[(n*7)%512]
+}
+
+// Captures from deep, growing stacks, under panics, reflect calls and
+// concurrent GC (stack shrinking) keep returning frames of this test.
+func TestCaptureFastUnderStackGrowthAndGC(t *testing.T) {
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				runtime.GC()
+			}
+		}
+	}()
+	defer close(stop)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 300 {
+				depth := (i*13 + w) % 200
+				var c callers
+				capture := func() { c.captureFast() }
+				switch i % 3 {
+				case 0:
+					deepCapture(depth, [64]byte{}, capture)
+				case 1:
+					reflect.ValueOf(func() { deepCapture(depth, [64]byte{}, capture) }).Call(nil)
+				case 2:
+					func() {
+						defer func() { recover(); deepCapture(depth, [64]byte{}, capture) }()
+						panic("x")
+					}()
+				}
+				if c.n == 0 {
+					t.Errorf("no frames")
+					return
+				}
+				fs := runtime.CallersFrames(c.pcs[:c.n])
+				f, _ := fs.Next()
+				if f.Function == "" {
+					t.Errorf("frame 0 unknown: %#x", c.pcs[0])
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

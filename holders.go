@@ -53,7 +53,14 @@ var databases registry
 // share one attribute set).
 func (r *registry) join(c *connector, defaultName string) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	clash := false
+	defer func() {
+		r.mu.Unlock()
+		if clash { // the user's logger runs outside the registry's lock
+			c.opts.logger.Warn("lockhooks: two open databases have the same pool name (WithPoolName); their gauges and the holders they name cannot be told apart",
+				"pool", c.pool)
+		}
+	}()
 	r.next++
 	c.seq = r.next
 	taken := func(name string) bool {
@@ -66,10 +73,7 @@ func (r *registry) join(c *connector, defaultName string) {
 	}
 	if c.opts.poolName != "" {
 		c.pool = c.opts.poolName
-		if taken(c.pool) {
-			c.opts.logger.Warn("lockhooks: two open databases have the same pool name (WithPoolName); their gauges and the holders they name cannot be told apart",
-				"pool", c.pool)
-		}
+		clash = taken(c.pool)
 	} else {
 		c.pool = defaultName
 		for n := 2; taken(c.pool); n++ {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -263,5 +264,68 @@ func TestBackendPIDsAreMatchedPerServer(t *testing.T) {
 	h, ok := identify(blocker(813), nil)
 	if !ok || h.Database != sameAsA.pool || h.PID != 813 {
 		t.Errorf("backend 813 of server A: %v %v, want the connection of %q on the same server", h, ok, sameAsA.pool)
+	}
+}
+
+// registryReadingHandler is a slog handler that, like a user's handler
+// asking the registry for the pool names, reads lockhooks' registry while
+// it handles a record.
+type registryReadingHandler struct {
+	slog.Handler
+	logged chan string
+}
+
+func (h registryReadingHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h registryReadingHandler) Handle(ctx context.Context, r slog.Record) error {
+	msg := r.Message
+	// A handler calling databases.list() would deadlock under the
+	// registry's write lock; TryRLock tells without hanging the test.
+	if !databases.mu.TryRLock() {
+		msg = "under the registry's lock: " + msg
+	} else {
+		databases.mu.RUnlock()
+	}
+	select {
+	case h.logged <- msg:
+	default:
+	}
+	return nil
+}
+
+// The warning about two databases with one pool name is logged after the
+// registry's lock is released: a logger that reads the registry (or opens
+// a lockhooks database) must not deadlock Open.
+func TestPoolNameClashLoggedOutsideRegistryLock(t *testing.T) {
+	h := registryReadingHandler{Handler: slog.DiscardHandler, logged: make(chan string, 1)}
+	logger := slog.New(h)
+	opened := make(chan error, 1)
+	go func() {
+		var err error
+		for range 2 {
+			var db *sql.DB
+			db, err = Open("sqlite", filepath.Join(t.TempDir(), "clash.db"), WithPoolName("clash"), WithLogger(logger))
+			if err != nil {
+				break
+			}
+			t.Cleanup(func() { db.Close() })
+		}
+		opened <- err
+	}()
+	select {
+	case err := <-opened:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Open of a second database with the same pool name did not return: the logger ran under the registry's lock")
+	}
+	select {
+	case msg := <-h.logged:
+		if !strings.HasPrefix(msg, "lockhooks: two open databases have the same pool name") {
+			t.Fatalf("logged %q, want the pool-name clash warning", msg)
+		}
+	default:
+		t.Fatal("no warning about the pool name clash")
 	}
 }

@@ -221,11 +221,13 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 	}
 	c.warnSelfWait(adv, plan.keys, plan.known, plan.site)
-	if err := c.selfWaitAdvisory(ctx, fmt.Sprintf("the statement %.120q", st.text), waitingKeys(adv, plan.keys, plan.known), nil); err != nil {
+	hint, err := c.selfWaitAdvisory(ctx, fmt.Sprintf("the statement %.120q", st.text), waitingKeys(adv, plan.keys, plan.known), nil)
+	if err != nil {
 		c.connector.events.add(eventSelfWait, err.Error())
 		return plan, nil, err
 	}
 	plan.wait = c.startAdvisoryWait(ctx, adv, args, plan.site)
+	plan.wait.noteSelfHint(hint)
 	c.pin.mu.Lock()
 	c.pin.busy++
 	c.pin.gen++

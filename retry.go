@@ -191,9 +191,12 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 			o(cfg)
 		}
 	}
+	r.run.g = currentG()
+	r.mark = runInTxContext{Context: ctx, run: &r.run} // see retry_commit.go
 	if r.postgres && cfg.commitCheck {
-		ctx = runInTxContext{ctx, &r.info} // see retry_commit.go
+		r.mark.info = &r.info
 	}
+	ctx = &r.mark // a pointer into r: no allocation of its own
 	for attempt := 1; ; attempt++ {
 		err := r.attempt(ctx)
 		if err == nil {
@@ -263,7 +266,17 @@ type runner struct {
 	fn       func(*sql.Tx) error
 	cfg      retryConfig
 	postgres bool
-	info     commitInfo // the current attempt's transaction (Postgres, commit check on)
+	info     commitInfo     // the current attempt's transaction (Postgres, commit check on)
+	run      fnRun          // fn, as its transactions record it (self-waits, selfwait.go)
+	mark     runInTxContext // the context its transactions begin with
+}
+
+// callFn runs fn, marked as running on this goroutine while it does (also
+// if it panics).
+func (r *runner) callFn(tx *sql.Tx) error {
+	r.run.running.Store(true)
+	defer r.run.running.Store(false)
+	return r.fn(tx)
 }
 
 // attemptError marks an attempt's error with where it happened.
@@ -309,7 +322,7 @@ func (r *runner) attempt(ctx context.Context) (err error) {
 			tx.Rollback() // fn panicked: the transaction must not stay open
 		}
 	}()
-	err = r.fn(tx)
+	err = r.callFn(tx)
 	if err != nil {
 		done = true
 		return r.fnFailed(ctx, err, tx.Rollback())

@@ -46,17 +46,22 @@ type commitInfoKey struct{}
 
 // runInTxContext is the context RunInTx begins its transactions with: the
 // caller's, which fn's statements run with, carrying the attempt's
-// *commitInfo. The transaction's identity is the caller's context (see
-// tx.begin), so that a statement of fn run on the *sql.DB with it is known
-// as the transaction's own call chain (ErrSelfWait).
+// *commitInfo (nil: no commit check) and RunInTx's fn, which the
+// transaction records as its call chain (selfwait.go): a wait of fn on
+// this transaction is a self-wait (ErrSelfWait). RunInTx passes a pointer
+// to the one in its runner.
 type runInTxContext struct {
 	context.Context
 	info *commitInfo
+	run  *fnRun
 }
 
 // Value returns the *commitInfo for commitInfoKey.
-func (c runInTxContext) Value(key any) any {
+func (c *runInTxContext) Value(key any) any {
 	if _, ok := key.(commitInfoKey); ok {
+		if c.info == nil {
+			return nil
+		}
 		return c.info
 	}
 	return c.Context.Value(key)

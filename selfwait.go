@@ -13,27 +13,102 @@ import (
 
 // Self-waits: a statement that would wait for a lock held by a transaction
 // of its own call chain. The usual mistake is a statement run on the
-// *sql.DB inside a transaction, with the transaction's context, instead of
-// on the transaction:
+// *sql.DB inside RunInTx's fn, instead of on the transaction:
 //
 //	lockhooks.RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
-//		tx.ExecContext(ctx, "UPDATE jobs …")   // takes the row (or SQLite's writer lock)
+//		tx.ExecContext(ctx, "UPDATE jobs …")   // takes the SQLite writer lock
 //		db.ExecContext(ctx, "UPDATE jobs …")   // waits for tx, which waits for it
 //	})
 //
-// Such a wait can end only by its timeout; lockhooks fails it at once
-// with an error wrapping ErrSelfWait, which RunInTx does not retry.
+// Such a wait can end only by its timeout. lockhooks fails it at once, with
+// an error wrapping ErrSelfWait that RunInTx does not retry, only when the
+// holder is provably on the waiter's own stack: a transaction of a RunInTx
+// attempt whose fn is running on the waiting goroutine. On Postgres the
+// same holds for row locks (SELECT … FOR UPDATE/SHARE through the *sql.DB:
+// the server is asked whether the statement waits for that transaction),
+// advisory locks and Lock; an UPDATE or DELETE that waits for a row is not
+// probed, and waits until a timeout ends it. Any other wait that looks like
+// one (the holder began, or took its lock, on this goroutine with this
+// context, but might have been handed to another goroutine) waits as
+// before, and its timeout error and slow-wait log line say it is likely a
+// self-wait.
 
 // ErrSelfWait is wrapped by the error of a statement (or BeginTx, Lock,
-// AcquireAdvisoryLock) that would wait for a lock held by a transaction of
-// its own call chain: one begun by the same goroutine with the very context
-// the statement runs with. Such a wait could end only by its timeout. Run
-// the statement through the transaction (tx.ExecContext, not
-// db.ExecContext). Another goroutine, or the same goroutine with another
-// context, is never suspected: it waits as before. (On architectures other
+// AcquireAdvisoryLock) that would wait for a lock held by the transaction
+// of a RunInTx attempt whose fn is running on the very goroutine that
+// waits: fn is blocked in the wait, so the transaction cannot end before
+// the wait's timeout. It fires for SQLite's writer lock, Lock's ids,
+// Postgres advisory locks and Postgres row-locking SELECTs (FOR UPDATE,
+// FOR SHARE …) run on the *sql.DB instead of the transaction, with any
+// context, and RunInTx does not retry it. Run the statement through the
+// transaction (tx.ExecContext, not db.ExecContext). A transaction begun
+// with db.BeginTx, an AdvisoryLock, or a holder of another database (or
+// *sql.DB) is never taken for a self-wait: it may be handed to another
+// goroutine that ends it, so the wait goes on, and its timeout error and
+// slow-wait log line say when it is likely one. (On architectures other
 // than amd64 and arm64, where lockhooks cannot tell goroutines apart
-// cheaply, no wait is taken for a self-wait.)
+// cheaply, every wait waits.)
 var ErrSelfWait = errors.New("lockhooks: a statement would wait for a lock its own call chain's transaction holds")
+
+// fnRun is one RunInTx call's fn, as its transactions record it: running
+// is true only while fn runs, on goroutine g. While fn runs its goroutine
+// is alive (so g names no other goroutine), and a wait on g is a call
+// inside fn, which fn's transaction cannot outlast.
+type fnRun struct {
+	g       uintptr
+	running atomic.Bool
+}
+
+// onThisStack reports whether fn is running on the current goroutine.
+func (r *fnRun) onThisStack() bool {
+	return r != nil && r.g != 0 && r.running.Load() && r.g == currentG()
+}
+
+// runOf returns the fn of RunInTx whose BeginTx context ctx is, or nil.
+func runOf(ctx context.Context) *fnRun {
+	if rc, ok := ctx.(*runInTxContext); ok {
+		return rc.run
+	}
+	return nil
+}
+
+// callChain is who holds a lock, for the self-wait checks of its waiters:
+// the context and goroutine it took the lock (or began its transaction)
+// with, and the fn of RunInTx whose transaction holds it (nil: none).
+type callChain struct {
+	ctx context.Context
+	g   uintptr
+	run *fnRun
+}
+
+// chainOf is the current goroutine's call chain, with ctx, for a hold of
+// run's transaction (run may be nil). RunInTx's BeginTx context counts as
+// the caller's, which fn's statements run with.
+func chainOf(ctx context.Context, run *fnRun) callChain {
+	if rc, ok := ctx.(*runInTxContext); ok {
+		ctx = rc.Context
+	}
+	return callChain{ctx: ctx, g: currentG(), run: run}
+}
+
+// selfWait classifies a wait with ctx for what h holds: certain when h's
+// transaction is RunInTx's and its fn runs on this goroutine; likely when
+// h took it on this goroutine with this very context (it may have been
+// handed to another goroutine since, or the goroutine's descriptor reused:
+// a hint, never a failure).
+func (h callChain) selfWait(ctx context.Context) (certain, likely bool) {
+	if h.run.onThisStack() {
+		return true, true
+	}
+	return false, sameCallChain(ctx, h.ctx, h.g)
+}
+
+// Hints of a likely self-wait, by what holds the lock.
+const (
+	selfWaitHintTx   = "held by a transaction this goroutine began with this context: likely a self-wait, unless another goroutine ends that transaction; use tx.ExecContext"
+	selfWaitHintLock = "held by a lock this goroutine took with this context: likely a self-wait, unless another goroutine releases it; release it first"
+	selfWaitHintStmt = "held by a statement this goroutine runs with this context: likely a self-wait if its rows are still open; close them first"
+)
 
 // sameContext reports whether a and b are the same context value. A
 // context type that cannot be compared is never the same.
@@ -50,11 +125,12 @@ func sameContext(a, b context.Context) (same bool) {
 }
 
 // sameCallChain reports whether work run with ctx on the current goroutine
-// belongs to the call chain that took a lock (or began a transaction) with
+// looks like the call chain that took a lock (or began a transaction) with
 // holderCtx on goroutine holderG (currentG): the same goroutine, with the
-// same context. The goroutine alone would do (it is blocked in the wait,
-// so it cannot release the lock), but a transaction handed to another
-// goroutine to finish is not a self-wait, and its context tells.
+// same context. It is only a hint: the lock or transaction may have been
+// handed to another goroutine, the holder's goroutine may have exited and
+// its descriptor been reused, and context.Background() values all compare
+// equal.
 func sameCallChain(ctx, holderCtx context.Context, holderG uintptr) bool {
 	g := currentG()
 	return g != 0 && g == holderG && sameContext(ctx, holderCtx)
@@ -63,55 +139,85 @@ func sameCallChain(ctx, holderCtx context.Context, holderG uintptr) bool {
 // selfWaitError is the error of a wait (by waiter) for what, which h
 // holds for the waiter's own call chain.
 func selfWaitError(waiter, what string, h holder) error {
-	return fmt.Errorf("%w: %s would wait for %s, which %s holds: that transaction (or lock) was begun by this same goroutine with this same context, so it cannot end while this call waits; run the statement through the transaction (tx.ExecContext, not db.ExecContext), or commit it first",
+	return fmt.Errorf("%w: %s would wait for %s, which %s holds: that transaction was begun by RunInTx, whose fn is running on this same goroutine and is blocked in this call, so it cannot end while this call waits; run the statement through the transaction (tx.ExecContext, not db.ExecContext), or commit it first",
 		ErrSelfWait, waiter, what, h)
 }
 
-// selfWaitHolder returns the transaction of another Postgres connection of
-// any lockhooks database of the process that ctx's call chain began (see
-// sameCallChain), or nil. It looks at every open connection, so it is
-// called only on the way to a wait that may be one.
-func selfWaitHolder(ctx context.Context, except *conn) *conn {
-	if currentG() == 0 {
-		return nil
+// noteSelfHint records on w that its wait is likely a self-wait, for its
+// slow-wait log line and its timeout error ("" leaves w alone).
+func (w *lockWait) noteSelfHint(hint string) {
+	if w == nil || hint == "" {
+		return
 	}
-	databases.mu.RLock()
-	defer databases.mu.RUnlock()
-	for _, c := range databases.dbs {
-		if c.opts.dialect != Postgres {
+	if w.t != nil && w.t.watch != nil {
+		w.t.watch.mu.Lock()
+		defer w.t.watch.mu.Unlock()
+	}
+	w.selfHint = hint
+}
+
+// withSelfHint adds the wait's self-wait hint, if any, to the error of a
+// wait that timed out or was cancelled; it still wraps err.
+func (w *lockWait) withSelfHint(err error) error {
+	if w == nil || err == nil || errors.Is(err, ErrSelfWait) {
+		return err
+	}
+	if o := outcomeOf(err); o != outcomeTimeout && o != outcomeCanceled {
+		return err
+	}
+	if w.t != nil && w.t.watch != nil {
+		w.t.watch.mu.Lock()
+		defer w.t.watch.mu.Unlock()
+	}
+	if w.selfHint == "" {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, w.selfHint)
+}
+
+// selfWaitHolder returns the connection of c's database (the same
+// connector: advisory locks and rows belong to one database) other than c
+// whose open transaction ctx's call chain holds: certain when it is
+// RunInTx's with fn running on this goroutine, else one this goroutine
+// began with ctx (likely), or nil. It looks at every open connection of
+// the database, so it is called only on the way to a wait that may be one.
+func selfWaitHolder(ctx context.Context, c *conn) (h *conn, certain bool) {
+	g := currentG()
+	if g == 0 {
+		return nil, false
+	}
+	db := c.connector
+	db.liveMu.RLock()
+	defer db.liveMu.RUnlock()
+	for oc := range db.live {
+		if oc == c {
 			continue
 		}
-		c.liveMu.RLock()
-		for oc := range c.live {
-			if oc == except {
-				continue
-			}
-			if oc.ident.g.Load() != currentG() {
-				continue // cheap: most transactions are other goroutines'
-			}
-			_, _, _, txCtx, open := oc.ident.snapshot()
-			if open && sameCallChain(ctx, txCtx, oc.ident.g.Load()) {
-				c.liveMu.RUnlock()
-				return oc
+		if oc.selfRun.Load().onThisStack() {
+			return oc, true
+		}
+		if h == nil && oc.ident.g.Load() == g { // cheap: most transactions are other goroutines'
+			if _, _, _, txCtx, open := oc.ident.snapshot(); open && sameCallChain(ctx, txCtx, g) {
+				h = oc
 			}
 		}
-		c.liveMu.RUnlock()
 	}
-	return nil
+	return h, false
 }
 
 // selfWaitAdvisory fails a blocking request for Postgres advisory keys
-// that a transaction of the caller's own call chain holds (on another
-// connection of any lockhooks database of the process): Lock (names gives
-// its keys' lockset ids), or a pg_advisory_lock / pg_advisory_xact_lock
-// statement.
-func (c *conn) selfWaitAdvisory(ctx context.Context, waiter string, keys []lockKey, names map[int64]string) error {
+// that a transaction of the caller's own call chain holds, for certain
+// (see selfWaitHolder), on another connection of the same database: Lock
+// (names gives its keys' lockset ids), or a pg_advisory_lock /
+// pg_advisory_xact_lock statement. For a likely self-wait it returns the
+// hint for the wait (noteSelfHint).
+func (c *conn) selfWaitAdvisory(ctx context.Context, waiter string, keys []lockKey, names map[int64]string) (hint string, err error) {
 	if len(keys) == 0 {
-		return nil
+		return "", nil
 	}
-	h := selfWaitHolder(ctx, c)
+	h, certain := selfWaitHolder(ctx, c)
 	if h == nil {
-		return nil
+		return "", nil
 	}
 	h.pin.mu.Lock()
 	var held lockKey
@@ -125,13 +231,35 @@ func (c *conn) selfWaitAdvisory(ctx context.Context, waiter string, keys []lockK
 	}
 	h.pin.mu.Unlock()
 	if !found {
-		return nil
+		return "", nil
+	}
+	if !certain {
+		return selfWaitHintTx, nil
 	}
 	what := "advisory key " + held.String()
 	if name := names[held.k1]; name != "" {
 		what = "lockset id " + name + " (" + what + ")"
 	}
-	return selfWaitError(waiter, what, h.asHolder([]lockKey{held}))
+	return "", selfWaitError(waiter, what, h.asHolder([]lockKey{held}))
+}
+
+// watchSelfWait starts, for a Postgres row-lock wait of c (statement st)
+// while a transaction of the same call chain is open on another
+// connection of the database, the probe that fails it with ErrSelfWait if
+// that transaction is certainly its own (see selfWaitHolder), or notes the
+// hint of a likely self-wait. NOWAIT and SKIP LOCKED never wait.
+func (c *conn) watchSelfWait(ctx context.Context, w *lockWait, st statement) {
+	if st.locks&(sqlscan.NoWait|sqlscan.SkipLocked) != 0 {
+		return
+	}
+	h, certain := selfWaitHolder(ctx, c)
+	switch {
+	case h == nil:
+	case certain:
+		w.probeSelfWait(c, h)
+	default:
+		w.noteSelfHint(selfWaitHintTx)
+	}
 }
 
 // selfWaitProbeDelay is how long a Postgres row-lock wait that may be a

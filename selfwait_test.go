@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"log/slog"
 	"runtime"
 	"strings"
 	"testing"
@@ -126,12 +128,16 @@ func TestSelfWaitNotOtherGoroutines(t *testing.T) {
 	}
 }
 
-// SQLite's in-process locks: a second transaction of the same call chain
-// that Locks an id the first holds, and AcquireAdvisoryLock of a key the
-// same call chain holds, fail at once.
+// SQLite's in-process locks: a second transaction inside RunInTx's fn
+// that Locks an id fn's transaction holds fails at once. A second
+// AcquireAdvisoryLock of a key the same goroutine holds is not one for
+// certain (the first lock may have been handed to a worker that releases
+// it): it waits, and its timeout error says it is likely a self-wait, as
+// does its slow-wait log line.
 func TestSelfWaitSQLiteLocks(t *testing.T) {
 	skipWithoutGoroutineIdentity(t)
-	db := openSQLite(t)
+	log := &syncBuffer{}
+	db := openSQLite(t, WithSlowLockLog(50*time.Millisecond), WithLogger(slog.New(slog.NewTextHandler(log, nil))))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := RunInTx(ctx, db, readOnly, func(tx *sql.Tx) error {
@@ -147,14 +153,143 @@ func TestSelfWaitSQLiteLocks(t *testing.T) {
 	})
 	wantSelfWait(t, err, `lockset id orders / 7`)
 
-	held, err := AcquireAdvisoryLock(ctx, db, 99)
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	held, err := AcquireAdvisoryLock(short, db, 99)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer held.Release(ctx)
-	if _, err := AcquireAdvisoryLock(ctx, db, 99); !errors.Is(err, ErrSelfWait) || !strings.Contains(err.Error(), "selfwait_test.go:") {
-		t.Fatalf("a second AcquireAdvisoryLock of the same call chain: %v, want ErrSelfWait naming where the first took it", err)
+	_, err = AcquireAdvisoryLock(short, db, 99)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrSelfWait) {
+		t.Fatalf("a second AcquireAdvisoryLock on the same goroutine: %v, want it to wait until its context ends", err)
 	}
+	for _, want := range []string{"selfwait_test.go:", "likely a self-wait"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the timeout error lacks %q: %v", want, err)
+		}
+	}
+	waitFor(t, 20*time.Second, "the slow-wait log's still-waiting line", func() bool {
+		return strings.Contains(log.String(), "still waiting")
+	})
+	if !strings.Contains(log.String(), `self_wait="held by a lock this goroutine took with this context: likely a self-wait`) {
+		t.Errorf("the slow-wait log does not say it is likely a self-wait:\n%s", log.String())
+	}
+}
+
+// An AdvisoryLock handed to a worker goroutine that releases it when its
+// batch is done: the loop that acquired it acquires the key again for the
+// next batch, with the same context, and waits for the worker.
+func TestSelfWaitNotForAdvisoryLockHandedToWorker(t *testing.T) {
+	skipWithoutGoroutineIdentity(t)
+	for _, dialect := range []string{"sqlite", "postgres"} {
+		t.Run(dialect, func(t *testing.T) {
+			var db *sql.DB
+			if dialect == "sqlite" {
+				db = openSQLite(t)
+			} else {
+				db = openPG(t, WithSlowLockLog(0))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			released := make(chan error, 3)
+			for batch := range 3 {
+				l, err := AcquireAdvisoryLock(ctx, db, 77)
+				if err != nil {
+					t.Fatalf("batch %d: %v", batch, err)
+				}
+				go func() { // the worker releases the lock when its batch is done
+					time.Sleep(50 * time.Millisecond)
+					released <- l.Release(context.Background())
+				}()
+			}
+			for range 3 {
+				if err := <-released; err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}
+
+// The same goroutine hands its transaction (begun with db.BeginTx) to a
+// committer and then writes with the same context: the committer ends
+// the transaction, so the wait ends.
+func TestSelfWaitNotForTxHandedToCommitter(t *testing.T) {
+	skipWithoutGoroutineIdentity(t)
+	db, _ := openSQLiteFile(t, WithBusyTimeout(10*time.Second))
+	mustExec(t, db, "CREATE TABLE t (id INTEGER PRIMARY KEY)")
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	go func() { // the committer
+		time.Sleep(50 * time.Millisecond)
+		committed <- tx.Commit()
+	}()
+	if _, err = db.ExecContext(ctx, "INSERT INTO t VALUES (2)"); err != nil {
+		t.Fatalf("a write that the committer's COMMIT lets through: %v", err)
+	}
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A transaction begun on a goroutine that then exits (handing the *sql.Tx
+// to its caller) must not pass for the transaction of a later goroutine
+// that the runtime gives the exited one's descriptor (currentG), with the
+// same context (context.Background() values all compare equal): that
+// writer waits for the caller's COMMIT. Repeated until the descriptor was
+// reused a few times (most rounds at GOMAXPROCS 1); the test passes
+// whether or not it was.
+func TestSelfWaitNotAfterGoroutineReuse(t *testing.T) {
+	skipWithoutGoroutineIdentity(t)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	db, _ := openSQLiteFile(t, WithBusyTimeout(10*time.Second))
+	mustExec(t, db, "CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT)")
+	reused := 0
+	for round := 0; round < 50 && reused < 3; round++ {
+		type begun struct {
+			tx *sql.Tx
+			g  uintptr
+		}
+		txs := make(chan begun)
+		go func() {
+			tx, err := db.Begin() // context.Background()
+			if err != nil {
+				panic(err)
+			}
+			txs <- begun{tx, currentG()}
+		}()
+		a := <-txs
+		time.Sleep(time.Millisecond) // goroutine A has most likely exited
+		type wrote struct {
+			err error
+			g   uintptr
+		}
+		done := make(chan wrote, 1)
+		go func() {
+			_, err := db.Exec("INSERT INTO t DEFAULT VALUES") // waits for a.tx, which the test commits
+			done <- wrote{err, currentG()}
+		}()
+		time.Sleep(20 * time.Millisecond)
+		if _, err := a.tx.Exec("INSERT INTO t DEFAULT VALUES"); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		b := <-done
+		if a.g == b.g {
+			reused++
+		}
+		if b.err != nil {
+			t.Fatalf("round %d: goroutine B (g %#x; the transaction's goroutine A, exited, was %#x): %v", round, b.g, a.g, b.err)
+		}
+	}
+	t.Logf("descriptor reused in %d rounds", reused)
 }
 
 // Postgres: a row the transaction updated, locked FOR UPDATE through the
@@ -193,6 +328,19 @@ func TestSelfWaitPostgres(t *testing.T) {
 	})
 	wantSelfWait(t, err, `Lock("jobs", 1)`, "lockset id jobs / 1")
 	t.Log(time.Now().Format(time.StampMilli), err)
+
+	// An advisory key fn's transaction holds, asked for on the *sql.DB
+	// with another context.
+	err = RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(42)"); err != nil {
+			return err
+		}
+		other, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_, err := db.ExecContext(other, "SELECT pg_advisory_lock(42)")
+		return err
+	})
+	wantSelfWait(t, err, "advisory key 42")
 	noAdvisoryLocksLeft(t, db)
 
 	// Another goroutine with the same context waits, and gets the row once
@@ -226,4 +374,97 @@ func eventsOf(t *testing.T, db *sql.DB, kind string) int {
 		}
 	}
 	return n
+}
+
+// Postgres: a transaction begun with db.BeginTx and handed to a committer
+// goroutine; the goroutine that began it then locks the row FOR UPDATE
+// with the same context, and gets it once the committer commits. Without
+// a committer the same wait is likely a self-wait: it waits until its
+// context ends, and the error says so.
+func TestSelfWaitNotForPostgresRowHandedOff(t *testing.T) {
+	skipWithoutGoroutineIdentity(t)
+	db := openPG(t, WithSlowLockLog(0))
+	mustExec(t, db, "CREATE TABLE jobs (id int PRIMARY KEY, state text)")
+	mustExec(t, db, "INSERT INTO jobs VALUES (1, 'new')")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "UPDATE jobs SET state = 'running' WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	go func() {
+		time.Sleep(10 * selfWaitProbeDelay) // long after a probe would have cancelled the wait
+		committed <- tx.Commit()
+	}()
+	var state string
+	if err := db.QueryRowContext(ctx, "SELECT state FROM jobs WHERE id = 1 FOR UPDATE").Scan(&state); err != nil {
+		t.Fatalf("FOR UPDATE of a row another goroutine commits: %v", err)
+	}
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	if state != "running" {
+		t.Errorf("state %q, want the committed 'running'", state)
+	}
+
+	tx, err = db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	mustExec(t, tx, "UPDATE jobs SET state = 'again' WHERE id = 1")
+	// The wait, with the transaction's context, ends by its lock_timeout.
+	waiter, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	if _, err := waiter.ExecContext(ctx, "SET lock_timeout = '500ms'"); err != nil {
+		t.Fatal(err)
+	}
+	err = waiter.QueryRowContext(ctx, "SELECT state FROM jobs WHERE id = 1 FOR UPDATE").Scan(&state)
+	if err == nil || errors.Is(err, ErrSelfWait) || !strings.Contains(err.Error(), "likely a self-wait") {
+		t.Fatalf("FOR UPDATE of a row this goroutine's own open transaction updated: %v, want a timeout saying it is likely a self-wait", err)
+	}
+}
+
+// Advisory locks belong to one database: the same key in two databases
+// (two *sql.DB of the process) never conflicts, so a call chain that holds
+// a key or lockset id in database A takes it in database B at once, even
+// inside RunInTx's fn.
+func TestSelfWaitNotAcrossDatabases(t *testing.T) {
+	skipWithoutGoroutineIdentity(t)
+	dbA, dbB := openPG(t), openPG(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := RunInTx(ctx, dbA, nil, func(txA *sql.Tx) error {
+		if err := Lock(ctx, txA, "jobs", 7); err != nil {
+			return err
+		}
+		if _, err := txA.ExecContext(ctx, "SELECT pg_advisory_xact_lock(42)"); err != nil {
+			return err
+		}
+		txB, err := dbB.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer txB.Rollback()
+		if err := Lock(ctx, txB, "jobs", 7); err != nil {
+			return fmt.Errorf("Lock of the same id in another database: %w", err)
+		}
+		if _, err := txB.ExecContext(ctx, "SELECT pg_advisory_xact_lock(42)"); err != nil {
+			return fmt.Errorf("pg_advisory_xact_lock(42) in database B while database A holds 42: %w", err)
+		}
+		if _, err := dbB.ExecContext(ctx, "SELECT pg_advisory_lock(43), pg_advisory_unlock(43)"); err != nil {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -56,6 +56,7 @@ type waitInfo struct {
 	keys      string    // the keys or ids, as text
 	namespace string    // Lock's namespace
 	advKeys   []lockKey // Postgres advisory keys, for the in-process holder
+	selfHint  string    // why the wait is likely a self-wait (selfwait.go), or ""
 
 	slow       int
 	holderText string        // the holder as the "still waiting" line named it
@@ -249,13 +250,14 @@ type waitView struct {
 	namespace string
 	advKeys   []lockKey
 	pcs       callers
+	selfHint  string
 }
 
 // viewLocked copies w; ww.mu is held. The stack is symbolised later, by
 // symbolise, outside the lock every wait takes.
 func viewLocked(w *lockWait) waitView {
 	return waitView{w: w, kind: w.kind, mode: w.mode, scope: w.scope, start: w.start, conn: w.conn,
-		site: w.site, query: w.query, keys: w.keys, namespace: w.namespace, advKeys: w.advKeys, pcs: w.pcs}
+		site: w.site, query: w.query, keys: w.keys, namespace: w.namespace, advKeys: w.advKeys, pcs: w.pcs, selfHint: w.selfHint}
 }
 
 // symbolise fills site from the stack; ww.mu is not held.
@@ -358,6 +360,10 @@ func (ww *waitWatch) report(v waitView) {
 	holder := found.String()
 	at := time.Since(v.start).Round(time.Millisecond)
 	args := append(append(v.logArgs(), "waited", at.String()), found.logArgs()...)
+	if v.selfHint != "" {
+		args = append(args, "self_wait", v.selfHint)
+		holder += " (" + v.selfHint + ")"
+	}
 	ww.logger.Warn("lockhooks: slow lock wait: still waiting", args...)
 	ww.c.events.add(eventSlowWait, fmt.Sprintf("%s lock %s waited more than %v; held by %s", v.kind, v.what(), ww.threshold, holder))
 

@@ -34,8 +34,7 @@ type lockEntry struct {
 	since   time.Time
 	site    callers           // where the holder took it
 	span    trace.SpanContext // the holder's span, for waiters' links
-	ctx     context.Context   // the holder's, for self-waits
-	g       uintptr           // the holder's goroutine (currentG), for self-waits
+	chain   callChain         // the holder's call chain, for self-waits
 	waiters []*lockWaiter
 }
 
@@ -45,8 +44,7 @@ type lockWaiter struct {
 	since   time.Time // when it began waiting
 	site    callers
 	span    trace.SpanContext
-	ctx     context.Context
-	g       uintptr       // its goroutine (currentG)
+	chain   callChain     // its call chain, recorded by the key when handed over
 	granted chan struct{} // closed when the lock is handed to this waiter
 }
 
@@ -58,30 +56,42 @@ type holderInfo struct {
 	span  trace.SpanContext
 }
 
-// lock takes key for owner, waiting while another owner holds it, until
-// ctx ends (then it returns a *tableWaitError wrapping ctx.Err() and holds
-// nothing new). A wait for a holder of the caller's own call chain (see
-// sameCallChain) is refused at once with a *tableWaitError.
-func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, site *callers) error {
+// lock takes key for owner (run: RunInTx's fn whose transaction owner is,
+// or nil), waiting while another owner holds it, until ctx ends (then it
+// returns a *tableWaitError wrapping ctx.Err() and holds nothing new). A
+// wait for a holder certainly of the caller's own call chain (see
+// callChain.selfWait) is refused at once with a *tableWaitError; a likely
+// one waits, with the hint noted on wait (may be nil) and in the error.
+func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, run *fnRun, site *callers, wait *lockWait) error {
 	span := trace.SpanContextFromContext(ctx)
+	chain := chainOf(ctx, run)
 	t.mu.Lock()
 	e := t.entry(key)
 	if e.count == 0 || e.owner == owner {
-		e.take(owner, site, span, ctx, currentG())
+		e.take(owner, site, span, chain)
 		t.mu.Unlock()
 		return nil
 	}
-	if sameCallChain(ctx, e.ctx, e.g) {
+	certain, likely := e.chain.selfWait(ctx)
+	if certain {
 		h := e.holderInfo()
 		t.mu.Unlock()
 		return &tableWaitError{holder: h, self: true}
 	}
-	w := &lockWaiter{owner: owner, since: time.Now(), span: span, ctx: ctx, g: currentG(), granted: make(chan struct{})}
+	hint := ""
+	if likely {
+		hint = selfWaitHintLock
+		if _, tx := e.owner.(txOwner); tx {
+			hint = selfWaitHintTx
+		}
+	}
+	w := &lockWaiter{owner: owner, since: time.Now(), span: span, chain: chain, granted: make(chan struct{})}
 	if site != nil {
 		w.site = *site
 	}
 	e.waiters = append(e.waiters, w)
 	t.mu.Unlock()
+	wait.noteSelfHint(hint)
 
 	select {
 	case <-w.granted:
@@ -96,7 +106,7 @@ func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, site *callers
 	default:
 		e.removeWaiter(w)
 	}
-	return &tableWaitError{holder: e.holderInfo(), waited: time.Since(w.since), err: ctx.Err()}
+	return &tableWaitError{holder: e.holderInfo(), waited: time.Since(w.since), err: ctx.Err(), hint: hint}
 }
 
 // tableWaitError is why lockTable.lock did not take a key: its context
@@ -107,6 +117,7 @@ type tableWaitError struct {
 	waited time.Duration
 	self   bool
 	err    error
+	hint   string // why the wait was likely a self-wait, or ""
 }
 
 func (e *tableWaitError) Error() string {
@@ -136,10 +147,14 @@ func explainTableWait(err error, waiter, what, key string) error {
 	if tw.self {
 		return selfWaitError(waiter, what, h)
 	}
-	if h.Conn == 0 && h.Since.IsZero() { // freed meanwhile
-		return fmt.Errorf("lockhooks: %s gave up waiting for %s after %v: %w", waiter, what, tw.waited.Round(time.Millisecond), tw.err)
+	hint := ""
+	if tw.hint != "" {
+		hint = " (" + tw.hint + ")"
 	}
-	return fmt.Errorf("lockhooks: %s gave up waiting for %s after %v; it is held by %s: %w", waiter, what, tw.waited.Round(time.Millisecond), h, tw.err)
+	if h.Conn == 0 && h.Since.IsZero() { // freed meanwhile
+		return fmt.Errorf("lockhooks: %s gave up waiting for %s after %v%s: %w", waiter, what, tw.waited.Round(time.Millisecond), hint, tw.err)
+	}
+	return fmt.Errorf("lockhooks: %s gave up waiting for %s after %v; it is held by %s%s: %w", waiter, what, tw.waited.Round(time.Millisecond), h, hint, tw.err)
 }
 
 // holderInfo describes the entry's holder; the table's mutex is held.
@@ -150,15 +165,16 @@ func (e *lockEntry) holderInfo() holderInfo {
 	return holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}
 }
 
-// tryLock takes key for owner if nobody else holds it; ctx is the
-// caller's (its span for the links of later waiters, itself for their
-// self-wait check).
-func (t *lockTable[K]) tryLock(ctx context.Context, key K, owner any, site *callers) bool {
+// tryLock takes key for owner (of run, as lock) if nobody else holds it;
+// ctx is the caller's (its span for the links of later waiters, itself
+// for their self-wait check).
+func (t *lockTable[K]) tryLock(ctx context.Context, key K, owner any, run *fnRun, site *callers) bool {
+	chain := chainOf(ctx, run)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.entry(key)
 	if e.count == 0 || e.owner == owner {
-		e.take(owner, site, trace.SpanContextFromContext(ctx), ctx, currentG())
+		e.take(owner, site, trace.SpanContextFromContext(ctx), chain)
 		return true
 	}
 	return false
@@ -222,13 +238,13 @@ func (t *lockTable[K]) release(key K, e *lockEntry) {
 	w := e.waiters[0]
 	e.waiters[0] = nil
 	e.waiters = e.waiters[1:]
-	e.take(w.owner, &w.site, w.span, w.ctx, w.g)
+	e.take(w.owner, &w.site, w.span, w.chain)
 	close(w.granted)
 }
 
-func (e *lockEntry) take(owner any, site *callers, span trace.SpanContext, ctx context.Context, g uintptr) {
+func (e *lockEntry) take(owner any, site *callers, span trace.SpanContext, chain callChain) {
 	if e.count == 0 {
-		e.owner, e.since, e.span, e.ctx, e.g = owner, time.Now(), span, ctx, g
+		e.owner, e.since, e.span, e.chain = owner, time.Now(), span, chain
 		if site != nil {
 			e.site = *site
 		} else {
@@ -462,25 +478,27 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 		for i, id := range keys {
 			ks[i] = lockKey{k1: LockID(namespace + "\x00" + id)}
 		}
+		hint := ""
 		if !try {
 			names := map[int64]string{}
 			for i, id := range keys {
 				names[ks[i].k1] = lockKeyName(namespace, describeID(id))
 			}
-			if err := c.selfWaitAdvisory(ctx, fmt.Sprintf("Lock(%q, %s)", namespace, describeIDs(keys)), ks, names); err != nil {
+			if hint, err = c.selfWaitAdvisory(ctx, fmt.Sprintf("Lock(%q, %s)", namespace, describeIDs(keys)), ks, names); err != nil {
 				c.connector.events.add(eventSelfWait, err.Error())
 				return nil, err
 			}
 		}
 		_, w := c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
 			AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
+		w.noteSelfHint(hint)
 		var site callers
 		site.captureFast()
 		w.setWaiter(c, "", &site, "", ks)
 		c.watchBlockers(ctx, w)
 		ok, err = c.locksetPostgres(ctx, namespace, keys, try, &site)
 		if !try {
-			err = c.nameHolder(w, err)
+			err = w.withSelfHint(c.nameHolder(w, err))
 		}
 		outcome := ""
 		if err == nil && !ok {
@@ -536,12 +554,12 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 			}
 		}
 		if try {
-			if !table.tryLock(ctx, key, owner, &site) {
+			if !table.tryLock(ctx, key, owner, t.run, &site) {
 				t.releaseLast(taken)
 				w.end(ctx, outcomeNotAcquired, nil)
 				return false, nil
 			}
-		} else if err := table.lock(ctx, key, owner, &site); err != nil {
+		} else if err := table.lock(ctx, key, owner, t.run, &site, w); err != nil {
 			t.releaseLast(taken)
 			name := lockKeyName(namespace, describeID(k))
 			err = explainTableWait(err, fmt.Sprintf("Lock(%q, %s)", namespace, describeIDs(keys)), "lockset id "+name, name)
@@ -698,8 +716,7 @@ type writerLock struct {
 	site     callers           // where the transaction holding it began (n == 0: not recorded)
 	siteLate bool              // site is that of a later statement of the transaction
 	span     trace.SpanContext // the holder's span
-	ctx      context.Context   // the holder's: its BeginTx's, or its statement's (self-waits)
-	g        uintptr           // the holder's goroutine (currentG), for self-waits
+	chain    callChain         // the holder's call chain (its BeginTx's, or its statement's), for self-waits
 	waiters  []*writerWaiter
 
 	// contended is when a writer last had to wait.
@@ -719,19 +736,20 @@ type writerWaiter struct {
 	stmt    string
 	site    callers
 	span    trace.SpanContext
-	ctx     context.Context
-	g       uintptr
+	chain   callChain
 }
 
 // lock takes the writer lock for owner, waiting at most timeout (0: no
 // limit beyond ctx). stmt is the autocommit statement that takes it, or ""
-// for a transaction, whose call site is recorded (see writerLock).
+// for a transaction (begun with ctx, RunInTx's when it began it), whose
+// call site is recorded (see writerLock).
 func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeout time.Duration, stmt string) (err error) {
 	span := trace.SpanContextFromContext(ctx)
+	chain := chainOf(ctx, runOf(ctx))
 	w.mu.Lock()
 	now := time.Now()
 	if !w.held {
-		w.held, w.owner, w.since, w.stmt, w.span, w.ctx, w.g = true, owner, now, stmt, span, ctx, currentG()
+		w.held, w.owner, w.since, w.stmt, w.span, w.chain = true, owner, now, stmt, span, chain
 		w.site.n, w.siteLate = 0, false
 		if stmt == "" && (fastCallers || now.Sub(w.contended) < siteWindow) {
 			w.site.captureFast()
@@ -739,9 +757,10 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 		w.mu.Unlock()
 		return nil
 	}
-	if sameCallChain(ctx, w.ctx, w.g) {
-		// The holder is a transaction (or statement) of this very call
-		// chain: it cannot end while we wait.
+	certain, likely := w.chain.selfWait(ctx)
+	if certain {
+		// The holder is the transaction of RunInTx's fn, which runs on
+		// this goroutine: it cannot end while we wait.
 		holder := w.holderLocked()
 		w.mu.Unlock()
 		waiter := "BeginTx of a write transaction"
@@ -752,7 +771,14 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 		tel.events.add(eventSelfWait, err.Error())
 		return err
 	}
-	wt := &writerWaiter{owner: owner, since: now, granted: make(chan struct{}), stmt: stmt, span: span, ctx: ctx, g: currentG()}
+	hint := ""
+	if likely {
+		hint = selfWaitHintTx
+		if w.stmt != "" {
+			hint = selfWaitHintStmt
+		}
+	}
+	wt := &writerWaiter{owner: owner, since: now, granted: make(chan struct{}), stmt: stmt, span: span, chain: chain}
 	if stmt == "" {
 		wt.site.captureFast()
 	}
@@ -767,6 +793,7 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 	// Contended: time the wait, linked to the holder.
 	_, wait := tel.startWait(ctx, "sqlite_writer", "exclusive", "transaction")
 	wait.setWaiter(ownerConn(owner), "", &wt.site, stmt, nil)
+	wait.noteSelfHint(hint)
 	if wait.wantsHolder() {
 		wait.heldBy(holder.identity())
 	}
@@ -800,14 +827,17 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 	}
 	holder = w.holderLocked()
 	w.mu.Unlock()
+	if hint != "" {
+		hint = " (" + hint + ")"
+	}
 	if err != nil {
 		// Cancelled or past its deadline: say what it waited for, how long,
 		// and who holds it, still wrapping the context's error.
-		return fmt.Errorf("lockhooks: gave up waiting for the SQLite writer lock after %v; held by %s: %w",
-			time.Since(now).Round(time.Millisecond), holder.describe(), err)
+		return fmt.Errorf("lockhooks: gave up waiting for the SQLite writer lock after %v; held by %s%s: %w",
+			time.Since(now).Round(time.Millisecond), holder.describe(), hint, err)
 	}
-	err = fmt.Errorf("%w: waited %v; held by %s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
-		ErrWriterLockTimeout, timeout, holder.describe())
+	err = fmt.Errorf("%w: waited %v; held by %s%s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
+		ErrWriterLockTimeout, timeout, holder.describe(), hint)
 	tel.events.add(eventWriterTimeout, err.Error())
 	return err
 }
@@ -847,13 +877,13 @@ func (w *writerLock) handOff() {
 	w.siteWanted.Store(false)
 	w.siteLate = false
 	if len(w.waiters) == 0 {
-		w.held, w.owner, w.stmt, w.site.n, w.ctx = false, nil, "", 0, nil
+		w.held, w.owner, w.stmt, w.site.n, w.chain = false, nil, "", 0, callChain{}
 		return
 	}
 	next := w.waiters[0]
 	w.waiters[0] = nil
 	w.waiters = w.waiters[1:]
-	w.owner, w.since, w.stmt, w.site, w.span, w.ctx, w.g = next.owner, time.Now(), next.stmt, next.site, next.span, next.ctx, next.g
+	w.owner, w.since, w.stmt, w.site, w.span, w.chain = next.owner, time.Now(), next.stmt, next.site, next.span, next.chain
 	close(next.granted)
 }
 

@@ -83,13 +83,13 @@ func TestLockTableLeavesNothingBehind(t *testing.T) {
 			for range 10000 / 8 {
 				k := r.IntN(20)
 				if r.IntN(2) == 0 {
-					if table.tryLock(ctx, k, owner, nil) {
+					if table.tryLock(ctx, k, owner, nil, nil) {
 						table.unlock(k, owner)
 					}
 					continue
 				}
 				cctx, cancel := context.WithTimeout(ctx, time.Duration(r.IntN(50))*time.Microsecond)
-				if table.lock(cctx, k, owner, nil) == nil {
+				if table.lock(cctx, k, owner, nil, nil, nil) == nil {
 					table.unlock(k, owner)
 				}
 				cancel()

@@ -665,9 +665,7 @@ func (c *conn) startRowLockWait(ctx context.Context, st statement) *lockWait {
 		AttrLockNoWait.Bool(st.locks&sqlscan.NoWait != 0), AttrLockSkipLocked.Bool(st.locks&sqlscan.SkipLocked != 0))
 	w.setWaiter(c, "", nil, st.text, nil)
 	c.watchBlockers(ctx, w)
-	if h := selfWaitHolder(ctx, c); h != nil && st.locks&(sqlscan.NoWait|sqlscan.SkipLocked) == 0 {
-		w.probeSelfWait(c, h)
-	}
+	c.watchSelfWait(ctx, w, st)
 	return w
 }
 

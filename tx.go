@@ -60,6 +60,7 @@ type tx struct {
 	inner driver.Tx
 	opts  driver.TxOptions
 	ctx   context.Context // BeginTx's, in use until COMMIT or ROLLBACK
+	run   *fnRun          // RunInTx's fn, if RunInTx began it (selfwait.go)
 	gen   uint64          // tells this connection's transactions apart, as lock owners
 
 	read   bool         // a statement ran in the transaction (its snapshot is fixed)
@@ -92,12 +93,15 @@ func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions, 
 	t.read = false
 	t.held.reset()
 	t.span = trace.SpanFromContext(ctx)
+	if t.run = runOf(ctx); t.run != nil {
+		t.c.selfRun.Store(t.run) // self-waits of fn on other connections (selfwait.go)
+	}
 	if t.c.connector.pins != nil {
 		// Postgres: other connections' waiters find this transaction by its
 		// backend pid (or the identity its BEGIN published) and name where
 		// it began.
 		idCtx := ctx
-		if rc, ok := ctx.(runInTxContext); ok {
+		if rc, ok := ctx.(*runInTxContext); ok {
 			idCtx = rc.Context // the context RunInTx's fn runs with
 		}
 		t.c.ident.set(idCtx, time.Now(), site)
@@ -161,7 +165,8 @@ func (c *conn) txEnded(err error) error {
 // locks in ways only pg_locks can tell, reads pg_locks now that the
 // transaction's own locks are gone.
 func (t *tx) end(committed bool) {
-	t.inner, t.ctx, t.ownCtx = nil, nil, nil
+	t.inner, t.ctx, t.ownCtx, t.run = nil, nil, nil, nil
+	t.c.selfRun.Store(nil)
 	if t.c.connector.pins != nil {
 		t.c.ident.clear()
 	}

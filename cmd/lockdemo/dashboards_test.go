@@ -441,8 +441,8 @@ func dashboardWorkload(t *testing.T, ctx context.Context, pg, sqlite *demo) (rou
 		}
 		tx3 := begin()
 		mustExec(tx3, "SET LOCAL lock_timeout = '100ms'")
-		// With the holder's own context, on the holder's goroutine, the wait
-		// would be a self-wait, failed at once with lockhooks.ErrSelfWait.
+		// A context of its own: with the holder's, on the holder's goroutine,
+		// the wait's error would also say it is likely a self-wait.
 		if err := forUpdate(context.WithoutCancel(ctx), tx3, 1); !isState(err, "55P03") {
 			t.Fatalf("lock_timeout: %v", err)
 		}

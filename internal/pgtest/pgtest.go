@@ -310,7 +310,12 @@ func (c *cluster) create() error {
 
 // run runs one of the server binaries, as the postgres user when needed.
 func (c *cluster) run(name string, args ...string) error {
-	path := filepath.Join(c.bin, name)
+	return c.runPath(filepath.Join(c.bin, name), args...)
+}
+
+// runPath runs the server binary at path, as the postgres user when needed.
+func (c *cluster) runPath(path string, args ...string) error {
+	name := filepath.Base(path)
 	var cmd *exec.Cmd
 	if c.asUser {
 		cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
