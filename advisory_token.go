@@ -2,7 +2,6 @@ package lockhooks
 
 import (
 	"context"
-	"database/sql"
 	"sync/atomic"
 	"time"
 )
@@ -48,14 +47,21 @@ const tokenQuery = "SELECT (CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_curr
 // the acquisition, so the read has a bounded context of its own, and its
 // failure leaves the token 0. A failure that broke the connection is the
 // lock's loss, which the connection's tracking reports (Lost, Err) as for
-// any later statement.
+// any later statement. The read is the holder's last statement until it
+// runs another, so it carries the holder's annotation, as the pg_locks read
+// before it did (pg_identity_publish.go): other processes name a parked
+// AdvisoryLock's holder from it.
 func (l *AdvisoryLock) readToken(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.connector.opts.lockCheckTimeout)
 	defer cancel()
-	var token sql.NullInt64
-	if err := l.conn.QueryRowContext(ctx, tokenQuery).Scan(&token); err == nil && token.Valid {
-		l.token = token.Int64
-	}
+	l.conn.Raw(func(any) error {
+		note, args := l.c.holderNote()
+		row, err := l.c.queryRow(ctx, note+tokenQuery, args)
+		if err == nil && row[0] != nil {
+			l.token = asInt64(row[0])
+		}
+		return nil
+	})
 }
 
 // tokenClock gives the in-process advisory locks (SQLite) their fencing

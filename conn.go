@@ -565,7 +565,7 @@ func (c *conn) Close() error {
 		return nil
 	}
 	if c.tx.inner != nil {
-		c.tx.end(false) // closed inside a transaction: its locks go with it
+		c.tx.end() // closed inside a transaction: its locks go with it
 	}
 	if c.connector.pins != nil {
 		c.connector.pins.unregister(c)

@@ -153,7 +153,7 @@ const (
 // model knows of it, or of another process, as that process published it
 // in what Postgres shows every session (pg_identity.go).
 type holder struct {
-	Process   string    `json:"process,omitempty"`  // host/pid of the holder's process, when it is another process
+	Process   string    `json:"process,omitempty"`  // host/pid:nonce of the holder's process, when it is another process
 	Database  string    `json:"database,omitempty"` // its database's pool name
 	Conn      uint64    `json:"conn"`
 	PID       int32     `json:"pid,omitempty"`

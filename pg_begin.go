@@ -200,9 +200,9 @@ func (m *beginMessage) compose(begin string, idFirst bool, appName string) {
 // beginOwn begins a Postgres transaction with lockhooks' own BEGIN when
 // BEGIN's round trip has something to carry: RunInTx's transaction id (ctx
 // carries its *commitInfo) or the transaction's identity (the connection
-// publishes one, and holds no session lock, whose identity its
-// application_name shows). site is where the transaction began. ok is
-// false where the driver's BeginTx begins it instead.
+// publishes one; transaction-local, it ends with the transaction). site is
+// where the transaction began. ok is false where the driver's BeginTx
+// begins it instead.
 func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callers) (t driver.Tx, ok bool, err error) {
 	own := c.connector.own.of(c.inner)
 	if !own.ok() || c.queryer == nil || c.execer == nil {
@@ -216,7 +216,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *caller
 	// Through pgx, a transaction at another level cannot learn its id at
 	// BEGIN: RunInTx reads it before COMMIT.
 	id := info != nil && (!own.idFirst || opts.Isolation == driver.IsolationLevel(sql.LevelDefault))
-	publish := c.pub.on && !c.holdsLocks()
+	publish := c.pub.on
 	if !id && !publish {
 		return nil, false, nil
 	}
@@ -341,7 +341,11 @@ func (t pgTx) Commit() error {
 			text = "COMMIT"
 		}
 	}
-	err := t.c.execOwn(ctx, text)
+	// A connection that holds session locks keeps naming their holder in
+	// its last statement (pg_identity_publish.go): the annotation leads
+	// COMMIT and ROLLBACK too.
+	note, _ := t.c.holderNote()
+	err := t.c.execOwn(ctx, note+text)
 	if err == nil || !isServerError(err) {
 		return err
 	}
@@ -355,7 +359,9 @@ func (t pgTx) Commit() error {
 	return err
 }
 
-// Rollback rolls back.
+// Rollback rolls back (naming the holder of the connection's session
+// locks, as Commit does).
 func (t pgTx) Rollback() error {
-	return t.c.execOwn(context.Background(), "ROLLBACK")
+	note, _ := t.c.holderNote()
+	return t.c.execOwn(context.Background(), note+"ROLLBACK")
 }

@@ -285,7 +285,7 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 	coalesce(extract(epoch FROM clock_timestamp() - a.xact_start)::float8, -1), left(coalesce(a.query, ''), 1000)
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	AND l.pid <> `+strconv.Itoa(int(waiter.lockPID()))+` AND (`+strings.Join(match, " OR ")+`)
+	AND l.pid <> `+strconv.Itoa(int(waiter.shownPID()))+` AND (`+strings.Join(match, " OR ")+`)
 ORDER BY 1`, c.own.of(side).args)
 	if err != nil {
 		return nil

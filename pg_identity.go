@@ -1,6 +1,7 @@
 package lockhooks
 
 import (
+	"crypto/rand"
 	"os"
 	"strconv"
 	"strings"
@@ -61,7 +62,7 @@ const annotationPrefix = "/*lockhooks holder: "
 // the process, database and connection, and what it holds since when,
 // taken where, in which trace.
 type holderIdentity struct {
-	Process  string    `json:"process"`            // host/pid
+	Process  string    `json:"process"`            // host/pid:nonce (processLabel)
 	Database uint64    `json:"database,omitempty"` // the lockhooks database's number in its process
 	Pool     string    `json:"pool,omitempty"`     // the database's pool name, when it has one
 	Conn     uint64    `json:"conn"`               // the connection's number in its database
@@ -135,14 +136,26 @@ func (id *holderIdentity) ofThisProcess() bool {
 	return id.Process == processLabel() || id.Process == shortProcess(processLabel(), appNameProcessLen)
 }
 
-// processLabel is this process as other processes see it: host/pid.
+// processLabel is this process as other processes see it: host/pid:nonce.
+// Host and pid alone do not tell processes apart: two containers of one
+// pod share the host name and both run as pid 1, and a restarted container
+// is labelled like its predecessor, whose backends may outlive it (a
+// leaked lock held until TCP keepalive ends them); four random base-36
+// characters, drawn once per process, do.
 var processLabel = sync.OnceValue(func() string {
 	host, _ := os.Hostname()
 	host = safeToken(host, "-")
 	if host == "" {
 		host = "localhost"
 	}
-	return host + "/" + strconv.Itoa(os.Getpid())
+	var b [4]byte
+	rand.Read(b[:])
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+	nonce := make([]byte, len(b))
+	for i, x := range b {
+		nonce[i] = digits[int(x)%len(digits)]
+	}
+	return host + "/" + strconv.Itoa(os.Getpid()) + ":" + string(nonce)
 })
 
 // safeToken keeps the characters an identity may carry unquoted in a SQL

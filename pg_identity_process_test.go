@@ -64,8 +64,6 @@ func startIdentityChild(t *testing.T, mode, dsn string, pooler bool) (*identityC
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	host, _, _ := strings.Cut(processLabel(), "/")
-	ch.label = host + "/" + strconv.Itoa(cmd.Process.Pid)
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
@@ -90,7 +88,12 @@ func startIdentityChild(t *testing.T, mode, dsn string, pooler bool) (*identityC
 			t.Errorf("child %s did not exit", mode)
 		}
 	})
-	return ch, ch.next(t, "ready")
+	ready := ch.next(t, "ready")
+	ch.label = ready["label"]
+	if !strings.Contains(ch.label, "/"+strconv.Itoa(cmd.Process.Pid)+":") {
+		t.Fatalf("the child's process label %q does not name its pid %d", ch.label, cmd.Process.Pid)
+	}
+	return ch, ready
 }
 
 // next waits for the child's report what.
@@ -153,7 +156,7 @@ func TestIdentityChildProcess(t *testing.T) {
 		if _, err := db.ExecContext(ctx, "SELECT pg_advisory_lock($1)", identityKey); err != nil {
 			t.Fatal(err)
 		}
-		say("ready", "site", site, "trace", span.SpanContext().TraceID(), "since", time.Now().UnixMilli())
+		say("ready", "label", processLabel(), "site", site, "trace", span.SpanContext().TraceID(), "since", time.Now().UnixMilli())
 		<-stdinClosed
 	case "rows":
 		// A transaction holds a row lock; another one of this process waits
@@ -171,7 +174,7 @@ func TestIdentityChildProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		say("ready", "site", site, "queued_site", queuedSite, "since", time.Now().UnixMilli())
+		say("ready", "label", processLabel(), "site", site, "queued_site", queuedSite, "since", time.Now().UnixMilli())
 		done := make(chan error, 1)
 		go func() {
 			_, err := queued.ExecContext(ctx, "UPDATE t SET v = v + 10 WHERE id = 1")

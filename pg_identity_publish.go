@@ -27,11 +27,17 @@ import (
 //     The site is where the transaction began, from the stack tx.begin
 //     records anyway, named through the database's siteCache.
 //   - A session advisory lock's identity rides on the pg_locks read that
-//     follows every session-lock statement (pg_reconcile.go): the read
-//     carries the annotation, and set_config(…, false) when the identity
-//     changed, guarded by pg_backend_pid() so that it only lands on the
-//     connection's own backend. Through a declared transaction pooler the
-//     holder connection's statements carry them instead, transaction-local.
+//     follows every session-lock statement (pg_reconcile.go) and on
+//     AcquireAdvisoryLock's fencing-token read: they carry the annotation,
+//     so the holder's last statement names it while it runs no other (a
+//     parked holder, a leaked lock). Nothing is set at session level: a
+//     session lock taken through a transaction pooler nobody declared (the
+//     pool idle, so the undeclared-pooler guard has not seen it yet) would
+//     leave the setting on a server connection that later serves other
+//     clients (PgBouncer 1.18 keeps it for clients that set none), where
+//     nothing could reset it. Through a declared transaction pooler the
+//     holder connection's statements carry the annotation and a
+//     transaction-local application_name.
 //
 // Identities change with every hold, so the statements that carry them must
 // not be cached by the driver by their text: pgx (v5) caches every query by
@@ -45,17 +51,7 @@ import (
 type published struct {
 	on         bool   // the connection publishes (its application_name was the user's to set, and the user set none)
 	connectApp string // its application_name at connect
-	// appName is the session-level application_name lockhooks last set
-	// ("" for none, appNameUnknown when a rollback may have undone it), and
-	// setInTx says that it was set inside the open transaction, whose
-	// rollback undoes it; both guarded by pin.mu.
-	appName string
-	setInTx bool
 }
-
-// appNameUnknown is published.appName when the server's value is not
-// known: it differs from every identity, so the next read sets it.
-const appNameUnknown = "\x00unknown"
 
 // identifyOnConnect reads, in the one statement Connect runs on Postgres
 // anyway, the backend pid and the application_name the user's
@@ -134,10 +130,17 @@ func (w *conn) connectRow(ctx context.Context, own *ownStatements, marked, serve
 
 // holderIdentityLocked is c's identity as a holder of session locks: its
 // oldest lock; nil when it holds none. c.pin.mu is held.
-func (c *conn) holderIdentityLocked() *holderIdentity {
+func (c *conn) holderIdentityLocked() *holderIdentity { return c.holderIdentityWithoutLocked(nil) }
+
+// holderIdentityWithoutLocked is holderIdentityLocked as it will be once
+// the lock of key skip (if not nil) is released. c.pin.mu is held.
+func (c *conn) holderIdentityWithoutLocked(skip *lockKey) *holderIdentity {
 	var oldest *heldLock
 	var key lockKey
 	for k, l := range c.pin.held {
+		if skip != nil && k == *skip {
+			continue
+		}
 		if oldest == nil || l.since.Before(oldest.since) {
 			oldest, key = l, k
 		}
@@ -191,54 +194,39 @@ func setAppName(value string, local bool, onPID int32) string {
 }
 
 // ownLocksQuery is the read of backend pid's advisory locks that
-// queryOwnLocks runs on c, and its arguments. On a connection that
-// publishes its identity and holds session locks, it begins with the
-// holder's annotation and, when the identity changed, sets
-// application_name; setTo is then the value to remember once the read ran
-// on pid. Such a text changes with every hold, so pgx runs it in the
-// simple protocol; the plain read (a connection that holds nothing) stays a
-// cached statement. Through a declared transaction pooler c reads its
-// holder's locks from another backend, and publishes nothing here.
-func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue, setTo *string) {
-	from := "(SELECT 1) one"
-	var note string
-	own := &c.connector.own
-	if own.ok() && !c.connector.opts.txPooler {
-		c.pin.mu.Lock()
-		id := c.holderIdentityLocked()
-		current := c.pub.appName
-		c.pin.mu.Unlock()
-		want := ""
-		if id != nil {
-			note = id.annotation()
-			want = id.appName()
-		}
-		if c.pub.on && want != current {
-			from = "(SELECT " + setAppName(want, false, pid) + ") one"
-			setTo = &want
-		}
-		if note != "" || setTo != nil {
-			args = own.args // a text of this hold's: not for pgx's statement cache
-		}
-	}
-	return locksQuery(note, from, pid, c.afterDiscard()), args, setTo
+// queryOwnLocks runs on c, and its arguments. On a connection that holds
+// session locks it begins with the holder's annotation (holderNote); such
+// a text changes with every hold, so pgx runs it in the simple protocol,
+// while the plain read (a connection that holds nothing) stays a cached
+// statement. Through a declared transaction pooler c reads its holder's
+// locks from another backend, and annotates nothing here.
+func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue) {
+	note, args := c.holderNote()
+	return locksQuery(note, "(SELECT 1) one", pid, c.afterDiscard()), args
 }
 
-// publishedAppName records what the read set, and whether it did so
-// inside a transaction.
-func (c *conn) publishedAppName(v string) {
+// holderNote is the annotation that names c as the holder of its session
+// locks on a statement of lockhooks' own run on c's backend, and the
+// arguments that keep the statement out of the driver's statement cache;
+// "" and nil when c holds none, when its driver cannot run such texts
+// uncached, or through a declared transaction pooler (c's statements run
+// on any backend; its holder connection's carry the annotation instead).
+func (c *conn) holderNote() (string, []driver.NamedValue) { return c.holderNoteWithout(nil) }
+
+// holderNoteWithout is holderNote as it will be once the lock of key skip
+// (if not nil) is released: for the statement that releases it.
+func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
+	own := &c.connector.own
+	if !own.ok() || c.connector.opts.txPooler {
+		return "", nil
+	}
 	c.pin.mu.Lock()
-	c.pub.appName = v
-	inBlock := c.tx.inner != nil || c.pin.textTx
-	if !inBlock && c.tx.status != nil {
-		// A block begun by statement text lockhooks did not follow (the
-		// connection held no lock then): pgx knows from the server.
-		inBlock = c.tx.status.TxStatus() != 'I'
-	}
-	if inBlock {
-		c.pub.setInTx = true
-	}
+	id := c.holderIdentityWithoutLocked(skip)
 	c.pin.mu.Unlock()
+	if id == nil {
+		return "", nil
+	}
+	return id.annotation(), own.args
 }
 
 // execSimple runs a statement text of lockhooks' own that may hold

@@ -158,10 +158,14 @@ func TestIdentityKeepsTheUsersApplicationName(t *testing.T) {
 	}
 }
 
-// A connection that holds session locks names its oldest lock in
-// application_name and in its last statement (lockhooks' read of
-// pg_locks), parked or in use, and stops once it holds none.
-func TestIdentitySessionLockApplicationName(t *testing.T) {
+// A session lock's holder is named by the annotation on lockhooks' own
+// statements, which stay its last statement while it runs no other: the
+// pg_locks read after the lock (a parked holder), AcquireAdvisoryLock's
+// fencing-token read, and COMMIT/ROLLBACK of a transaction lockhooks began.
+// application_name is never set at session level (through a transaction
+// pooler nobody declared it would outlive the session on a server
+// connection that serves other clients).
+func TestIdentitySessionLockAnnotation(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	raw := openRaw(t, dsn)
 	tr := newTraced()
@@ -188,34 +192,56 @@ func TestIdentitySessionLockApplicationName(t *testing.T) {
 		id.TraceID != span.SpanContext().TraceID().String() || id.SpanID == "" {
 		t.Errorf("parked holder: application_name %q, statement %q: %+v; want lock 42 at %s in trace %s", app, query, id, site, span.SpanContext().TraceID())
 	}
-	if a := parseAppName(app); a == nil || a.Since.IsZero() || !siteMatches(a.Site, site) {
-		t.Errorf("application_name %q does not say where and when", app)
+	if app != "" {
+		t.Errorf("parked holder: application_name %q set at session level", app)
 	}
 	if !strings.HasPrefix(query, annotationPrefix) {
 		t.Errorf("the parked connection's last statement %q does not begin with the annotation", query)
 	}
-	// Unlocked through the pool: the parked connection is closed once empty.
-	for _, k := range []int{43, 42} {
-		if _, err := db.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", k); err != nil {
-			t.Fatal(err)
-		}
+	// Unlocked through the pool (the unlock is rerouted to the parked
+	// holder): the oldest first, after which the holder is named by the
+	// lock that stays; the parked connection is closed once empty.
+	if _, err := db.ExecContext(ctx, "SELECT pg_advisory_unlock(42)"); err != nil {
+		t.Fatal(err)
 	}
-	// In use: taken and released on one connection, which goes back to the
-	// pool without a name.
+	if app, query := activity(t, raw, pid); decodeIdentity(app, query) == nil || decodeIdentity(app, query).Holds != "lock 43" {
+		t.Errorf("parked holder after its oldest lock was unlocked: application_name %q, last statement %q; want lock 43 named", app, query)
+	}
+	if _, err := db.ExecContext(ctx, "SELECT pg_advisory_unlock(43)"); err != nil {
+		t.Fatal(err)
+	}
+
+	// AcquireAdvisoryLock: its last statement is the fencing-token read.
+	site = here(1)
+	l, err := AcquireAdvisoryLock(ctx, db, 44)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lpid := connPID(t, l.Conn())
+	app, query = activity(t, raw, lpid)
+	if id := decodeIdentity(app, query); app != "" || id == nil || id.Holds != "lock 44" || id.Site != site {
+		t.Errorf("AcquireAdvisoryLock's holder: application_name %q, last statement %q; want it named by the annotation", app, query)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Taken and released on one connection, which goes back to the pool
+	// with its plain read last.
 	c2, err := db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c2.Close()
 	pid2 := connPID(t, c2)
-	l, err := AcquireAdvisoryLockOn(ctx, c2, 44)
+	unlock, err := AcquireAdvisoryLockOn(ctx, c2, 45)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if app, _ := activity(t, raw, pid2); !strings.Contains(app, " lock ") {
-		t.Errorf("holding: application_name %q", app)
+	if app, query := activity(t, raw, pid2); app != "" || !strings.HasPrefix(query, annotationPrefix) {
+		t.Errorf("holding: application_name %q, last statement %q", app, query)
 	}
-	l()
+	unlock()
 	if app, query := activity(t, raw, pid2); app != "" || !strings.HasPrefix(query, "SELECT pg_backend_pid()") {
 		t.Errorf("after the unlock: application_name %q, last statement %q; want it empty, and the plain read", app, query)
 	}
@@ -623,12 +649,14 @@ func TestBlockersRootHolderAndQueue(t *testing.T) {
 	}
 }
 
-// A session lock taken inside a transaction outlives the transaction's
-// rollback; its identity must too. The application_name its pg_locks read
-// set inside the transaction is undone by the rollback, so lockhooks reads
-// pg_locks again once a transaction that set it ends uncommitted, which
-// sets it again: database/sql's transactions and statement-text ones.
-func TestIdentitySessionLockSurvivesRollback(t *testing.T) {
+// A session lock taken inside a transaction outlives it: the transaction's
+// COMMIT or ROLLBACK (lockhooks' own, as it began the transaction) carries
+// the holder's annotation, so the lock is still named once the transaction
+// is over, whether it committed or rolled back, through pgx and lib/pq; its
+// unlock leaves nothing behind. A savepoint rolled back around the lock or
+// the unlock changes nothing: session locks ignore it, and nothing lockhooks
+// publishes is undone by it.
+func TestIdentitySessionLockOutlivesItsTransaction(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	raw := openRaw(t, dsn)
 	for _, driverName := range []string{"pgx", "postgres"} {
@@ -638,12 +666,12 @@ func TestIdentitySessionLockSurvivesRollback(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer db.Close()
-			sessionLockSurvivesRollback(t, raw, db)
+			sessionLockOutlivesItsTransaction(t, raw, db)
 		})
 	}
 }
 
-func sessionLockSurvivesRollback(t *testing.T, raw, db *sql.DB) {
+func sessionLockOutlivesItsTransaction(t *testing.T, raw, db *sql.DB) {
 	ctx := context.Background()
 	c, err := db.Conn(ctx)
 	if err != nil {
@@ -651,25 +679,17 @@ func sessionLockSurvivesRollback(t *testing.T, raw, db *sql.DB) {
 	}
 	defer c.Close()
 	pid := connPID(t, c)
-	lock := func(exec func(context.Context, string, ...any) (sql.Result, error)) string {
+	named := func(what, site string) {
 		t.Helper()
-		site := here(1)
-		if _, err := exec(ctx, "SELECT pg_advisory_lock(61)"); err != nil {
-			t.Fatal(err)
+		app, query := activity(t, raw, pid)
+		if id := decodeIdentity(app, query); app != "" || id == nil || id.Holds != "lock 61" || !siteMatches(id.Site, site) {
+			t.Errorf("%s: application_name %q, last statement %q; want the session lock taken at %s named by the annotation", what, app, query, site)
 		}
-		return site
 	}
-	check := func(what, site string) {
+	unlocked := func(what string) {
 		t.Helper()
-		app, _ := activity(t, raw, pid)
-		if id := parseAppName(app); id == nil || id.Holds != "lock" || !siteMatches(id.Site, site) {
-			t.Errorf("%s: application_name %q, want the session lock taken at %s", what, app, site)
-		}
-		if _, err := c.ExecContext(ctx, "SELECT pg_advisory_unlock(61)"); err != nil {
-			t.Fatal(err)
-		}
-		if app, _ := activity(t, raw, pid); app != "" {
-			t.Errorf("%s: after the unlock, application_name %q", what, app)
+		if app, query := activity(t, raw, pid); app != "" || decodeIdentity(app, query) != nil {
+			t.Errorf("%s: after the unlock, application_name %q, last statement %q", what, app, query)
 		}
 	}
 	for _, end := range []string{"rollback", "commit"} {
@@ -677,7 +697,10 @@ func sessionLockSurvivesRollback(t *testing.T, raw, db *sql.DB) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		site := lock(tx.ExecContext)
+		site := here(1)
+		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_lock(61)"); err != nil {
+			t.Fatal(err)
+		}
 		if end == "rollback" {
 			err = tx.Rollback()
 		} else {
@@ -686,12 +709,61 @@ func sessionLockSurvivesRollback(t *testing.T, raw, db *sql.DB) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		check("database/sql transaction, "+end, site)
+		named("database/sql transaction, "+end, site)
+		mustExecConn(t, c, "SELECT pg_advisory_unlock(61)")
+		unlocked("database/sql transaction, " + end)
 	}
-	mustExecConn(t, c, "BEGIN")
-	site := lock(c.ExecContext)
-	mustExecConn(t, c, "ROLLBACK")
-	check("statement-text transaction, rollback", site)
+
+	// An unlock inside a savepoint that is rolled back: the key is free
+	// (session locks ignore savepoints), and nothing names it.
+	site := here(1)
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(61)"); err != nil {
+		t.Fatal(err)
+	}
+	named("before the savepoint", site)
+	tx, err := c.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"SAVEPOINT a", "SELECT pg_advisory_unlock(61)", "ROLLBACK TO SAVEPOINT a"} {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	unlocked("unlock in a rolled-back savepoint")
+
+	// A lock inside a savepoint that is rolled back: still held, and named.
+	tx, err = c.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExecTx(t, tx, "SAVEPOINT b")
+	site = here(1)
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_lock(61)"); err != nil {
+		t.Fatal(err)
+	}
+	mustExecTx(t, tx, "ROLLBACK TO SAVEPOINT b")
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	named("lock in a rolled-back savepoint", site)
+	var n int
+	if err := raw.QueryRow("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $1 AND objid = 61", pid).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("key 61 after the savepoint's rollback: %d rows, %v; want it held", n, err)
+	}
+	mustExecConn(t, c, "SELECT pg_advisory_unlock(61)")
+	unlocked("lock in a rolled-back savepoint")
+}
+
+// mustExecTx runs q in tx.
+func mustExecTx(t *testing.T, tx *sql.Tx, q string) {
+	t.Helper()
+	if _, err := tx.Exec(q); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
 }
 
 // sql.LevelSnapshot through lockhooks' own BEGIN is what the driver makes

@@ -599,34 +599,19 @@ func (c *conn) followTxControl(text string, always, failed bool) {
 		return
 	}
 	c.pin.textTx = effect == sqlscan.TxChain
-	if c.tx.status == nil && c.pub.appName != "" {
-		// Whether the identity was set inside the block is not known
-		// (pgx would have said): assume it was.
-		c.pub.setInTx = true
-	}
 	c.pin.mu.Unlock()
-	c.transactionEnded(false) // COMMIT or ROLLBACK: the text does not say which took effect
+	c.transactionEnded() // COMMIT or ROLLBACK: the text does not say which took effect
 }
 
 // transactionEnded forgets the transaction-level locks of the transaction
 // that just ended and, if a statement in it changed session locks in ways
 // only pg_locks can tell, reads pg_locks now that the transaction's own
-// locks are gone. So it does when the transaction, unless it committed,
-// took with it the application_name a session lock's identity had set in
-// it (pg_identity_publish.go): the read sets it again for the locks the
-// connection still holds.
-func (c *conn) transactionEnded(committed bool) {
+// locks are gone.
+func (c *conn) transactionEnded() {
 	c.pin.mu.Lock()
 	c.pin.xact = nil
 	recheck := c.pin.recheck
 	c.pin.recheck = false
-	if c.pub.setInTx {
-		c.pub.setInTx = false
-		if !committed {
-			c.pub.appName = appNameUnknown
-			recheck = true
-		}
-	}
 	c.updateActiveLocked()
 	c.pin.mu.Unlock()
 	if recheck {

@@ -163,15 +163,11 @@ func (c *conn) readHolderLocks(ctx context.Context) (map[lockKey]bool, error) {
 
 // queryOwnLocks reads the granted advisory locks of backend pid (0: of the
 // backend that answers), and the pid and session marker of the backend
-// that answers. On a connection that publishes its identity, the holder's
+// that answers. On a connection that holds session locks, the holder's
 // identity rides on the read (pg_identity_publish.go).
 func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, marker string, err error) {
-	query, args, setTo := c.ownLocksQuery(pid)
-	held, ranOn, marker, err = queryLocks(ctx, c.inner, query, args)
-	if err == nil && setTo != nil && (pid == 0 || ranOn == pid) {
-		c.publishedAppName(*setTo)
-	}
-	return held, ranOn, marker, err
+	query, args := c.ownLocksQuery(pid)
+	return queryLocks(ctx, c.inner, query, args)
 }
 
 // queryLocksOn reads, on the connection on, the granted advisory locks of

@@ -61,6 +61,15 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 			v = answer.row[0]
 		}
 	} else {
+		// The unlock is the parked holder's last statement from now on:
+		// it names the holder of the locks that stay (pg_identity_publish.go).
+		if note, own := h.holderNoteWithout(&k); note != "" {
+			q = note + q
+			args = append(append([]driver.NamedValue{}, own...), args...)
+			for i := range args {
+				args[i].Ordinal = i + 1
+			}
+		}
 		v, err = h.queryValue(ctx, q, args...)
 	}
 	if err != nil {

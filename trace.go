@@ -37,7 +37,7 @@ const (
 	AttrHolderPID      = attribute.Key("lockhooks.holder.backend_pid")
 	AttrHolderPool     = attribute.Key("lockhooks.holder.pool.name")  // the holder's database (its pool name)
 	AttrHolderConn     = attribute.Key("lockhooks.holder.connection") // the holder's connection number in its database
-	// AttrHolderProcess is the holder's process (host/pid), when it is
+	// AttrHolderProcess is the holder's process (host/pid:nonce), when it is
 	// another process: as that process's lockhooks published it.
 	AttrHolderProcess     = attribute.Key("lockhooks.holder.process")
 	AttrHolderHeldSeconds = attribute.Key("lockhooks.holder.held_seconds") // how long it had held when the wait named it, as far as known

@@ -125,7 +125,7 @@ func (t *tx) Commit() (err error) {
 		t.releaseLast(len(t.locks))
 		hook()
 	}
-	defer func() { t.end(err == nil) }() // even if the driver panics: the writer lock must not stay held
+	defer t.end() // even if the driver panics: the writer lock must not stay held
 	if t.c.hold != nil {
 		// Through a transaction pooler the work commits on another server
 		// connection than the one keeping its session locks: not after
@@ -145,7 +145,7 @@ func (t *tx) Commit() (err error) {
 // Rollback rolls back the inner transaction, then runs what waits for its
 // end. database/sql also calls it when the transaction's context ends.
 func (t *tx) Rollback() error {
-	defer t.end(false)
+	defer t.end()
 	return t.c.txEnded(t.c.observe(t.inner.Rollback()))
 }
 
@@ -159,12 +159,11 @@ func (c *conn) txEnded(err error) error {
 	return err
 }
 
-// end runs once COMMIT or ROLLBACK returned (whatever it returned;
-// committed: COMMIT succeeded): it releases the transaction's lockset holds
-// and the SQLite writer lock, and, if a statement in it changed session
+// end runs once COMMIT or ROLLBACK returned (whatever it returned): it
+// releases the transaction's lockset holds and the SQLite writer lock, and, if a statement in it changed session
 // locks in ways only pg_locks can tell, reads pg_locks now that the
 // transaction's own locks are gone.
-func (t *tx) end(committed bool) {
+func (t *tx) end() {
 	t.inner, t.ctx, t.ownCtx, t.run = nil, nil, nil, nil
 	t.c.selfRun.Store(nil)
 	if t.c.connector.pins != nil {
@@ -181,7 +180,7 @@ func (t *tx) end(committed bool) {
 	}
 	t.recordHolds()
 	if t.c.connector.pins != nil {
-		t.c.transactionEnded(committed)
+		t.c.transactionEnded()
 	}
 }
 
