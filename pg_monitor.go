@@ -179,13 +179,32 @@ type unreachableError struct{ err error }
 func (e unreachableError) Error() string { return e.err.Error() }
 func (e unreachableError) Unwrap() error { return e.err }
 
+// stillHolding reports whether s's connection is, after the check's read,
+// still a holder of locks on backend s.pid. One that released its locks
+// and closed since the snapshot gave its backend back, and a session-mode
+// pooler may have handed that backend to the check's side connection: not
+// a transaction-mode pooler's doing. (A connection leaves the holders
+// before it closes, so a backend the read met after the close is never
+// taken for a holder's.)
+func (p *pinning) stillHolding(s holderSnapshot) bool {
+	p.mu.Lock()
+	_, registered := p.holders[s.c]
+	p.mu.Unlock()
+	if !registered {
+		return false
+	}
+	s.c.pin.mu.Lock()
+	defer s.c.pin.mu.Unlock()
+	return len(s.c.pin.held) > 0 && s.c.pin.lost == nil && s.c.lockPID() == s.pid
+}
+
 // lookForPooler looks at where the side connection's check ran: on a
 // holder's backend (busy or not), or on one where an open connection of
 // this database left its marker, only a transaction-mode pooler puts two
 // clients.
 func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) {
 	for _, s := range holders {
-		if s.pid == v.ranOn {
+		if s.pid == v.ranOn && p.stillHolding(s) {
 			p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check", s.pid)))
 			return
 		}
