@@ -237,6 +237,14 @@ func (l *AdvisoryLock) Err() error {
 // Release unlocks the lock, checking that the unlock released it, and gives
 // the connection back to the pool. It returns an error wrapping
 // [ErrLockLost] if the lock was lost meanwhile. Releasing twice is an error.
+//
+// If the unlock fails while the connection still holds the lock (the
+// protected work left it in a failed transaction, say), Release does not
+// give the connection back holding it: it rolls back a transaction begun by
+// statement text (BEGIN) and unlocks again, or else closes the connection,
+// which releases the lock on the server. Either way the error says so, and
+// this process's next acquirer of the key gets its turn only once the lock
+// is released on the server.
 func (l *AdvisoryLock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -244,34 +252,77 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		return fmt.Errorf("lockhooks: advisory lock %s was already released", describeKey(l.key))
 	}
 	l.released = true
-	defer l.conn.Close()
 	if l.c.connector.opts.dialect == SQLite {
+		defer l.conn.Close()
 		l.c.connector.named.unlock(l.key, l)
 		return nil
 	}
-	defer l.c.advisory.CompareAndSwap(l, nil) // before the connection goes back
-	defer l.freeTurn()                        // the next acquirer of this process, after the unlock
-	defer l.c.connector.pins.untrack(l)
-	if err := l.Err(); err != nil {
-		return err
+	err := l.Err()
+	if err == nil {
+		err = l.unlock(ctx)
 	}
+	l.c.connector.pins.untrack(l)
+	l.c.advisory.CompareAndSwap(l, nil) // before the connection goes back
+	l.conn.Close()
+	l.freeTurn() // the next acquirer of this process, once the lock is released
+	return err
+}
+
+// unlock runs Release's unlock. If it fails and the connection still holds
+// the key (lockhooks' tracking, which the server confirms after any error,
+// says so), it makes sure the key does not stay held: see Release.
+func (l *AdvisoryLock) unlock(ctx context.Context) error {
 	// The unlock must run even when ctx is done (defer l.Release(ctx) after
 	// a cancelled request): a skipped unlock would leave the lock on a
 	// parked connection, and the next acquirer waiting behind it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.connector.opts.lockCheckTimeout)
 	defer cancel()
-	var ok bool
-	err := l.conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
+	ok, err := l.unlockOnce(ctx)
+	if err == nil && ok {
+		return nil
+	}
+	if err == nil {
+		err = fmt.Errorf("%w: pg_advisory_unlock(%d) returned false", ErrNotLockOwner, l.key)
+	} else {
+		err = fmt.Errorf("lockhooks: releasing advisory lock %s: %w", describeKey(l.key), err)
+	}
+	k := lockKey{k1: l.key}
+	if !l.c.holds(k) {
+		return err
+	}
+	// Still held: roll back the transaction the unlock may have failed in
+	// (one begun by statement text; database/sql's belongs to its *sql.Tx),
+	// and unlock again.
+	l.c.pin.mu.Lock()
+	textTx := l.c.pin.textTx && l.c.tx.inner == nil
+	l.c.pin.mu.Unlock()
+	if textTx {
+		if _, rerr := l.conn.ExecContext(ctx, "ROLLBACK"); rerr == nil {
+			if ok, uerr := l.unlockOnce(ctx); uerr == nil && ok && !l.c.holds(k) {
+				return fmt.Errorf("%w; lockhooks rolled back the connection's transaction (its work was not committed) and unlocked the lock then", err)
+			}
+		}
+	}
+	if !l.c.holds(k) {
+		return err
+	}
+	// Closing the connection ends its session, and the lock with it (its
+	// backend is ended too if it outlives the connection). The turn stays
+	// taken until Release has closed it: markLost must not free it.
+	l.c.advisory.CompareAndSwap(l, nil)
+	why := fmt.Sprintf("could not be unlocked at Release (%v), so its connection is closed", err)
+	l.c.markLost(why, err, lossEnd)
+	l.c.connector.pins.settle(l.c) // (a parked connection, after Conn().Close(), is closed here)
+	return fmt.Errorf("%w; the connection still held the lock, so lockhooks closed it instead of returning it to the pool, which releases the lock on the server", err)
+}
+
+// unlockOnce runs pg_advisory_unlock for l's key on its connection, or,
+// if the caller closed Conn() (the connection is parked and still holds
+// the lock), rerouted to it through the pool.
+func (l *AdvisoryLock) unlockOnce(ctx context.Context) (ok bool, err error) {
+	err = l.conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
 	if errors.Is(err, sql.ErrConnDone) {
-		// The caller closed Conn(): the connection is parked and still holds
-		// the lock; the unlock is rerouted to it.
 		err = l.db.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
 	}
-	if err != nil {
-		return fmt.Errorf("lockhooks: releasing advisory lock %s: %w", describeKey(l.key), err)
-	}
-	if !ok {
-		return fmt.Errorf("%w: pg_advisory_unlock(%d) returned false", ErrNotLockOwner, l.key)
-	}
-	return nil
+	return ok, err
 }

@@ -58,6 +58,17 @@ type conn struct {
 	// until then, and on SQLite).
 	pid atomic.Int32
 
+	// incarnation names pid's backend among all that had its pid (see
+	// incarnationExpr), read with it; "" when the server could not tell
+	// (then lockhooks never ends the backend: see endBackend).
+	incarnation string
+
+	// sentAt and answeredAt are when the connection last sent a statement
+	// that lockhooks follows and last had one answered (monoNow), for
+	// ending its backend after a loss only if nobody else ran on it since
+	// (quietSince).
+	sentAt, answeredAt atomic.Int64
+
 	// tx is the connection's transaction; database/sql runs at most one
 	// per connection at a time, so BeginTx hands out a pointer to it.
 	tx tx
@@ -338,7 +349,14 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 
 // afterTracked brings the lock tracking up to date and ends the lock wait.
 func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
+	if err == nil || isServerError(err) {
+		c.noteAnswered()
+		c.noteSent() // lockhooks' own reads of pg_locks may follow
+	}
 	err = c.afterAdvisory(ctx, plan, results, err)
+	if err == nil || isServerError(err) {
+		c.noteAnswered()
+	}
 	err = plan.wait.selfWaitResult(c, plan.st.text, err)
 	if !(plan.st.locks&sqlscan.NoWait != 0 && sqlState(err) == stateLockNotAvailable) { // NOWAIT did not wait
 		err = c.nameHolder(plan.wait, err)
@@ -640,6 +658,9 @@ func (c *conn) backendPID(ctx context.Context) (int32, error) {
 	default:
 		return 0, fmt.Errorf("lockhooks: pg_backend_pid() returned %T, want an integer", row[0])
 	}
+	if len(row) > 3 {
+		c.incarnation = readIncarnation(row[3])
+	}
 	if len(row) > 1 {
 		c.sawMarker(asString(row[1]), strconv.Itoa(int(c.pid.Load())))
 	}
@@ -658,11 +679,14 @@ func (c *conn) queryValue(ctx context.Context, query string, args ...driver.Name
 
 // queryRow runs a statement of lockhooks' own on the inner connection,
 // bypassing the hooks, and returns its first row.
-func (c *conn) queryRow(ctx context.Context, query string, args []driver.NamedValue) ([]driver.Value, error) {
-	var (
-		rows driver.Rows
-		err  error
-	)
+func (c *conn) queryRow(ctx context.Context, query string, args []driver.NamedValue) (row []driver.Value, err error) {
+	c.noteSent()
+	defer func() {
+		if err == nil || isServerError(err) {
+			c.noteAnswered()
+		}
+	}()
+	var rows driver.Rows
 	if c.queryer != nil {
 		rows, err = c.queryer.QueryContext(ctx, query, args)
 	} else {

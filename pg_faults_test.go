@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/stdlib"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/lockhooks/lockhooks/internal/faultproxy"
@@ -947,6 +948,61 @@ func TestHalfOpenWaiterIsEnded(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Review 2, finding 1: a request to end a lost holder's backend names one
+// backend, not a pid. The backend of a client (not lockhooks') holds a key;
+// a request for its pid ends it only if it is the same incarnation (its
+// backend_start, on the same server: not a reused pid, nor another
+// server's after a failover) and it ran nothing since the request's quiet
+// time (not a backend a pooler gave to another client since).
+func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	raw, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	side, err := stdlib.GetDefaultDriver().Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer side.Close()
+	other := otherConn(t, raw)
+	mustExecConn(t, other, "SELECT pg_advisory_lock(107)")
+	pid := pidOf(t, other)
+	var incarnation string
+	if err := other.QueryRowContext(ctx, "SELECT "+incarnationExpr).Scan(&incarnation); err != nil {
+		t.Fatal(err)
+	}
+	if readIncarnation(incarnation) != incarnation {
+		t.Fatalf("incarnation %q does not read as one", incarnation)
+	}
+	start, server, _ := strings.Cut(incarnation, "@")
+	keys := []lockKey{{k1: 107}}
+	for _, c := range []struct {
+		what   string
+		target endTarget
+	}{
+		{"another backend_start (a reused pid)", endTarget{pid: pid, incarnation: "1" + start + "@" + server, quiet: time.Now()}},
+		{"another server (a failover)", endTarget{pid: pid, incarnation: start + "@1" + server, quiet: time.Now()}},
+		{"a statement after the quiet time (another client of a pooler)", endTarget{pid: pid, incarnation: incarnation, quiet: time.Now().Add(-time.Minute)}},
+	} {
+		alive, ended, err := endBackend(ctx, side, &endRequest{target: c.target, keys: keys})
+		if err != nil || alive || ended {
+			t.Errorf("%s: endBackend = %v, %v, %v; want neither there nor ended", c.what, alive, ended, err)
+		}
+	}
+	if !backendAlive(t, raw, pid) {
+		t.Fatal("a backend endBackend did not name was ended")
+	}
+	// The very backend, quiet since its last statement: ended.
+	alive, ended, err := endBackend(ctx, side, &endRequest{target: endTarget{pid: pid, incarnation: incarnation, quiet: time.Now()}, keys: keys})
+	if err != nil || !alive || !ended {
+		t.Fatalf("the named backend: endBackend = %v, %v, %v; want it ended", alive, ended, err)
+	}
+	waitFor(t, 10*time.Second, "the ended backend to exit", func() bool { return !backendAlive(t, raw, pid) })
 }
 
 // Point 3's counterpart: a side connection the monitor kept from an earlier

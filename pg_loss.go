@@ -120,8 +120,8 @@ func (c *conn) endTransactionLocks() {
 		}
 	}
 	c.pin.mu.Unlock()
-	if pid := c.pid.Load(); pid != 0 && len(keys) > 0 {
-		c.connector.pins.ends.add(pid, keys, false)
+	if t := c.endTarget(); t.pid != 0 && len(keys) > 0 {
+		c.connector.pins.ends.add(t, keys, false)
 	}
 }
 
@@ -132,7 +132,11 @@ func (c *conn) markLost(why string, cause error, flags lossFlags) error {
 }
 
 // markLostOn is markLost for the locks held by backend pid (a transaction
-// pooler's holder whose pid the caller read before dropping it).
+// pooler's holder whose pid the caller read before dropping it). With
+// lossEnd, the backend is ended where it still holds or awaits them, unless
+// a pooler stands between lockhooks and the server (declared, or seen): a
+// pooled backend serves other clients once lockhooks' client connection is
+// gone, and the pooler resets it (which frees session locks) or closes it.
 func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) error {
 	c.pin.mu.Lock()
 	if c.pin.lost != nil {
@@ -170,8 +174,8 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 	c.updateActiveLocked() // statements now fail with lost
 	c.pin.mu.Unlock()
 
-	if flags&lossEnd != 0 && pid != 0 {
-		c.connector.pins.ends.add(pid, held, false)
+	if flags&lossEnd != 0 && pid != 0 && pid == c.pid.Load() && !c.throughPooler() {
+		c.connector.pins.ends.add(c.endTarget(), held, false)
 	}
 	if flags&lossReport != 0 {
 		c.connector.tel.lockLost(context.Background(), "advisory", n)
@@ -225,11 +229,109 @@ type endQueue struct {
 }
 
 // endRequest asks for a backend to be ended if it holds or awaits one of
-// keys (any advisory lock, with any).
+// keys (any advisory lock, with any), and is still the backend lockhooks
+// gave up on (target).
 type endRequest struct {
-	keys  []lockKey
-	any   bool
-	since time.Time
+	target endTarget
+	keys   []lockKey
+	any    bool
+	since  time.Time
+}
+
+// endTarget names the backend an end request is for: one incarnation of a
+// pid, which must have run nothing since lockhooks last talked to it.
+type endTarget struct {
+	pid int32
+	// incarnation is the backend's, as incarnationExpr read it when the
+	// connection opened ("": not known).
+	incarnation string
+	// quiet is the time (this process's monotonic clock) after which the
+	// backend started no statement of lockhooks' connection: another
+	// statement started after it is another client's, through a pooler
+	// that gave the backend away (see quietSince).
+	quiet time.Time
+}
+
+// incarnationExpr reads, on a connection's backend, what names that
+// backend among all that had its pid: its backend_start and its server's
+// start time, in microseconds since the epoch (numbers, so that no session
+// setting changes their text). A pid alone does not: the server reuses
+// pids, and a failover (a multi-host DSN, a moved address) reaches another
+// server, whose pids collide with the first's.
+const incarnationExpr = "(SELECT (extract(epoch FROM backend_start) * 1000000)::bigint::text FROM pg_stat_get_activity(pg_backend_pid())) || '@' || " + serverStartExpr
+
+// serverStartExpr is the server's start time in incarnationExpr.
+const serverStartExpr = "(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text"
+
+// endSlack is how long after lockhooks sent a statement that was never
+// answered (its connection broke) the server may still have started it:
+// the time it may take to get there. A statement another client started
+// on the backend within it cannot be told from lockhooks' own.
+const endSlack = 500 * time.Millisecond
+
+// monoBase is the origin of monoNow's readings (set once, never changed).
+var monoBase = time.Now()
+
+// monoNow reads the monotonic clock, in a form an atomic holds.
+func monoNow() int64 { return int64(time.Since(monoBase)) }
+
+// noteSent records that c is sending a statement to its backend.
+func (c *conn) noteSent() { c.sentAt.Store(monoNow()) }
+
+// noteAnswered records that c's backend answered c.
+func (c *conn) noteAnswered() { c.answeredAt.Store(monoNow()) }
+
+// quietSince is the time after which c's backend can have started no
+// statement of c's: when its last statement was answered or, if one was
+// sent and not answered (the connection broke with it on the way, or
+// waiting), when it was sent, plus endSlack. Statements lockhooks does not
+// follow (those of a connection holding no locks, a transaction's BEGIN
+// and COMMIT) are not counted: a backend whose last statement was one is
+// not ended, and keeps its locks until the server notices its connection
+// is gone, as before lockhooks ended any.
+func (c *conn) quietSince() time.Time {
+	sent, answered := c.sentAt.Load(), c.answeredAt.Load()
+	if answered >= sent {
+		return monoBase.Add(time.Duration(answered))
+	}
+	return monoBase.Add(time.Duration(sent) + endSlack)
+}
+
+// readIncarnation returns the value incarnationExpr read, or "" if it is
+// not one (NULL, or not two integers), so that it is safe as a literal.
+func readIncarnation(v driver.Value) string {
+	s := asString(v)
+	start, server, ok := strings.Cut(s, "@")
+	if !ok || !integer(start) || !integer(server) {
+		return ""
+	}
+	return s
+}
+
+// integer reports whether s is a decimal integer.
+func integer(s string) bool {
+	s = strings.TrimPrefix(s, "-")
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// endTarget is the end request's target for c's own backend, as of now.
+func (c *conn) endTarget() endTarget {
+	return endTarget{pid: c.pid.Load(), incarnation: c.incarnation, quiet: c.quietSince()}
+}
+
+// throughPooler reports whether a pooler stands between c and the server:
+// declared (either kind), or seen.
+func (c *conn) throughPooler() bool {
+	o := c.connector.opts
+	return o.txPooler || o.pinningPooler || c.connector.pins.poolerSeen() != nil
 }
 
 // endPatience is how long a request waits for its backend to show one of
@@ -242,14 +344,21 @@ func newEndQueue() *endQueue {
 	return &endQueue{pending: map[int32]*endRequest{}, kick: make(chan struct{}, 1)}
 }
 
-// add asks for backend pid to be ended if it holds or awaits one of keys,
-// or, with any, any advisory lock.
-func (q *endQueue) add(pid int32, keys []lockKey, any bool) {
+// add asks for backend t to be ended if it holds or awaits one of keys, or,
+// with any, any advisory lock. A request for another incarnation of the
+// same pid replaces the older one (that backend is gone).
+func (q *endQueue) add(t endTarget, keys []lockKey, any bool) {
+	if t.incarnation == "" {
+		return // the backend cannot be told from others with its pid
+	}
 	q.mu.Lock()
-	r := q.pending[pid]
-	if r == nil {
-		r = &endRequest{since: time.Now()}
-		q.pending[pid] = r
+	r := q.pending[t.pid]
+	if r == nil || r.target.incarnation != t.incarnation {
+		r = &endRequest{target: t, since: time.Now()}
+		q.pending[t.pid] = r
+	}
+	if t.quiet.After(r.target.quiet) {
+		r.target.quiet = t.quiet
 	}
 	r.keys = append(r.keys, keys...)
 	r.any = r.any || any
@@ -283,9 +392,11 @@ func (q *endQueue) putBack(reqs map[int32]*endRequest) {
 	defer q.mu.Unlock()
 	for pid, r := range reqs {
 		if cur := q.pending[pid]; cur != nil {
-			cur.keys = append(cur.keys, r.keys...)
-			cur.any = cur.any || r.any
-			continue
+			if cur.target.incarnation == r.target.incarnation {
+				cur.keys = append(cur.keys, r.keys...)
+				cur.any = cur.any || r.any
+			}
+			continue // (or a newer incarnation's request replaced it)
 		}
 		q.pending[pid] = r
 	}
@@ -293,11 +404,12 @@ func (q *endQueue) putBack(reqs map[int32]*endRequest) {
 
 // endBackends ends, on side, each backend that still holds or awaits one
 // of the keys its lost holder held or asked for: pg_terminate_backend,
-// which the server permits for the role's own backends. The condition on
-// pg_locks keeps a backend pid that exited and was reused from being hit.
-// A request whose backend is alive but shows none of its keys is kept for
-// endPatience; one the server refuses is logged and dropped; if the side
-// connection fails, the rest wait for the next round.
+// which the server permits for the role's own backends. Only the very
+// backend lockhooks gave up on is hit (see endBackend), never a pid that
+// was reused, one of another server, or one a pooler gave to another
+// client. A request whose backend is there but shows none of its keys is
+// kept for endPatience; one the server refuses is logged and dropped; if
+// the side connection fails, the rest wait for the next round.
 func (p *pinning) endBackends(ctx context.Context, side driver.Conn) error {
 	reqs := p.ends.take()
 	defer func() {
@@ -306,13 +418,13 @@ func (p *pinning) endBackends(ctx context.Context, side driver.Conn) error {
 		}
 	}()
 	for pid, r := range reqs {
-		alive, ended, err := endBackend(ctx, side, pid, r)
+		alive, ended, err := endBackend(ctx, side, r)
 		switch {
 		case err == nil && ended:
 			delete(reqs, pid)
 			p.c.opts.logger.Info("lockhooks: ended the backend of a lost advisory lock holder, which still held or awaited the lock", "backend_pid", pid)
 		case err == nil && (!alive || time.Since(r.since) > endPatience):
-			delete(reqs, pid) // gone already, or never showed the keys
+			delete(reqs, pid) // gone already, another's now, or never showed the keys
 		case err == nil:
 			// alive and not (yet) on the keys: look again next round
 		case isServerError(err) && !connectionLost(err):
@@ -326,9 +438,17 @@ func (p *pinning) endBackends(ctx context.Context, side driver.Conn) error {
 	return nil
 }
 
-// endBackend ends backend pid if it holds or awaits one of r's keys, and
-// says whether it was alive and whether it was ended.
-func endBackend(ctx context.Context, side driver.Conn, pid int32, r *endRequest) (alive, ended bool, err error) {
+// endBackend ends r's backend if it holds or awaits one of r's keys, and
+// says whether it was still there (the same incarnation, on the same
+// server, having run nothing since r.target.quiet) and whether it was
+// ended. Whether it ran something since is told by query_start (NULL where
+// the server does not track activity: then only the incarnation is
+// checked), not state_change: a lock a backend of ours awaited when its
+// connection broke, granted later, changes its state but not its
+// query_start. Another client a session pooler gave the backend to, after
+// the pooler's reset (DISCARD ALL) freed the lock, starts statements after
+// it.
+func endBackend(ctx context.Context, side driver.Conn, r *endRequest) (alive, ended bool, err error) {
 	match := ""
 	if !r.any {
 		ids := make([]string, len(r.keys))
@@ -341,10 +461,17 @@ func endBackend(ctx context.Context, side driver.Conn, pid int32, r *endRequest)
 		}
 		match = " AND (classid::bigint, objid::bigint, objsubid::int) IN (" + strings.Join(ids, ", ") + ")"
 	}
-	p := strconv.Itoa(int(pid))
-	q := `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = ` + p + `),
-CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE pid = ` + p + ` AND locktype = 'advisory'` + match + `)
-THEN pg_terminate_backend(` + p + `) ELSE false END`
+	p := strconv.Itoa(int(r.target.pid))
+	// The quiet time as the server's clock has it: as long before the
+	// statement's start as it is before now here (no clock is compared
+	// with the other's).
+	ago := strconv.FormatInt(time.Since(r.target.quiet).Microseconds(), 10)
+	q := `SELECT a.pid IS NOT NULL,
+CASE WHEN a.pid IS NOT NULL AND EXISTS (SELECT 1 FROM pg_locks WHERE pid = ` + p + ` AND locktype = 'advisory'` + match + `)
+THEN pg_terminate_backend(` + p + `) ELSE false END
+FROM (SELECT 1) one LEFT JOIN pg_stat_activity a ON a.pid = ` + p + `
+AND (extract(epoch FROM a.backend_start) * 1000000)::bigint::text || '@' || ` + serverStartExpr + ` = ` + "'" + r.target.incarnation + "'" + `
+AND coalesce(a.query_start <= statement_timestamp() - interval '` + ago + ` microseconds', true)`
 	rows, err := queryDirect(ctx, side, q, nil)
 	if err != nil {
 		return false, false, err

@@ -144,6 +144,7 @@ type advisoryPlan struct {
 // result.
 func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.NamedValue) (plan advisoryPlan, answer *staticRows, err error) {
 	plan = advisoryPlan{st: st, args: args}
+	c.noteSent()
 	c.pin.mu.Lock()
 	lost := c.pin.lost
 	c.pin.mu.Unlock()
@@ -465,7 +466,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 // own failure does it (holderFailed), and an undeclared pooler's backend
 // serves others.
 func (c *conn) endAfterBreak(plan advisoryPlan) {
-	if c.connector.opts.txPooler || c.connector.opts.pinningPooler || c.connector.pins.poolerSeen() != nil {
+	if c.throughPooler() {
 		return // (a pinning pooler may have run the statement on another backend than c.pid)
 	}
 	var keys []lockKey
@@ -474,8 +475,8 @@ func (c *conn) endAfterBreak(plan advisoryPlan) {
 			keys = append(keys, plan.keys[i])
 		}
 	}
-	if pid := c.pid.Load(); pid != 0 && len(keys) > 0 {
-		c.connector.pins.ends.add(pid, keys, false)
+	if t := c.endTarget(); t.pid != 0 && len(keys) > 0 {
+		c.connector.pins.ends.add(t, keys, false)
 	}
 }
 

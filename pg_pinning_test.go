@@ -435,6 +435,100 @@ func TestAcquireAdvisoryLock(t *testing.T) {
 	}
 }
 
+// Review 2, finding 5: the protected work leaves the lock's connection in
+// an aborted transaction (BEGIN, then a failing statement), so Release's
+// unlock fails. Release rolls the transaction back and unlocks, says so,
+// and leaves nothing held: a second Release is refused, and this process's
+// next acquirer takes the key at once.
+func TestReleaseInAFailedTransactionRollsBackAndUnlocks(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, e.wrapped, 555)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExecConn(t, l.Conn(), "BEGIN")
+	if _, err := l.Conn().ExecContext(ctx, "SELECT 1/0"); err == nil {
+		t.Fatal("1/0 succeeded")
+	}
+	err = l.Release(ctx)
+	if err == nil || !strings.Contains(err.Error(), "25P02") || !strings.Contains(err.Error(), "rolled back the connection's transaction") {
+		t.Fatalf("Release in a failed transaction: %v; want the unlock's error and that lockhooks rolled back", err)
+	}
+	if n := heldCount(t, e.raw, 555); n != 0 {
+		t.Fatalf("%d holders of 555 after Release", n)
+	}
+	if err := l.Release(ctx); err == nil {
+		t.Fatal("a second Release succeeded")
+	}
+	next, ok, err := TryAdvisoryLock(ctx, e.wrapped, 555)
+	if err != nil || !ok {
+		t.Fatalf("the next acquirer: %v, %v; want the key", ok, err)
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Finding 5 where lockhooks cannot roll back: the caller closed Conn() in
+// the failed transaction, so the connection is parked there and the
+// rerouted unlock fails. Release closes the parked connection (which ends
+// its session and the lock) instead of leaving it parked, and gives this
+// process's next acquirer its turn only then.
+func TestReleaseThatCannotUnlockClosesTheConnection(t *testing.T) {
+	e := newPinEnv(t)
+	ctx := context.Background()
+	l, err := AcquireAdvisoryLock(ctx, e.wrapped, 556)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := l.c.pid.Load()
+	mustExecConn(t, l.Conn(), "BEGIN")
+	if _, err := l.Conn().ExecContext(ctx, "SELECT 1/0"); err == nil {
+		t.Fatal("1/0 succeeded")
+	}
+	l.Conn().Close() // parked, in the failed transaction, holding 556
+
+	// Another acquirer of this process waits for its turn meanwhile.
+	got := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		next, err := AcquireAdvisoryLock(wctx, e.wrapped, 556)
+		if err == nil {
+			err = next.Release(ctx)
+		}
+		got <- err
+	}()
+	waitFor(t, 10*time.Second, "the next acquirer to wait for its turn", func() bool {
+		n := 0
+		l.c.connector.turns.waits(func(key int64, _ holderInfo, _ waiterInfo) {
+			if key == 556 {
+				n++
+			}
+		})
+		return n > 0
+	})
+
+	err = l.Release(ctx)
+	if err == nil || !strings.Contains(err.Error(), "25P02") || !strings.Contains(err.Error(), "closed it instead of returning it to the pool") {
+		t.Fatalf("Release that cannot unlock: %v; want the unlock's error and that lockhooks closed the connection", err)
+	}
+	waitFor(t, 10*time.Second, "the parked holder's backend to exit", func() bool {
+		var n int
+		if err := e.raw.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if err := <-got; err != nil {
+		t.Fatalf("the next acquirer: %v", err)
+	}
+	if err := l.Release(ctx); err == nil {
+		t.Fatal("a second Release succeeded")
+	}
+}
+
 func terminate(t testing.TB, raw *sql.DB, pid int32) {
 	t.Helper()
 	var ok bool

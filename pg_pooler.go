@@ -60,6 +60,8 @@ func WithTransactionPooler() Option {
 type holderConn struct {
 	inner driver.Conn
 	inTx  bool
+	// incarnation is the backend's while inTx (see incarnationExpr).
+	incarnation string
 }
 
 // lockPID returns the backend pid whose pg_locks rows are this
@@ -245,7 +247,7 @@ func (c *conn) holder(ctx context.Context) (*holderConn, error) {
 			return nil, c.holderFailed(err)
 		}
 		h.inTx = true
-		rows, err := queryDirect(ctx, h.inner, "SELECT pg_backend_pid()", nil)
+		rows, err := queryDirect(ctx, h.inner, "SELECT pg_backend_pid(), "+incarnationExpr, nil)
 		var row *staticRows
 		if err == nil {
 			row, err = readStaticRow(rows)
@@ -254,6 +256,9 @@ func (c *conn) holder(ctx context.Context) (*holderConn, error) {
 			return nil, c.holderFailed(err)
 		}
 		c.holderPID.Store(int32(asInt64(row.row[0])))
+		if len(row.row) > 1 {
+			h.incarnation = readIncarnation(row.row[1])
+		}
 	}
 	return h, nil
 }
@@ -262,7 +267,9 @@ func (c *conn) holder(ctx context.Context) (*holderConn, error) {
 // control: its transaction, and the locks it kept, are gone.
 func (c *conn) holderFailed(err error) error {
 	pid := c.holderPID.Load()
+	var incarnation string
 	if h := c.hold; h != nil {
+		incarnation = h.incarnation
 		h.inner.Close()
 		c.hold = nil
 	}
@@ -270,8 +277,10 @@ func (c *conn) holderFailed(err error) error {
 	if pid != 0 {
 		// Whatever its backend still holds or awaits is stranded: the
 		// holder is this connection's alone, and gone from its side
-		// (also a lock granted as the connection broke).
-		c.connector.pins.ends.add(pid, nil, true)
+		// (also a lock granted as the connection broke). The holder's
+		// statements are c's (runPlanOnHolder, checkHolder), so c's times
+		// tell when it last ran one.
+		c.connector.pins.ends.add(endTarget{pid: pid, incarnation: incarnation, quiet: c.quietSince()}, nil, true)
 	}
 	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, lossReport)
 	return c.lostError(lost, err)
@@ -453,8 +462,8 @@ func (c *conn) poolerDetected(what string) error {
 
 // sessionQuery opens a connection's session: its backend pid, the marker
 // left on the backend before it (by another lockhooks connection, if any),
-// and its own marker ($1).
-const sessionQuery = "SELECT pg_backend_pid(), current_setting('lockhooks.session', true), set_config('lockhooks.session', $1, false)"
+// its own marker ($1), and the backend's incarnation (see incarnationExpr).
+const sessionQuery = "SELECT pg_backend_pid(), current_setting('lockhooks.session', true), set_config('lockhooks.session', $1, false), " + incarnationExpr
 
 // markerPrefix starts every lockhooks session marker.
 const markerPrefix = "lh:"
