@@ -384,8 +384,34 @@ func TestIdentityBeginCommit(t *testing.T) {
 type roundTrips struct {
 	ln     net.Listener
 	target string
-	n      atomic.Int64
+	mu     sync.Mutex
+	links  []*atomic.Int64 // per proxied connection: its round trips
 	wg     sync.WaitGroup
+}
+
+// counts returns each proxied connection's round trips so far.
+func (p *roundTrips) counts() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]int64, len(p.links))
+	for i, n := range p.links {
+		out[i] = n.Load()
+	}
+	return out
+}
+
+// busiest is the most round trips one connection made between before and
+// after: the connection under test (lockhooks' monitor checks on a side
+// connection of its own, which a total would count too).
+func busiest(before, after []int64) int64 {
+	var most int64
+	for i, n := range after {
+		if i < len(before) {
+			n -= before[i]
+		}
+		most = max(most, n)
+	}
+	return most
 }
 
 func startRoundTrips(t *testing.T, dsn string) (*roundTrips, string) {
@@ -418,14 +444,18 @@ func (p *roundTrips) accept() {
 			client.Close()
 			continue
 		}
+		n := &atomic.Int64{}
+		p.mu.Lock()
+		p.links = append(p.links, n)
+		p.mu.Unlock()
 		p.wg.Add(2)
 		go func() { defer p.wg.Done(); io.Copy(client, server); client.Close() }()
-		go func() { defer p.wg.Done(); p.count(server, client); server.Close() }()
+		go func() { defer p.wg.Done(); p.count(server, client, n); server.Close() }()
 	}
 }
 
 // count copies client messages to server, counting 'Q' and 'S'.
-func (p *roundTrips) count(server, client net.Conn) {
+func (p *roundTrips) count(server, client net.Conn, trips *atomic.Int64) {
 	var head [5]byte
 	// The startup message has no type byte.
 	if _, err := io.ReadFull(client, head[:4]); err != nil {
@@ -443,7 +473,7 @@ func (p *roundTrips) count(server, client net.Conn) {
 			return
 		}
 		if head[0] == 'Q' || head[0] == 'S' {
-			p.n.Add(1)
+			trips.Add(1)
 		}
 		n := binary.BigEndian.Uint32(head[1:])
 		body := make([]byte, n-4)
@@ -474,12 +504,11 @@ func TestIdentityNoExtraRoundTrip(t *testing.T) {
 		}
 		defer c.Close()
 		work(c) // warm: pgx prepares each statement once
-		work(c) // twice: the pg_locks read of a connection holding nothing is a cached statement, and one warm-up left its prepare inside the count
-		before := p.n.Load()
+		before := p.counts()
 		for range 10 {
 			work(c)
 		}
-		return p.n.Load() - before
+		return busiest(before, p.counts())
 	}
 	tx := func(c *sql.Conn) {
 		tx, err := c.BeginTx(ctx, nil)
