@@ -57,8 +57,13 @@ func (l *AdvisoryLock) readToken(ctx context.Context) {
 	l.conn.Raw(func(any) error {
 		note, args := l.c.holderNote()
 		row, err := l.c.queryRow(ctx, note+tokenQuery, args)
-		if err == nil && row[0] != nil {
+		switch {
+		case err == nil && row[0] != nil:
 			l.token = asInt64(row[0])
+		case err != nil && l.c.connectionBroken(err):
+			// The read bypasses the statement hooks, which would have
+			// found the loss: report it as they would (Lost, Err).
+			l.c.loseLocks(err)
 		}
 		return nil
 	})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -68,6 +69,8 @@ type conn struct {
 	// ending its backend after a loss only if nobody else ran on it since
 	// (quietSince).
 	sentAt, answeredAt atomic.Int64
+	sentMu             sync.Mutex
+	sentText           string // the text sentAt's statement carried (see noteSent)
 
 	// tx is the connection's transaction; database/sql runs at most one
 	// per connection at a time, so BeginTx hands out a pointer to it.
@@ -351,7 +354,7 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
 	if err == nil || isServerError(err) {
 		c.noteAnswered()
-		c.noteSent() // lockhooks' own reads of pg_locks may follow
+		c.noteSent("") // lockhooks' own reads of pg_locks may follow
 	}
 	err = c.afterAdvisory(ctx, plan, results, err)
 	if err == nil || isServerError(err) {
@@ -680,7 +683,7 @@ func (c *conn) queryValue(ctx context.Context, query string, args ...driver.Name
 // queryRow runs a statement of lockhooks' own on the inner connection,
 // bypassing the hooks, and returns its first row.
 func (c *conn) queryRow(ctx context.Context, query string, args []driver.NamedValue) (row []driver.Value, err error) {
-	c.noteSent()
+	c.noteSent(query)
 	defer func() {
 		if err == nil || isServerError(err) {
 			c.noteAnswered()

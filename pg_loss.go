@@ -250,6 +250,15 @@ type endTarget struct {
 	// statement started after it is another client's, through a pooler
 	// that gave the backend away (see quietSince).
 	quiet time.Time
+	// inFlight says that a statement was sent after quiet and never
+	// answered: it may have started on the server up to sentQuiet (its
+	// sending plus endSlack), as may another client's that a session
+	// pooler gave the backend to, so a backend that started a statement
+	// after quiet is ended only while it still runs that very text (sent;
+	// "" never matches).
+	inFlight  bool
+	sentQuiet time.Time
+	sent      string
 }
 
 // incarnationExpr reads, on a connection's backend, what names that
@@ -275,8 +284,15 @@ var monoBase = time.Now()
 // monoNow reads the monotonic clock, in a form an atomic holds.
 func monoNow() int64 { return int64(time.Since(monoBase)) }
 
-// noteSent records that c is sending a statement to its backend.
-func (c *conn) noteSent() { c.sentAt.Store(monoNow()) }
+// noteSent records that c is sending a statement to its backend, with
+// its text ("" when it need not be recognised: an end request never trusts
+// an unanswered statement it cannot recognise).
+func (c *conn) noteSent(text string) {
+	c.sentMu.Lock()
+	c.sentText = text
+	c.sentMu.Unlock()
+	c.sentAt.Store(monoNow())
+}
 
 // noteAnswered records that c's backend answered c.
 func (c *conn) noteAnswered() { c.answeredAt.Store(monoNow()) }
@@ -289,12 +305,16 @@ func (c *conn) noteAnswered() { c.answeredAt.Store(monoNow()) }
 // and COMMIT) are not counted: a backend whose last statement was one is
 // not ended, and keeps its locks until the server notices its connection
 // is gone, as before lockhooks ended any.
-func (c *conn) quietSince() time.Time {
+func (c *conn) quietSince() endTarget {
 	sent, answered := c.sentAt.Load(), c.answeredAt.Load()
-	if answered >= sent {
-		return monoBase.Add(time.Duration(answered))
+	t := endTarget{quiet: monoBase.Add(time.Duration(answered))}
+	if answered < sent {
+		c.sentMu.Lock()
+		text := c.sentText
+		c.sentMu.Unlock()
+		t.inFlight, t.sentQuiet, t.sent = true, monoBase.Add(time.Duration(sent)+endSlack), text
 	}
-	return monoBase.Add(time.Duration(sent) + endSlack)
+	return t
 }
 
 // readIncarnation returns the value incarnationExpr read, or "" if it is
@@ -324,7 +344,9 @@ func integer(s string) bool {
 
 // endTarget is the end request's target for c's own backend, as of now.
 func (c *conn) endTarget() endTarget {
-	return endTarget{pid: c.pid.Load(), incarnation: c.incarnation, quiet: c.quietSince()}
+	t := c.quietSince()
+	t.pid, t.incarnation = c.pid.Load(), c.incarnation
+	return t
 }
 
 // throughPooler reports whether a pooler stands between c and the server:
@@ -357,8 +379,11 @@ func (q *endQueue) add(t endTarget, keys []lockKey, any bool) {
 		r = &endRequest{target: t, since: time.Now()}
 		q.pending[t.pid] = r
 	}
-	if t.quiet.After(r.target.quiet) {
-		r.target.quiet = t.quiet
+	if t.quiet.After(r.target.quiet) || t.inFlight && t.sentQuiet.After(r.target.sentQuiet) {
+		if t.quiet.After(r.target.quiet) {
+			r.target.quiet = t.quiet
+		}
+		r.target.inFlight, r.target.sentQuiet, r.target.sent = t.inFlight, t.sentQuiet, t.sent
 	}
 	r.keys = append(r.keys, keys...)
 	r.any = r.any || any
@@ -442,12 +467,14 @@ func (p *pinning) endBackends(ctx context.Context, side driver.Conn) error {
 // says whether it was still there (the same incarnation, on the same
 // server, having run nothing since r.target.quiet) and whether it was
 // ended. Whether it ran something since is told by query_start (NULL where
-// the server does not track activity: then only the incarnation is
-// checked), not state_change: a lock a backend of ours awaited when its
-// connection broke, granted later, changes its state but not its
-// query_start. Another client a session pooler gave the backend to, after
-// the pooler's reset (DISCARD ALL) freed the lock, starts statements after
-// it.
+// the server does not track activity: then nothing is ended), not
+// state_change: a lock a backend of ours awaited when its connection
+// broke, granted later, changes its state but not its query_start.
+// Another client a session pooler gave the backend to, after the pooler's
+// reset (DISCARD ALL) freed the lock, starts statements after it; within
+// endSlack of a statement that was never answered, only the text tells
+// (r.target.inFlight): the backend must still be running the very text
+// that was sent.
 func endBackend(ctx context.Context, side driver.Conn, r *endRequest) (alive, ended bool, err error) {
 	match := ""
 	if !r.any {
@@ -465,14 +492,24 @@ func endBackend(ctx context.Context, side driver.Conn, r *endRequest) (alive, en
 	// The quiet time as the server's clock has it: as long before the
 	// statement's start as it is before now here (no clock is compared
 	// with the other's).
-	ago := strconv.FormatInt(time.Since(r.target.quiet).Microseconds(), 10)
+	ago := func(t time.Time) string { return strconv.FormatInt(max(time.Since(t), 0).Microseconds(), 10) }
 	q := `SELECT a.pid IS NOT NULL,
 CASE WHEN a.pid IS NOT NULL AND EXISTS (SELECT 1 FROM pg_locks WHERE pid = ` + p + ` AND locktype = 'advisory'` + match + `)
 THEN pg_terminate_backend(` + p + `) ELSE false END
 FROM (SELECT 1) one LEFT JOIN pg_stat_activity a ON a.pid = ` + p + `
 AND (extract(epoch FROM a.backend_start) * 1000000)::bigint::text || '@' || ` + serverStartExpr + ` = ` + "'" + r.target.incarnation + "'" + `
-AND coalesce(a.query_start <= statement_timestamp() - interval '` + ago + ` microseconds', true)`
-	rows, err := queryDirect(ctx, side, q, nil)
+AND (coalesce(a.query_start <= statement_timestamp() - interval '` + ago(r.target.quiet) + ` microseconds', false)`
+	var args []driver.NamedValue
+	if r.target.inFlight {
+		// pg_stat_activity keeps the first track_activity_query_size bytes
+		// of a text (1 kB by default).
+		q += `
+	OR coalesce(a.query_start <= statement_timestamp() - interval '` + ago(r.target.sentQuiet) + ` microseconds', false)
+	AND a.query <> '' AND (a.query = $1 OR (octet_length(a.query) >= 1000 AND starts_with($1, a.query)))`
+		args = []driver.NamedValue{{Ordinal: 1, Value: r.target.sent}}
+	}
+	q += ")"
+	rows, err := queryDirect(ctx, side, q, args)
 	if err != nil {
 		return false, false, err
 	}

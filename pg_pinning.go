@@ -144,7 +144,7 @@ type advisoryPlan struct {
 // result.
 func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.NamedValue) (plan advisoryPlan, answer *staticRows, err error) {
 	plan = advisoryPlan{st: st, args: args}
-	c.noteSent()
+	c.noteSent(st.text)
 	c.pin.mu.Lock()
 	lost := c.pin.lost
 	c.pin.mu.Unlock()

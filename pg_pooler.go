@@ -279,8 +279,16 @@ func (c *conn) holderFailed(err error) error {
 		// holder is this connection's alone, and gone from its side
 		// (also a lock granted as the connection broke). The holder's
 		// statements are c's (runPlanOnHolder, checkHolder), so c's times
-		// tell when it last ran one.
-		c.connector.pins.ends.add(endTarget{pid: pid, incarnation: incarnation, quiet: c.quietSince()}, nil, true)
+		// tell when it last ran one. Its text is not the statement's (the
+		// holder wraps it), and need not be: the holder is always inside
+		// a transaction, and a pooler never gives a server connection
+		// whose client left mid-transaction to another client.
+		t := c.quietSince()
+		if t.inFlight {
+			t.quiet = t.sentQuiet
+		}
+		t.pid, t.incarnation, t.inFlight, t.sent = pid, incarnation, false, ""
+		c.connector.pins.ends.add(t, nil, true)
 	}
 	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, lossReport)
 	return c.lostError(lost, err)
