@@ -307,14 +307,20 @@ func testPoolerTransactionLevelLocks(t *testing.T, p *pgtest.Pooler) {
 
 // BenchmarkTransactionPooler: statements through PgBouncer in transaction
 // mode when no lock is held, raw pgx against lockhooks without and with
-// WithTransactionPooler (the option must cost nothing then).
+// WithTransactionPooler (the option must cost nothing then), through each
+// PgBouncer of the test matrix (1.18 in exec mode, 1.25 with pgx's
+// statement cache).
 func BenchmarkTransactionPooler(b *testing.B) {
-	dsn := pgtest.PoolerDSN(b)
-	benchSelectOne(b, []openedAs{
-		{"driver=raw", func() (*sql.DB, error) { return sql.Open("pgx", dsn) }},
-		{"driver=lockhooks/pooler=undeclared", func() (*sql.DB, error) { return Open("pgx", dsn) }},
-		{"driver=lockhooks/pooler=declared", func() (*sql.DB, error) { return Open("pgx", dsn, WithTransactionPooler()) }},
-	})
+	for _, v := range pgtest.Versions {
+		b.Run(v.String(), func(b *testing.B) {
+			dsn := pgtest.SharedPoolerOf(b, v).DSN(b)
+			benchSelectOne(b, []openedAs{
+				{"driver=raw", func() (*sql.DB, error) { return sql.Open("pgx", dsn) }},
+				{"driver=lockhooks/pooler=undeclared", func() (*sql.DB, error) { return Open("pgx", dsn) }},
+				{"driver=lockhooks/pooler=declared", func() (*sql.DB, error) { return Open("pgx", dsn, WithTransactionPooler()) }},
+			})
+		})
+	}
 }
 
 // BenchmarkPoolerProtectedStatement: a statement of the work an advisory
