@@ -53,6 +53,9 @@ type conn struct {
 	// discards counts DISCARD ALLs: the server forgot the driver's
 	// prepared statements, so the connection is not pooled again.
 	discards atomic.Int32
+	// readTexts are its pg_locks reads that do not change with what it
+	// holds (fixedLocksQuery); guarded by pin.mu.
+	readTexts fixedReads
 
 	// pid is the Postgres backend pid, read when the connection opens (0
 	// until then, and on SQLite).

@@ -135,6 +135,16 @@ func (w *conn) connectRow(ctx context.Context, own *ownStatements, marked, serve
 // holderIdentityLocked is c's identity as a holder of session locks: its
 // oldest lock; nil when it holds none. c.pin.mu is held.
 func (c *conn) holderIdentityLocked() *holderIdentity {
+	id := new(holderIdentity)
+	if !c.holderIdentityInto(id) {
+		return nil
+	}
+	return id
+}
+
+// holderIdentityInto sets *id to c's identity as a holder of session
+// locks, and reports whether it holds any. c.pin.mu is held.
+func (c *conn) holderIdentityInto(id *holderIdentity) bool {
 	var oldest *heldLock
 	var key lockKey
 	for k, l := range c.pin.held {
@@ -143,18 +153,26 @@ func (c *conn) holderIdentityLocked() *holderIdentity {
 		}
 	}
 	if oldest == nil {
-		return nil
+		return false
 	}
-	id := c.baseIdentity()
-	id.Holds = "lock " + keyToken(key)
+	c.baseIdentityInto(id)
+	var holds [48]byte
+	id.Holds = string(appendKeyToken(append(holds[:0], "lock "...), key))
 	id.Site, id.Since = safeToken(oldest.site, "_"), oldest.since
 	id.TraceID, id.SpanID = traceIDs(oldest.span)
-	return id
+	return true
 }
 
 // baseIdentity names c's process, database and connection.
 func (c *conn) baseIdentity() *holderIdentity {
-	return &holderIdentity{Process: processLabel(), Database: c.connector.seq,
+	id := new(holderIdentity)
+	c.baseIdentityInto(id)
+	return id
+}
+
+// baseIdentityInto sets *id to baseIdentity's value.
+func (c *conn) baseIdentityInto(id *holderIdentity) {
+	*id = holderIdentity{Process: processLabel(), Database: c.connector.seq,
 		Pool: safeToken(c.connector.pool, "_"), Conn: c.id}
 }
 
@@ -167,14 +185,20 @@ func (c *conn) txAppName(site string) string {
 
 // keyToken writes k for an identity: 42, 1/2, 42-shared.
 func keyToken(k lockKey) string {
-	s := strconv.FormatInt(k.k1, 10)
+	var buf [48]byte
+	return string(appendKeyToken(buf[:0], k))
+}
+
+// appendKeyToken appends keyToken's value to b.
+func appendKeyToken(b []byte, k lockKey) []byte {
+	b = strconv.AppendInt(b, k.k1, 10)
 	if k.pair {
-		s += "/" + strconv.FormatInt(k.k2, 10)
+		b = strconv.AppendInt(append(b, '/'), k.k2, 10)
 	}
 	if k.shared {
-		s += "-shared"
+		b = append(b, "-shared"...)
 	}
-	return s
+	return b
 }
 
 // setAppName is the SQL expression that sets application_name to value
@@ -182,46 +206,110 @@ func keyToken(k lockKey) string {
 // is empty or lockhooks' own is replaced, any other is kept. onPID, if not
 // 0, sets it only on that backend.
 func setAppName(value string, local bool, onPID int32) string {
-	cond := "(current_setting('application_name') = '' OR current_setting('application_name') LIKE '" + appNamePrefix + "%')"
+	var buf [512]byte
+	return string(appendSetAppName(buf[:0], value, local, onPID))
+}
+
+// appendSetAppName appends setAppName's expression to b.
+func appendSetAppName[T string | []byte](b []byte, value T, local bool, onPID int32) []byte {
+	b = append(b, "set_config('application_name', CASE WHEN "...)
 	if onPID != 0 {
-		cond = "pg_backend_pid() = " + strconv.Itoa(int(onPID)) + " AND " + cond
+		b = strconv.AppendInt(append(b, "pg_backend_pid() = "...), int64(onPID), 10)
+		b = append(b, " AND "...)
 	}
-	return "set_config('application_name', CASE WHEN " + cond + " THEN '" + value + "' ELSE current_setting('application_name') END, " +
-		strconv.FormatBool(local) + ")"
+	b = append(b, "(current_setting('application_name') = '' OR current_setting('application_name') LIKE '"+appNamePrefix+"%') THEN '"...)
+	b = append(b, value...)
+	b = append(b, "' ELSE current_setting('application_name') END, "...)
+	b = strconv.AppendBool(b, local)
+	return append(b, ')')
 }
 
 // ownLocksQuery is the read of backend pid's advisory locks that
 // queryOwnLocks runs on c, and its arguments. On a connection that
 // publishes its identity and holds session locks, it begins with the
 // holder's annotation and, when the identity changed, sets
-// application_name; setTo is then the value to remember once the read ran
-// on pid. Such a text changes with every hold, so pgx runs it in the
-// simple protocol; the plain read (a connection that holds nothing) stays a
-// cached statement. Through a declared transaction pooler c reads its
-// holder's locks from another backend, and publishes nothing here.
-func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue, setTo *string) {
-	from := "(SELECT 1) one"
-	var note string
+// application_name; set says so, and setTo is then the value to remember
+// once the read ran on pid. Such a text changes with every hold, so pgx
+// runs it in the simple protocol; the plain read (a connection that holds
+// nothing) stays a cached statement. Through a declared transaction pooler
+// c reads its holder's locks from another backend, and publishes nothing
+// here.
+//
+// The texts that do not change with the hold (the plain read, and the one
+// that clears the identity after the last unlock) are composed once per
+// connection; a holder's text is composed in one buffer, so that the read
+// costs an allocation or two, not one per field.
+func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue, setTo string, set bool) {
 	own := &c.connector.own
-	if own.ok() && !c.connector.opts.txPooler {
-		c.pin.mu.Lock()
-		id := c.holderIdentityLocked()
-		current := c.pub.appName
-		c.pin.mu.Unlock()
-		want := ""
-		if id != nil {
-			note = id.annotation()
-			want = id.appName()
-		}
-		if c.pub.on && want != current {
-			from = "(SELECT " + setAppName(want, false, pid) + ") one"
-			setTo = &want
-		}
-		if note != "" || setTo != nil {
-			args = own.args // a text of this hold's: not for pgx's statement cache
-		}
+	if !own.ok() || c.connector.opts.txPooler {
+		return c.fixedLocksQuery(pid, false), nil, "", false
 	}
-	return locksQuery(note, from, pid, c.afterDiscard()), args, setTo
+	var id holderIdentity
+	c.pin.mu.Lock()
+	holding := c.holderIdentityInto(&id)
+	current := c.pub.appName
+	c.pin.mu.Unlock()
+	var appBuf [2 * maxAppName]byte
+	want := appBuf[:0]
+	if holding {
+		want = id.appendAppName(want)
+	}
+	set = c.pub.on && string(want) != current
+	switch {
+	case !holding && !set:
+		return c.fixedLocksQuery(pid, false), nil, "", false
+	case !holding:
+		return c.fixedLocksQuery(pid, true), own.args, "", true // a text of this connection's: not for pgx's statement cache
+	}
+	if set {
+		setTo = string(want)
+	}
+	var buf [1024]byte
+	b := id.appendAnnotation(buf[:0])
+	b = appendOwnLocksQuery(b, pid, set, want, c.afterDiscard())
+	return string(b), own.args, setTo, set // a text of this hold's: not for pgx's statement cache
+}
+
+// appendOwnLocksQuery appends the text of a read of backend pid's advisory
+// locks to b; with set, the read sets application_name to value on pid
+// (see setAppName).
+func appendOwnLocksQuery(b []byte, pid int32, set bool, value []byte, suffix string) []byte {
+	if !set {
+		return appendLocksQuery(b, "(SELECT 1) one", pid, suffix)
+	}
+	var from [512]byte
+	f := append(appendSetAppName(append(from[:0], "(SELECT "...), value, false, pid), ") one"...)
+	return appendLocksQuery(b, f, pid, suffix)
+}
+
+// fixedLocksQuery is c's read of backend pid's advisory locks when it
+// holds none, clearing its application_name with clear: the same text
+// until pid or the DISCARD ALLs change, composed once.
+func (c *conn) fixedLocksQuery(pid int32, clear bool) string {
+	discards := c.discards.Load()
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	t := &c.readTexts
+	if t.pid != pid || t.discards != discards {
+		*t = fixedReads{pid: pid, discards: discards}
+	}
+	text := &t.plain
+	if clear {
+		text = &t.clear
+	}
+	if *text == "" {
+		*text = string(appendOwnLocksQuery(nil, pid, clear, nil, c.afterDiscard()))
+	}
+	return *text
+}
+
+// fixedReads are a connection's reads of pg_locks that do not change with
+// what it holds (fixedLocksQuery), for one backend pid and DISCARD ALL
+// count.
+type fixedReads struct {
+	pid          int32
+	discards     int32
+	plain, clear string
 }
 
 // publishedAppName records what the read set, and whether it did so
