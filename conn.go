@@ -342,10 +342,12 @@ func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []dr
 	if !(plan.st.locks&sqlscan.NoWait != 0 && sqlState(err) == stateLockNotAvailable) { // NOWAIT did not wait
 		err = c.nameHolder(plan.wait, err)
 	}
-	var de *DeadlockError
-	if errors.As(err, &de) {
-		for _, h := range de.others { // the wait span links to the other side of the cycle
-			plan.wait.heldBy(h)
+	if err != nil {
+		var de *DeadlockError // (declared here: errors.As makes it escape, an allocation per statement)
+		if errors.As(err, &de) {
+			for _, h := range de.others { // the wait span links to the other side of the cycle
+				plan.wait.heldBy(h)
+			}
 		}
 	}
 	c.endLockWait(ctx, plan, err)
