@@ -343,6 +343,7 @@ func BenchmarkAdvisoryLockUnlock(b *testing.B) {
 			}
 			defer c.Close()
 			var ok bool
+			b.ReportAllocs()
 			for b.Loop() {
 				if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1)", int64(1)); err != nil {
 					b.Fatal(err)
@@ -352,6 +353,62 @@ func BenchmarkAdvisoryLockUnlock(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkAcquireAdvisoryLockRelease is AcquireAdvisoryLock and Release
+// of one key on a pool of one connection, against what a user would write
+// on the raw driver: a db.Conn, pg_advisory_lock, pg_advisory_unlock and
+// the connection back to the pool. lockhooks also reads pg_locks after the
+// lock and after the unlock, and reads the fencing token (Token).
+func BenchmarkAcquireAdvisoryLockRelease(b *testing.B) {
+	dsn := pgtest.DSN(b)
+	for _, how := range []string{viaRaw, viaLockhooks} {
+		b.Run("driver="+how, func(b *testing.B) {
+			db := openVia(b, how, "pgx", dsn)
+			defer db.Close()
+			ctx := context.Background()
+			lock := acquireReleaseVia(how)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := lock(ctx, db, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// acquireReleaseVia returns one acquisition and release of a session
+// lock: lockhooks' AcquireAdvisoryLock and Release, or its hand-written
+// raw equivalent.
+func acquireReleaseVia(how string) func(ctx context.Context, db *sql.DB, key int64) error {
+	if how == viaLockhooks {
+		return func(ctx context.Context, db *sql.DB, key int64) error {
+			l, err := AcquireAdvisoryLock(ctx, db, key)
+			if err != nil {
+				return err
+			}
+			return l.Release(ctx)
+		}
+	}
+	return func(ctx context.Context, db *sql.DB, key int64) error {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+			return err
+		}
+		var ok bool
+		if err := c.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", key).Scan(&ok); err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("pg_advisory_unlock(%d) returned false", key)
+		}
+		return nil
 	}
 }
 

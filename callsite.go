@@ -72,7 +72,8 @@ const maxSites = 4096
 // return address once: a transaction's identity names where it began at
 // BEGIN, and one code path's transactions begin at the same few addresses,
 // so naming the site costs map lookups under a read lock, no allocation.
-// One per database, bounded by maxSites.
+// So do the sites of advisory-lock statements (conn.siteOf). One per
+// database, bounded by maxSites.
 type siteCache struct {
 	mu    sync.RWMutex
 	names map[uintptr]string // file:line of the return address's first user frame, "" when it has none
@@ -140,4 +141,16 @@ func siteOf(ctx context.Context) string {
 		return s
 	}
 	return callSite()
+}
+
+// siteOf returns the call site recorded in ctx, or finds it, naming it
+// through the database's siteCache: a statement's site costs no allocation
+// once its return addresses were seen.
+func (c *conn) siteOf(ctx context.Context) string {
+	if s, ok := ctx.Value(callSiteKey{}).(string); ok {
+		return s
+	}
+	var cs callers
+	cs.capture()
+	return c.connector.sites.of(&cs)
 }

@@ -54,6 +54,9 @@ type conn struct {
 	// discards counts DISCARD ALLs: the server forgot the driver's
 	// prepared statements, so the connection is not pooled again.
 	discards atomic.Int32
+	// readTexts are its pg_locks reads that do not change with what it
+	// holds (fixedLocksQuery); guarded by pin.mu.
+	readTexts fixedReads
 
 	// pid is the Postgres backend pid, read when the connection opens (0
 	// until then, and on SQLite).
@@ -365,10 +368,12 @@ func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []dr
 		err = c.nameHolder(plan.wait, err)
 	}
 	err = plan.wait.withSelfHint(err)
-	var de *DeadlockError
-	if errors.As(err, &de) {
-		for _, h := range de.others { // the wait span links to the other side of the cycle
-			plan.wait.heldBy(h)
+	if err != nil {
+		var de *DeadlockError // (declared here: errors.As makes it escape, an allocation per statement)
+		if errors.As(err, &de) {
+			for _, h := range de.others { // the wait span links to the other side of the cycle
+				plan.wait.heldBy(h)
+			}
 		}
 	}
 	c.endLockWait(ctx, plan, err)

@@ -208,19 +208,33 @@ func shortProcess(p string, n int) string {
 // then the time a session lock was taken and the pool, as room allows. The
 // trace (50 bytes in hex) never fits: only the annotation carries it.
 func (id *holderIdentity) appName() string {
-	head := appNamePrefix + shortProcess(id.Process, appNameProcessLen) + "#" + strconv.FormatUint(id.Database, 10) + "." + strconv.FormatUint(id.Conn, 10)
-	if len(head) > maxAppName {
-		return head[:maxAppName]
+	var buf [2 * maxAppName]byte
+	return string(id.appendAppName(buf[:0]))
+}
+
+// appendAppName appends appName's value to b.
+func (id *holderIdentity) appendAppName(b []byte) []byte {
+	start := len(b)
+	b = append(b, appNamePrefix...)
+	b = append(b, shortProcess(id.Process, appNameProcessLen)...)
+	b = append(b, '#')
+	b = strconv.AppendUint(b, id.Database, 10)
+	b = append(b, '.')
+	b = strconv.AppendUint(b, id.Conn, 10)
+	if len(b)-start > maxAppName {
+		return b[:start+maxAppName]
 	}
 	kind, _, _ := strings.Cut(id.Holds, " ") // "lock 42" -> "lock": the keys are in the annotation
 	if kind == "" {
-		return head
+		return b
 	}
-	s := head + " " + kind
-	since := sinceField(id)
+	b = append(b, ' ')
+	b = append(b, kind...)
+	var sinceBuf [16]byte
+	since := appendSinceField(sinceBuf[:0], id)
 	if id.Site != "" {
-		room := maxAppName - len(s) - 1
-		if since != "" && (len(id.Site) <= room-1-len(since) || room-1-len(since) >= minAppNameSite) {
+		room := maxAppName - (len(b) - start) - 1
+		if len(since) > 0 && (len(id.Site) <= room-1-len(since) || room-1-len(since) >= minAppNameSite) {
 			room -= 1 + len(since) // the time fits too
 		}
 		site := id.Site
@@ -229,70 +243,84 @@ func (id *holderIdentity) appName() string {
 				site = site[i+1:] // file:line, without its directory
 			}
 		}
-		if len(site) > room {
-			site = ""
-			if room >= minAppNameSite {
-				site = "~" + id.Site[len(id.Site)-room+1:]
-			}
-		}
-		if site != "" {
-			s += " " + site
-		}
-	}
-	for _, f := range []string{since, poolField(id)} {
-		if f != "" && len(s)+1+len(f) <= maxAppName {
-			s += " " + f
+		switch {
+		case len(site) <= room:
+			b = append(b, ' ')
+			b = append(b, site...)
+		case room >= minAppNameSite:
+			b = append(b, " ~"...)
+			b = append(b, id.Site[len(id.Site)-room+1:]...)
 		}
 	}
-	return s
+	if len(since) > 0 && len(b)-start+1+len(since) <= maxAppName {
+		b = append(b, ' ')
+		b = append(b, since...)
+	}
+	if id.Pool != "" && len(b)-start+2+len(id.Pool) <= maxAppName {
+		b = append(b, " %"...)
+		b = append(b, id.Pool...)
+	}
+	return b
 }
 
 // minAppNameSite is the shortest site worth writing ("~" and a file:line).
 const minAppNameSite = 12
 
-func sinceField(id *holderIdentity) string {
+// appendSinceField appends the time a session lock was taken, as
+// application_name carries it ("@" and Unix milliseconds in base 36), to b.
+func appendSinceField(b []byte, id *holderIdentity) []byte {
 	if id.Since.IsZero() || id.Holds == "tx" {
-		return ""
+		return b
 	}
-	return "@" + since36(id.Since)
+	return strconv.AppendInt(append(b, '@'), id.Since.UnixMilli(), 36)
 }
-
-func poolField(id *holderIdentity) string {
-	if id.Pool == "" {
-		return ""
-	}
-	return "%" + id.Pool
-}
-
-// since36 is t in Unix milliseconds, base 36.
-func since36(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 36) }
 
 // annotation is the comment that begins lockhooks' own statements on a
 // holder: every field, no length limit. It holds only safeToken
 // characters, so it can never end the comment early.
 func (id *holderIdentity) annotation() string {
-	var b strings.Builder
-	b.WriteString(annotationPrefix)
-	b.WriteString("process=" + id.Process)
-	b.WriteString(" db=" + strconv.FormatUint(id.Database, 10))
+	var buf [256]byte
+	return string(id.appendAnnotation(buf[:0]))
+}
+
+// appendAnnotation appends the annotation to b.
+func (id *holderIdentity) appendAnnotation(b []byte) []byte {
+	b = append(b, annotationPrefix...)
+	b = append(b, "process="...)
+	b = append(b, id.Process...)
+	b = append(b, " db="...)
+	b = strconv.AppendUint(b, id.Database, 10)
 	if id.Pool != "" {
-		b.WriteString(" pool=" + id.Pool)
+		b = append(b, " pool="...)
+		b = append(b, id.Pool...)
 	}
-	b.WriteString(" conn=" + strconv.FormatUint(id.Conn, 10))
+	b = append(b, " conn="...)
+	b = strconv.AppendUint(b, id.Conn, 10)
 	if id.Holds != "" {
-		b.WriteString(" holds=" + strings.ReplaceAll(id.Holds, " ", ":"))
+		b = append(b, " holds="...)
+		for i := range len(id.Holds) {
+			if ch := id.Holds[i]; ch == ' ' {
+				b = append(b, ':')
+			} else {
+				b = append(b, ch)
+			}
+		}
 	}
 	if id.Site != "" {
-		b.WriteString(" site=" + id.Site)
+		b = append(b, " site="...)
+		b = append(b, id.Site...)
 	}
 	if !id.Since.IsZero() {
-		b.WriteString(" since=" + id.Since.UTC().Format("2006-01-02T15:04:05.000Z"))
+		b = append(b, " since="...)
+		b = id.Since.UTC().AppendFormat(b, "2006-01-02T15:04:05.000Z")
 	}
 	if id.TraceID != "" {
-		b.WriteString(" trace=" + id.TraceID + "-" + id.SpanID)
+		b = append(b, " trace="...)
+		b = append(b, id.TraceID...)
+		b = append(b, '-')
+		b = append(b, id.SpanID...)
 	}
-	b.WriteString("*/ ")
-	return b.String()
+	return append(b, "*/ "...)
 }
 
 // parseAppName decodes an application_name lockhooks set; nil if it is not

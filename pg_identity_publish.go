@@ -139,6 +139,17 @@ func (c *conn) holderIdentityLocked() *holderIdentity { return c.holderIdentityW
 // holderIdentityWithoutLocked is holderIdentityLocked as it will be once
 // the lock of key skip (if not nil) is released. c.pin.mu is held.
 func (c *conn) holderIdentityWithoutLocked(skip *lockKey) *holderIdentity {
+	id := new(holderIdentity)
+	if !c.holderIdentityInto(id, skip) {
+		return nil
+	}
+	return id
+}
+
+// holderIdentityInto sets *id to c's identity as a holder of session
+// locks, leaving out the lock of key skip (if not nil), and reports
+// whether it holds any other. c.pin.mu is held.
+func (c *conn) holderIdentityInto(id *holderIdentity, skip *lockKey) bool {
 	var oldest *heldLock
 	var key lockKey
 	for k, l := range c.pin.held {
@@ -150,18 +161,26 @@ func (c *conn) holderIdentityWithoutLocked(skip *lockKey) *holderIdentity {
 		}
 	}
 	if oldest == nil {
-		return nil
+		return false
 	}
-	id := c.baseIdentity()
-	id.Holds = "lock " + keyToken(key)
+	c.baseIdentityInto(id)
+	var holds [48]byte
+	id.Holds = string(appendKeyToken(append(holds[:0], "lock "...), key))
 	id.Site, id.Since = safeToken(oldest.site, "_"), oldest.since
 	id.TraceID, id.SpanID = traceIDs(oldest.span)
-	return id
+	return true
 }
 
 // baseIdentity names c's process, database and connection.
 func (c *conn) baseIdentity() *holderIdentity {
-	return &holderIdentity{Process: processLabel(), Database: c.connector.seq,
+	id := new(holderIdentity)
+	c.baseIdentityInto(id)
+	return id
+}
+
+// baseIdentityInto sets *id to baseIdentity's value.
+func (c *conn) baseIdentityInto(id *holderIdentity) {
+	*id = holderIdentity{Process: processLabel(), Database: c.connector.seq,
 		Pool: safeToken(c.connector.pool, "_"), Conn: c.id}
 }
 
@@ -174,14 +193,20 @@ func (c *conn) txAppName(site string) string {
 
 // keyToken writes k for an identity: 42, 1/2, 42-shared.
 func keyToken(k lockKey) string {
-	s := strconv.FormatInt(k.k1, 10)
+	var buf [48]byte
+	return string(appendKeyToken(buf[:0], k))
+}
+
+// appendKeyToken appends keyToken's value to b.
+func appendKeyToken(b []byte, k lockKey) []byte {
+	b = strconv.AppendInt(b, k.k1, 10)
 	if k.pair {
-		s += "/" + strconv.FormatInt(k.k2, 10)
+		b = strconv.AppendInt(append(b, '/'), k.k2, 10)
 	}
 	if k.shared {
-		s += "-shared"
+		b = append(b, "-shared"...)
 	}
-	return s
+	return b
 }
 
 // setAppName is the SQL expression that sets application_name to value
@@ -189,12 +214,22 @@ func keyToken(k lockKey) string {
 // is empty or lockhooks' own is replaced, any other is kept. onPID, if not
 // 0, sets it only on that backend.
 func setAppName(value string, local bool, onPID int32) string {
-	cond := "(current_setting('application_name') = '' OR current_setting('application_name') LIKE '" + appNamePrefix + "%')"
+	var buf [512]byte
+	return string(appendSetAppName(buf[:0], value, local, onPID))
+}
+
+// appendSetAppName appends setAppName's expression to b.
+func appendSetAppName[T string | []byte](b []byte, value T, local bool, onPID int32) []byte {
+	b = append(b, "set_config('application_name', CASE WHEN "...)
 	if onPID != 0 {
-		cond = "pg_backend_pid() = " + strconv.Itoa(int(onPID)) + " AND " + cond
+		b = strconv.AppendInt(append(b, "pg_backend_pid() = "...), int64(onPID), 10)
+		b = append(b, " AND "...)
 	}
-	return "set_config('application_name', CASE WHEN " + cond + " THEN '" + value + "' ELSE current_setting('application_name') END, " +
-		strconv.FormatBool(local) + ")"
+	b = append(b, "(current_setting('application_name') = '' OR current_setting('application_name') LIKE '"+appNamePrefix+"%') THEN '"...)
+	b = append(b, value...)
+	b = append(b, "' ELSE current_setting('application_name') END, "...)
+	b = strconv.AppendBool(b, local)
+	return append(b, ')')
 }
 
 // ownLocksQuery is the read of backend pid's advisory locks that
@@ -204,9 +239,50 @@ func setAppName(value string, local bool, onPID int32) string {
 // while the plain read (a connection that holds nothing) stays a cached
 // statement. Through a declared transaction pooler c reads its holder's
 // locks from another backend, and annotates nothing here.
+//
+// The plain read is composed once per connection; a holder's text is
+// composed in one buffer, so that the read costs an allocation or two, not
+// one per field.
 func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue) {
-	note, args := c.holderNote()
-	return locksQuery(note, "(SELECT 1) one", pid, c.afterDiscard()), args
+	own := &c.connector.own
+	if !own.ok() || c.connector.opts.txPooler {
+		return c.fixedLocksQuery(pid), nil
+	}
+	var id holderIdentity
+	c.pin.mu.Lock()
+	holding := c.holderIdentityInto(&id, nil)
+	c.pin.mu.Unlock()
+	if !holding {
+		return c.fixedLocksQuery(pid), nil
+	}
+	var buf [1024]byte
+	b := id.appendAnnotation(buf[:0])
+	b = appendLocksQuery(b, "(SELECT 1) one", pid, c.afterDiscard())
+	return string(b), own.args // a text of this hold's: not for pgx's statement cache
+}
+
+// fixedLocksQuery is c's read of backend pid's advisory locks when it
+// holds none: the same text until pid or the DISCARD ALLs change,
+// composed once.
+func (c *conn) fixedLocksQuery(pid int32) string {
+	discards := c.discards.Load()
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	t := &c.readTexts
+	if t.pid != pid || t.discards != discards || t.plain == "" {
+		*t = fixedReads{pid: pid, discards: discards,
+			plain: string(appendLocksQuery(nil, "(SELECT 1) one", pid, c.afterDiscard()))}
+	}
+	return t.plain
+}
+
+// fixedReads is a connection's read of pg_locks that does not change with
+// what it holds (fixedLocksQuery), for one backend pid and DISCARD ALL
+// count.
+type fixedReads struct {
+	pid      int32
+	discards int32
+	plain    string
 }
 
 // holderNote is the annotation that names c as the holder of its session

@@ -171,7 +171,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 		return plan, nil, nil
 	}
-	plan.keys, plan.known = make([]lockKey, len(adv.Calls)), make([]bool, len(adv.Calls))
+	plan.keys, plan.known = keySlices(len(adv.Calls))
 	plan.exact = adv.TargetList && !adv.Uncertain
 	plan.verify = !plan.exact && !adv.DiscardAll
 	for i, call := range adv.Calls {
@@ -215,7 +215,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		// after, says whether it is where this connection is.
 		plan.verify = true
 	}
-	plan.site = siteOf(ctx)
+	plan.site = c.siteOf(ctx)
 	if plan.exact && !adv.Simple {
 		if err := c.checkUnlocks(adv, plan.keys, plan.site); err != nil {
 			return plan, nil, err
@@ -234,6 +234,19 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	c.pin.gen++
 	c.pin.mu.Unlock()
 	return plan, nil, nil
+}
+
+// keySlices returns an advisoryPlan's keys and known for n calls: for the
+// usual statement of one call, in one allocation.
+func keySlices(n int) ([]lockKey, []bool) {
+	if n == 1 {
+		one := new(struct {
+			key   [1]lockKey
+			known [1]bool
+		})
+		return one.key[:], one.known[:]
+	}
+	return make([]lockKey, n), make([]bool, n)
 }
 
 // takesOrFreesSession reports whether a statement takes or releases a
@@ -393,6 +406,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		c.pin.gen++
 		c.pin.mu.Unlock()
 	}()
+	span := trace.SpanContextFromContext(ctx) // (a value of WithoutCancel's context costs an allocation)
 	ctx = context.WithoutCancel(ctx)
 	if err != nil {
 		if c.connectionBroken(err) {
@@ -431,7 +445,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	}
 	var pending map[lockKey]int
 	if plan.exact {
-		pending = c.apply(ctx, plan, results)
+		pending = c.apply(span, plan, results)
 	}
 	if adv.Statements > 1 {
 		c.followTxControl(plan.st.text, true, false)
@@ -481,12 +495,12 @@ func (c *conn) endAfterBreak(plan advisoryPlan) {
 }
 
 // apply records the effect of a target list whose keys are all known, call
-// by call, left to right. It returns the try-locks whose outcome only
-// pg_locks can tell (negative counts: transaction-level ones).
-func (c *conn) apply(ctx context.Context, plan advisoryPlan, results []driver.Value) (pending map[lockKey]int) {
+// by call, left to right (span: the statement's). It returns the try-locks
+// whose outcome only pg_locks can tell (negative counts: transaction-level
+// ones).
+func (c *conn) apply(span trace.SpanContext, plan advisoryPlan, results []driver.Value) (pending map[lockKey]int) {
 	adv := plan.st.advisory
 	inTx := c.inTx()
-	span := trace.SpanContextFromContext(ctx)
 	c.pin.mu.Lock()
 	defer c.pin.mu.Unlock()
 	for i, call := range adv.Calls {

@@ -243,24 +243,49 @@ func (c *conn) holder(ctx context.Context) (*holderConn, error) {
 		c.hold = h
 	}
 	if !h.inTx {
-		if err := execDirect(ctx, h.inner, "BEGIN"); err != nil {
-			return nil, c.holderFailed(err)
-		}
-		h.inTx = true
-		rows, err := queryDirect(ctx, h.inner, "SELECT pg_backend_pid(), "+incarnationExpr, nil)
-		var row *staticRows
-		if err == nil {
-			row, err = readStaticRow(rows)
-		}
+		pid, incarnation, err := c.beginHolder(ctx, h)
 		if err != nil {
 			return nil, c.holderFailed(err)
 		}
-		c.holderPID.Store(int32(asInt64(row.row[0])))
-		if len(row.row) > 1 {
-			h.incarnation = readIncarnation(row.row[1])
-		}
+		h.inTx, h.incarnation = true, incarnation
+		c.holderPID.Store(pid)
 	}
 	return h, nil
+}
+
+// beginHolder begins the holder's transaction and reads its backend pid.
+// Where the driver runs a text of several statements in one
+// simple-protocol message (ownStatements), both go in one round trip,
+// "SELECT pg_backend_pid(); BEGIN": the query runs in the implicit
+// transaction that BEGIN turns into the block, so on the block's backend
+// (one Query message is one transaction to a pooler, which then keeps the
+// server connection linked while the block is open, as it would after a
+// BEGIN of its own); pgx returns the first statement's row, lib/pq the
+// first that has one. TestPoolerHolderBackend checks the pid against the
+// backend that holds the locks (a wrong one would also fail every
+// readHolderLocks: "its holder answered from backend pid …").
+func (c *conn) beginHolder(ctx context.Context, h *holderConn) (pid int32, incarnation string, err error) {
+	own := c.connector.own.of(h.inner)
+	const read = "SELECT pg_backend_pid(), " + incarnationExpr
+	query, args := read+"; BEGIN", own.args
+	if !own.ok() {
+		if err := execDirect(ctx, h.inner, "BEGIN"); err != nil {
+			return 0, "", err
+		}
+		query, args = read, nil
+	}
+	rows, err := queryDirect(ctx, h.inner, query, args)
+	var row *staticRows
+	if err == nil {
+		row, err = readStaticRow(rows)
+	}
+	if err == nil && len(row.row) != 2 {
+		err = fmt.Errorf("lockhooks: reading the holder's backend pid: %d columns, want 2", len(row.row))
+	}
+	if err != nil {
+		return 0, "", err
+	}
+	return int32(asInt64(row.row[0])), readIncarnation(row.row[1]), nil
 }
 
 // holderFailed drops a holder whose statement failed outside the server's

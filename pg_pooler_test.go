@@ -307,14 +307,20 @@ func testPoolerTransactionLevelLocks(t *testing.T, p *pgtest.Pooler) {
 
 // BenchmarkTransactionPooler: statements through PgBouncer in transaction
 // mode when no lock is held, raw pgx against lockhooks without and with
-// WithTransactionPooler (the option must cost nothing then).
+// WithTransactionPooler (the option must cost nothing then), through each
+// PgBouncer of the test matrix (1.18 in exec mode, 1.25 with pgx's
+// statement cache).
 func BenchmarkTransactionPooler(b *testing.B) {
-	dsn := pgtest.PoolerDSN(b)
-	benchSelectOne(b, []openedAs{
-		{"driver=raw", func() (*sql.DB, error) { return sql.Open("pgx", dsn) }},
-		{"driver=lockhooks/pooler=undeclared", func() (*sql.DB, error) { return Open("pgx", dsn) }},
-		{"driver=lockhooks/pooler=declared", func() (*sql.DB, error) { return Open("pgx", dsn, WithTransactionPooler()) }},
-	})
+	for _, v := range pgtest.Versions {
+		b.Run(v.String(), func(b *testing.B) {
+			dsn := pgtest.SharedPoolerOf(b, v).DSN(b)
+			benchSelectOne(b, []openedAs{
+				{"driver=raw", func() (*sql.DB, error) { return sql.Open("pgx", dsn) }},
+				{"driver=lockhooks/pooler=undeclared", func() (*sql.DB, error) { return Open("pgx", dsn) }},
+				{"driver=lockhooks/pooler=declared", func() (*sql.DB, error) { return Open("pgx", dsn, WithTransactionPooler()) }},
+			})
+		})
+	}
 }
 
 // BenchmarkPoolerProtectedStatement: a statement of the work an advisory
@@ -359,4 +365,34 @@ func BenchmarkPoolerProtectedStatement(b *testing.B) {
 			}
 		}
 	})
+}
+
+// Through a declared transaction pooler the holder learns its backend pid
+// in the round trip that begins its transaction: that pid is the backend
+// pg_locks shows holding the lock, inside the open transaction that keeps
+// the server connection, for a first hold and for a hold after the holder's
+// transaction ended with the last release.
+func TestPoolerHolderBackend(t *testing.T) { pgtest.EachPooler(t, testPoolerHolderBackend) }
+
+func testPoolerHolderBackend(t *testing.T, p *pgtest.Pooler) {
+	e := newPoolerEnv(t, p)
+	wrapped := e.open(t, WithTransactionPooler())
+	ctx := context.Background()
+	for range 2 {
+		l, err := AcquireAdvisoryLock(ctx, wrapped, 13)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, want := l.c.holderPID.Load(), holderPID(t, e.raw, 13)
+		var state string
+		if err := e.raw.QueryRow("SELECT state FROM pg_stat_activity WHERE pid = $1", want).Scan(&state); err != nil {
+			t.Fatal(err)
+		}
+		if got != want || state != "idle in transaction" {
+			t.Errorf("holder pid %d, pg_locks shows the lock on %d (%s)", got, want, state)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -3,8 +3,10 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -45,17 +47,17 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 	now := time.Now()
 	c.pin.mu.Lock()
 	for k, l := range c.pin.held {
-		if !server[k] {
+		if !server.has(k) {
 			delete(c.pin.held, k)
 			c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
 		}
 	}
 	for k := range c.pin.xact {
-		if !server[k] {
+		if !server.has(k) {
 			delete(c.pin.xact, k) // released by ROLLBACK TO SAVEPOINT
 		}
 	}
-	for k := range server {
+	for _, k := range server {
 		n := pending[k]
 		switch {
 		case n < 0:
@@ -91,7 +93,7 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 //
 // Inside a transaction the read runs in a savepoint, so that its failure
 // cannot abort the application's transaction.
-func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) {
+func (c *conn) readAdvisoryLocks(ctx context.Context) (lockSet, error) {
 	if _, err := c.backendPID(ctx); err != nil {
 		return nil, err
 	}
@@ -144,10 +146,10 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (map[lockKey]bool, error) 
 // connection would find it empty, as if it had released them. The read runs
 // with a bounded context of its own (a cancellation in the middle would
 // make the driver close the holder).
-func (c *conn) readHolderLocks(ctx context.Context) (map[lockKey]bool, error) {
+func (c *conn) readHolderLocks(ctx context.Context) (lockSet, error) {
 	pid := c.holderPID.Load()
 	if c.hold == nil || pid == 0 {
-		return map[lockKey]bool{}, nil
+		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
 	defer cancel()
@@ -165,7 +167,7 @@ func (c *conn) readHolderLocks(ctx context.Context) (map[lockKey]bool, error) {
 // backend that answers), and the pid and session marker of the backend
 // that answers. On a connection that holds session locks, the holder's
 // identity rides on the read (pg_identity_publish.go).
-func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]bool, ranOn int32, marker string, err error) {
+func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held lockSet, ranOn int32, marker string, err error) {
 	query, args := c.ownLocksQuery(pid)
 	return queryLocks(ctx, c.inner, query, args)
 }
@@ -173,43 +175,99 @@ func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held map[lockKey]b
 // queryLocksOn reads, on the connection on, the granted advisory locks of
 // backend pid (0: of the backend that answers), and the pid and session
 // marker of the backend that answers; suffix ends the query's text.
-func queryLocksOn(ctx context.Context, on driver.Conn, pid int32, suffix string) (held map[lockKey]bool, ranOn int32, marker string, err error) {
-	return queryLocks(ctx, on, locksQuery("", "(SELECT 1) one", pid, suffix), nil)
+func queryLocksOn(ctx context.Context, on driver.Conn, pid int32, suffix string) (held lockSet, ranOn int32, marker string, err error) {
+	return queryLocks(ctx, on, string(appendLocksQuery(nil, "(SELECT 1) one", pid, suffix)), nil)
 }
 
-// locksQuery is the text of a pg_locks read of backend pid's granted
-// advisory locks (0: of the backend that answers): note leads it, from is
-// what the read joins pg_locks to, suffix ends it.
-func locksQuery(note, from string, pid int32, suffix string) string {
-	of := "pg_backend_pid()"
+// appendLocksQuery appends the text of a pg_locks read of backend pid's
+// granted advisory locks (0: of the backend that answers) to b: from is
+// what the read selects from (a one-row subquery), suffix ends it.
+//
+// The read returns one row of one text column, whatever the backend holds
+// (parseLocksRow reads it): "<pid>[ <classid> <objid> <objsubid><x|s>]…|<marker>",
+// the backend that answers, its granted advisory locks (x: ExclusiveLock,
+// s: ShareLock) and its session marker ("" when it has none). One column
+// of one row is what a driver reads at the least cost: pgx allocates per
+// column of a result and per value of a row.
+func appendLocksQuery[T string | []byte](b []byte, from T, pid int32, suffix string) []byte {
+	b = append(b, `SELECT pg_backend_pid() || coalesce((SELECT string_agg(' ' || l.classid || ' ' || l.objid || ' ' || l.objsubid || CASE WHEN l.mode = 'ShareLock' THEN 's' ELSE 'x' END, '') FROM pg_locks l WHERE l.pid = `...)
 	if pid != 0 {
-		of = strconv.Itoa(int(pid))
+		b = strconv.AppendInt(b, int64(pid), 10)
+	} else {
+		b = append(b, "pg_backend_pid()"...)
 	}
-	return note + `SELECT pg_backend_pid(), current_setting('lockhooks.session', true), l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
-FROM ` + from + ` LEFT JOIN pg_locks l ON l.pid = ` + of + ` AND l.locktype = 'advisory' AND l.granted` + suffix
+	b = append(b, ` AND l.locktype = 'advisory' AND l.granted), '') || '|' || coalesce(current_setting('lockhooks.session', true), '')
+FROM `...)
+	b = append(b, from...)
+	return append(b, suffix...)
 }
 
-// queryLocks runs a pg_locks read made by locksQuery on on.
-func queryLocks(ctx context.Context, on driver.Conn, query string, args []driver.NamedValue) (held map[lockKey]bool, ranOn int32, marker string, err error) {
+// lockSet is the advisory locks a pg_locks read found on a backend, each
+// once.
+type lockSet []lockKey
+
+// has reports whether s holds k.
+func (s lockSet) has(k lockKey) bool { return slices.Contains(s, k) }
+
+// queryLocks runs a pg_locks read made by appendLocksQuery on on.
+func queryLocks(ctx context.Context, on driver.Conn, query string, args []driver.NamedValue) (held lockSet, ranOn int32, marker string, err error) {
 	rows, err := queryDirect(ctx, on, query, args)
 	if err != nil {
 		return nil, 0, "", err
 	}
 	defer rows.Close()
-	held = map[lockKey]bool{}
-	dest := make([]driver.Value, 6)
-	for {
-		if err := rows.Next(dest); err != nil {
-			if err == io.EOF {
-				return held, ranOn, marker, nil
-			}
-			return nil, 0, "", err
+	dest := make([]driver.Value, 1)
+	if err := rows.Next(dest); err != nil {
+		if err == io.EOF {
+			err = errors.New("lockhooks: the pg_locks read returned no row")
 		}
-		ranOn, marker = int32(asInt64(dest[0])), asString(dest[1])
-		if dest[2] != nil {
-			held[advisoryKeyOf(asInt64(dest[2]), asInt64(dest[3]), asInt64(dest[4]), dest[5])] = true
+		return nil, 0, "", err
+	}
+	return parseLocksRow(asString(dest[0]))
+}
+
+// parseLocksRow reads the row of a read made by appendLocksQuery.
+func parseLocksRow(row string) (held lockSet, ranOn int32, marker string, err error) {
+	head, marker, ok := strings.Cut(row, "|")
+	if !ok {
+		return nil, 0, "", fmt.Errorf("lockhooks: the pg_locks read returned %q, not <pid> <locks>|<marker>", row)
+	}
+	next := func() (int64, string, bool) {
+		head = strings.TrimPrefix(head, " ")
+		i := strings.IndexByte(head, ' ')
+		if i < 0 {
+			i = len(head)
+		}
+		field := head[:i]
+		head = head[i:]
+		var mode string
+		if n := len(field); n > 0 && (field[n-1] == 'x' || field[n-1] == 's') {
+			field, mode = field[:n-1], field[n-1:]
+		}
+		v, err := strconv.ParseInt(field, 10, 64)
+		return v, mode, err == nil
+	}
+	pid, _, ok := next()
+	for ok && head != "" {
+		classid, _, ok1 := next()
+		objid, _, ok2 := next()
+		objsubid, mode, ok3 := next()
+		if ok = ok1 && ok2 && ok3 && mode != ""; !ok {
+			break
+		}
+		var lockMode driver.Value = "ExclusiveLock"
+		if mode == "s" {
+			lockMode = "ShareLock"
+		}
+		k := advisoryKeyOf(classid, objid, objsubid, lockMode)
+		if !held.has(k) {
+			held = append(held, k)
 		}
 	}
+	if !ok {
+		return nil, 0, "", fmt.Errorf("lockhooks: the pg_locks read returned %q, not <pid> <locks>|<marker>", row)
+	}
+	return held, int32(pid), marker, nil
 }
 
 // verifyOnReturn reads pg_locks for a connection returned to the pool that
