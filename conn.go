@@ -454,10 +454,15 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	// connection when they fail: a cancelled context would take every
 	// session lock of the connection with it. database/sql still rolls back
 	// when ctx ends, and statements still honour their own context.
+	c.noteSent("") // the backend's last statement, should its connection break (pg_loss.go)
 	inner, err := c.beginner.BeginTx(context.WithoutCancel(ctx), opts)
 	if err != nil {
+		if isServerError(err) {
+			c.noteAnswered()
+		}
 		return nil, c.observe(err)
 	}
+	c.noteAnswered()
 	return c.tx.begin(ctx, inner, opts, &site), nil
 }
 
@@ -510,7 +515,17 @@ func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (drive
 // execOwn runs a statement of lockhooks' own (BEGIN, COMMIT, ROLLBACK) on
 // the inner connection, bypassing the hooks, through its Execer or, for
 // drivers without one, through Prepare.
-func (c *conn) execOwn(ctx context.Context, query string) error {
+func (c *conn) execOwn(ctx context.Context, query string) (err error) {
+	if c.connector.pins != nil {
+		// Postgres: the backend's last statement, should its connection
+		// break (pg_loss.go).
+		c.noteSent(query)
+		defer func() {
+			if err == nil || isServerError(err) {
+				c.noteAnswered()
+			}
+		}()
+	}
 	if c.execer != nil {
 		_, err := c.execer.ExecContext(ctx, query, nil)
 		return err

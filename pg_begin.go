@@ -237,10 +237,14 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *caller
 	// in the middle would make pgx close the connection. COMMIT runs with
 	// the same context.
 	ownCtx := context.WithoutCancel(ctx)
+	c.noteSent(m.text) // the backend's last statement, should its connection break (pg_loss.go)
 	if m.cols == 0 {
 		_, err = c.execer.ExecContext(ownCtx, m.text, nil)
 	} else {
 		err = c.beginRow(ownCtx, m, own.args, info)
+	}
+	if err == nil || isServerError(err) {
+		c.noteAnswered()
 	}
 	if err != nil {
 		if isServerError(err) {

@@ -139,14 +139,29 @@ func (t *tx) Commit() (err error) {
 			return err
 		}
 	}
-	return t.c.txEnded(t.c.observe(t.inner.Commit()))
+	return t.c.txEnded(t.c.observe(t.c.noted(t.inner.Commit)))
 }
 
 // Rollback rolls back the inner transaction, then runs what waits for its
 // end. database/sql also calls it when the transaction's context ends.
 func (t *tx) Rollback() error {
 	defer t.end()
-	return t.c.txEnded(t.c.observe(t.inner.Rollback()))
+	return t.c.txEnded(t.c.observe(t.c.noted(t.inner.Rollback)))
+}
+
+// noted runs end (the driver's COMMIT or ROLLBACK) and, on Postgres, notes
+// it as the backend's last statement, should the connection break
+// (pg_loss.go).
+func (c *conn) noted(end func() error) error {
+	if c.connector.pins == nil {
+		return end()
+	}
+	c.noteSent("")
+	err := end()
+	if err == nil || isServerError(err) {
+		c.noteAnswered()
+	}
+	return err
 }
 
 // txEnded looks at what COMMIT or ROLLBACK returned: a connection that broke
@@ -160,9 +175,9 @@ func (c *conn) txEnded(err error) error {
 }
 
 // end runs once COMMIT or ROLLBACK returned (whatever it returned): it
-// releases the transaction's lockset holds and the SQLite writer lock, and, if a statement in it changed session
-// locks in ways only pg_locks can tell, reads pg_locks now that the
-// transaction's own locks are gone.
+// releases the transaction's lockset holds and the SQLite writer lock,
+// and, if a statement in it changed session locks in ways only pg_locks
+// can tell, reads pg_locks now that the transaction's own locks are gone.
 func (t *tx) end() {
 	t.inner, t.ctx, t.ownCtx, t.run = nil, nil, nil, nil
 	t.c.selfRun.Store(nil)
