@@ -5,7 +5,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -48,24 +47,11 @@ func (c *conn) connectionBroken(err error) bool {
 // (SeverityUnlocalized, which does not depend on lc_messages, and
 // Severity), read by reflection so that the root package imports no driver.
 func fatal(err error) bool {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		v := reflect.ValueOf(e)
-		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
-			if v.IsNil() {
-				break
-			}
-			v = v.Elem()
-		}
-		if v.Kind() != reflect.Struct {
-			continue
-		}
-		for _, name := range [...]string{"SeverityUnlocalized", "Severity"} {
-			if f := v.FieldByName(name); f.IsValid() && f.Kind() == reflect.String && f.String() != "" {
-				return f.String() == "FATAL" || f.String() == "PANIC"
-			}
-		}
+	s := errField(err, "SeverityUnlocalized")
+	if s == "" {
+		s = errField(err, "Severity")
 	}
-	return false
+	return s == "FATAL" || s == "PANIC"
 }
 
 // alive pings the connection.
