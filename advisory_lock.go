@@ -290,12 +290,22 @@ func (l *AdvisoryLock) unlock(ctx context.Context) error {
 	if !l.c.holds(k) {
 		return err
 	}
-	// Still held: roll back the transaction the unlock may have failed in
-	// (one begun by statement text; database/sql's belongs to its *sql.Tx),
-	// and unlock again.
-	l.c.pin.mu.Lock()
-	textTx := l.c.pin.textTx && l.c.tx.inner == nil
-	l.c.pin.mu.Unlock()
+	// Still held: if the unlock failed because the transaction it ran in
+	// had failed (25P02; one begun by statement text: database/sql's
+	// belongs to its *sql.Tx), roll that transaction back and unlock
+	// again. Another failure (a timeout, say) keeps the user's work: the
+	// connection is closed instead. The connection's state is read under
+	// database/sql's hold of it (Raw), never beside a statement of another
+	// goroutine's.
+	var textTx bool
+	if sqlState(err) == "25P02" {
+		l.conn.Raw(func(any) error {
+			l.c.pin.mu.Lock()
+			textTx = l.c.pin.textTx && l.c.tx.inner == nil
+			l.c.pin.mu.Unlock()
+			return nil
+		})
+	}
 	if textTx {
 		if _, rerr := l.conn.ExecContext(ctx, "ROLLBACK"); rerr == nil {
 			if ok, uerr := l.unlockOnce(ctx); uerr == nil && ok && !l.c.holds(k) {
