@@ -95,7 +95,7 @@ func (c *conn) loseLocks(cause error) error {
 // keeps its transaction, and them, open until TCP keepalive. (Through a
 // transaction pooler the transaction's backend is the pooler's to drop.)
 func (c *conn) endTransactionLocks() {
-	if c.connector.pins == nil || c.connector.opts.txPooler || c.connector.opts.pinningPooler {
+	if c.connector.pins == nil || c.throughPooler() {
 		return
 	}
 	c.pin.mu.Lock()
@@ -261,7 +261,8 @@ const serverStartExpr = "(extract(epoch FROM pg_postmaster_start_time()) * 10000
 // endSlack is how long after lockhooks sent a statement that was never
 // answered (its connection broke) the server may still have started it:
 // the time it may take to get there. A statement another client started
-// on the backend within it cannot be told from lockhooks' own.
+// on the backend within it is told from lockhooks' own by its text (see
+// endTarget.inFlight).
 const endSlack = 500 * time.Millisecond
 
 // monoBase is the origin of monoNow's readings (set once, never changed).
