@@ -356,12 +356,19 @@ func TestForeignKeyWorkloadHasNoDeadlocks(t *testing.T) {
 		t.Errorf("parent counters sum to %d and %d children exist; want %d each", total, children, committed)
 	}
 
+	// The raw driver's deadlocks depend on how the workers interleave: on a
+	// loaded machine one round may have none, so it runs up to five.
+	const rounds = 5
+	var rawCommitted, rawDeadlocks, round int
 	start = time.Now()
-	rawCommitted, rawDeadlocks := fkWorkload(t, raw, workers, perWorker)
-	t.Logf("raw pgx: %d committed, %d deadlocks in %v; lockhooks: %d committed, %d deadlocks in %v",
-		rawCommitted, rawDeadlocks, time.Since(start).Round(time.Millisecond), committed, deadlocks, wrappedTime.Round(time.Millisecond))
+	for round = 1; round <= rounds && rawDeadlocks == 0; round++ {
+		c, d := fkWorkload(t, raw, workers, perWorker)
+		rawCommitted, rawDeadlocks = rawCommitted+c, rawDeadlocks+d
+	}
+	t.Logf("raw pgx: %d committed, %d deadlocks in %d rounds, %v; lockhooks: %d committed, %d deadlocks in one round, %v",
+		rawCommitted, rawDeadlocks, round-1, time.Since(start).Round(time.Millisecond), committed, deadlocks, wrappedTime.Round(time.Millisecond))
 	if rawDeadlocks == 0 {
-		t.Errorf("the raw driver had no deadlock: the workload does not show what it should")
+		t.Errorf("the raw driver had no deadlock in %d rounds: the workload does not show what it should", rounds)
 	}
 }
 
