@@ -988,6 +988,15 @@ func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
 		{"another backend_start (a reused pid)", endTarget{pid: pid, incarnation: "1" + start + "@" + server, quiet: time.Now()}},
 		{"another server (a failover)", endTarget{pid: pid, incarnation: start + "@1" + server, quiet: time.Now()}},
 		{"a statement after the quiet time (another client of a pooler)", endTarget{pid: pid, incarnation: incarnation, quiet: time.Now().Add(-time.Minute)}},
+		// A statement sent and never answered, within endSlack of which the
+		// backend started another text: a client a session pooler gave the
+		// backend to, not lockhooks' statement.
+		{"another text within the slack of an unanswered statement", endTarget{pid: pid, incarnation: incarnation, quiet: time.Now().Add(-time.Minute),
+			inFlight: true, sentQuiet: time.Now().Add(endSlack), sent: "SELECT 1"}},
+		{"an unanswered statement whose text is not known", endTarget{pid: pid, incarnation: incarnation, quiet: time.Now().Add(-time.Minute),
+			inFlight: true, sentQuiet: time.Now().Add(endSlack)}},
+		{"the very text, but started after the slack", endTarget{pid: pid, incarnation: incarnation, quiet: time.Now().Add(-time.Minute),
+			inFlight: true, sentQuiet: time.Now().Add(-30 * time.Second), sent: "SELECT " + incarnationExpr}},
 	} {
 		alive, ended, err := endBackend(ctx, side, &endRequest{target: c.target, keys: keys})
 		if err != nil || alive || ended {
@@ -997,10 +1006,26 @@ func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
 	if !backendAlive(t, raw, pid) {
 		t.Fatal("a backend endBackend did not name was ended")
 	}
-	// The very backend, quiet since its last statement: ended.
-	alive, ended, err := endBackend(ctx, side, &endRequest{target: endTarget{pid: pid, incarnation: incarnation, quiet: time.Now()}, keys: keys})
+	// The very backend, still showing the text of the unanswered statement
+	// (its last, the incarnation read above, started within the slack):
+	// ended.
+	alive, ended, err := endBackend(ctx, side, &endRequest{target: endTarget{pid: pid, incarnation: incarnation, quiet: time.Now().Add(-time.Minute),
+		inFlight: true, sentQuiet: time.Now().Add(endSlack), sent: "SELECT " + incarnationExpr}, keys: keys})
 	if err != nil || !alive || !ended {
-		t.Fatalf("the named backend: endBackend = %v, %v, %v; want it ended", alive, ended, err)
+		t.Fatalf("the named backend, running the unanswered statement: endBackend = %v, %v, %v; want it ended", alive, ended, err)
+	}
+	waitFor(t, 10*time.Second, "the ended backend to exit", func() bool { return !backendAlive(t, raw, pid) })
+
+	// Another backend, quiet since its last statement: ended.
+	other = otherConn(t, raw)
+	mustExecConn(t, other, "SELECT pg_advisory_lock(107)")
+	pid = pidOf(t, other)
+	if err := other.QueryRowContext(ctx, "SELECT "+incarnationExpr).Scan(&incarnation); err != nil {
+		t.Fatal(err)
+	}
+	alive, ended, err = endBackend(ctx, side, &endRequest{target: endTarget{pid: pid, incarnation: incarnation, quiet: time.Now()}, keys: keys})
+	if err != nil || !alive || !ended {
+		t.Fatalf("the named backend, quiet since its last statement: endBackend = %v, %v, %v; want it ended", alive, ended, err)
 	}
 	waitFor(t, 10*time.Second, "the ended backend to exit", func() bool { return !backendAlive(t, raw, pid) })
 }
