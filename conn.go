@@ -454,15 +454,14 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	// connection when they fail: a cancelled context would take every
 	// session lock of the connection with it. database/sql still rolls back
 	// when ctx ends, and statements still honour their own context.
-	c.noteSent("") // the backend's last statement, should its connection break (pg_loss.go)
-	inner, err := c.beginner.BeginTx(context.WithoutCancel(ctx), opts)
+	var inner driver.Tx
+	err := c.noteRoundTrip("", func() (err error) {
+		inner, err = c.beginner.BeginTx(context.WithoutCancel(ctx), opts)
+		return err
+	})
 	if err != nil {
-		if isServerError(err) {
-			c.noteAnswered()
-		}
 		return nil, c.observe(err)
 	}
-	c.noteAnswered()
 	return c.tx.begin(ctx, inner, opts, &site), nil
 }
 
@@ -515,22 +514,18 @@ func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (drive
 // execOwn runs a statement of lockhooks' own (BEGIN, COMMIT, ROLLBACK) on
 // the inner connection, bypassing the hooks, through its Execer or, for
 // drivers without one, through Prepare.
-func (c *conn) execOwn(ctx context.Context, query string) (err error) {
-	if c.connector.pins != nil {
-		// Postgres: the backend's last statement, should its connection
-		// break (pg_loss.go).
-		c.noteSent(query)
-		defer func() {
-			if err == nil || isServerError(err) {
-				c.noteAnswered()
-			}
-		}()
+func (c *conn) execOwn(ctx context.Context, query string) error {
+	run := func() error {
+		if c.execer != nil {
+			_, err := c.execer.ExecContext(ctx, query, nil)
+			return err
+		}
+		return c.execPrepared(ctx, query)
 	}
-	if c.execer != nil {
-		_, err := c.execer.ExecContext(ctx, query, nil)
-		return err
+	if c.connector.pins == nil {
+		return run()
 	}
-	return c.execPrepared(ctx, query)
+	return c.noteRoundTrip(query, run) // Postgres: the backend's last statement (pg_loss.go)
 }
 
 // execPrepared runs a statement of lockhooks' own through Prepare, for
@@ -703,13 +698,17 @@ func (c *conn) queryValue(ctx context.Context, query string, args ...driver.Name
 // queryRow runs a statement of lockhooks' own on the inner connection,
 // bypassing the hooks, and returns its first row.
 func (c *conn) queryRow(ctx context.Context, query string, args []driver.NamedValue) (row []driver.Value, err error) {
-	c.noteSent(query)
-	defer func() {
-		if err == nil || isServerError(err) {
-			c.noteAnswered()
-		}
-	}()
+	err = c.noteRoundTrip(query, func() error {
+		row, err = c.queryFirstRow(ctx, query, args)
+		return err
+	})
+	return row, err
+}
+
+// queryFirstRow is queryRow's round trip.
+func (c *conn) queryFirstRow(ctx context.Context, query string, args []driver.NamedValue) ([]driver.Value, error) {
 	var rows driver.Rows
+	var err error
 	if c.queryer != nil {
 		rows, err = c.queryer.QueryContext(ctx, query, args)
 	} else {

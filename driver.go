@@ -502,7 +502,7 @@ type connector struct {
 	dsn      string                 // "" when the inner connector was given
 	pool     string                 // the pool name: WithPoolName's, or a default unique in the process
 	seq      uint64                 // the database's number in the process, from 1 (identities name it: pg_identity.go)
-	server   atomic.Pointer[string] // Postgres: the server its connections reached, as identifyOnConnect read it (nil: not known)
+	server   atomic.Pointer[string] // Postgres: the server its connections reached (its start time, read by identifyOnConnect; nil: not known)
 	joined   bool                   // in the process's registry of databases (holders.go)
 	sqlite   sqliteDSN              // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64

@@ -244,9 +244,9 @@ func TestBackendPIDsAreMatchedPerServer(t *testing.T) {
 		oc.pid.Store(pid)
 		c.live[oc] = struct{}{}
 	}
-	a := db("server-a:5432/app", "2026-12-01 10:00:00.1+00 port 5432")
-	b := db("server-b:5432/app", "2026-12-01 09:00:00.7+00 port 5432")
-	sameAsA := db("server-a:5432/reports", "2026-12-01 10:00:00.1+00 port 5432")
+	a := db("server-a:5432/app", "1796119200100000")
+	b := db("server-b:5432/app", "1796115600700000")
+	sameAsA := db("server-a:5432/reports", "1796119200100000")
 	unknown := db("server-c:5432/app", "")
 	open(b, 812)
 	open(sameAsA, 813)

@@ -237,15 +237,13 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *caller
 	// in the middle would make pgx close the connection. COMMIT runs with
 	// the same context.
 	ownCtx := context.WithoutCancel(ctx)
-	c.noteSent(m.text) // the backend's last statement, should its connection break (pg_loss.go)
-	if m.cols == 0 {
-		_, err = c.execer.ExecContext(ownCtx, m.text, nil)
-	} else {
-		err = c.beginRow(ownCtx, m, own.args, info)
-	}
-	if err == nil || isServerError(err) {
-		c.noteAnswered()
-	}
+	err = c.noteRoundTrip(m.text, func() (err error) { // the backend's last statement (pg_loss.go)
+		if m.cols == 0 {
+			_, err = c.execer.ExecContext(ownCtx, m.text, nil)
+			return err
+		}
+		return c.beginRow(ownCtx, m, own.args, info)
+	})
 	if err != nil {
 		if isServerError(err) {
 			// BEGIN may have run before the statement that failed (lib/pq's

@@ -266,10 +266,7 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 	}
 	var match []string
 	for _, k := range keys {
-		classid, objid, sub := uint32(uint64(k.k1)>>32), uint32(k.k1), 1
-		if k.pair {
-			classid, objid, sub = uint32(int32(k.k1)), uint32(int32(k.k2)), 2
-		}
+		classid, objid, sub := k.pgLocksID()
 		m := fmt.Sprintf("(l.classid::bigint = %d AND l.objid::bigint = %d AND l.objsubid = %d", classid, objid, sub)
 		if k.shared {
 			m += " AND l.mode = 'ExclusiveLock'" // only exclusive holders block a shared request

@@ -87,36 +87,35 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 	w.pub.connectApp = app
 	w.pub.on = app == "" || strings.HasPrefix(app, appNamePrefix)
 	if len(row) > 2 {
-		if server := asString(row[2]); w.connector.server.Load() == nil {
+		w.incarnation = readIncarnation(row[2])
+		// The server's start time, the incarnation's second half, names
+		// the server (backend pids are per server).
+		if _, server, ok := strings.Cut(w.incarnation, "@"); ok && w.connector.server.Load() == nil {
 			w.connector.server.Store(&server)
 		}
 	}
 	if len(row) > 3 {
-		w.incarnation = readIncarnation(row[3])
-	}
-	if len(row) > 4 {
-		w.sawMarker(asString(row[4]), strconv.Itoa(int(pid)))
+		w.sawMarker(asString(row[3]), strconv.Itoa(int(pid)))
 	}
 	return nil
 }
 
 // connectRow runs identifyOnConnect's statement: the backend pid, the
-// application_name and, with server, the server's identity (its start time
-// and port: backend pids are per server) and the backend's incarnation
-// (see incarnationExpr) and, marked too, the marker found on the backend
-// as the connection's own replaces it.
+// application_name and, with server, the backend's incarnation (see
+// incarnationExpr: its start and its server's) and, marked too, the marker
+// found on the backend as the connection's own replaces it.
 func (w *conn) connectRow(ctx context.Context, own *ownStatements, marked, server bool) ([]driver.Value, error) {
 	query := "SELECT pg_backend_pid(), current_setting('application_name')"
 	want := 2
 	if server {
-		query += ", pg_postmaster_start_time()::text || ' port ' || current_setting('port'), " + incarnationExpr
-		want = 4
+		query += ", " + incarnationExpr
+		want = 3
 	}
 	if server && marked {
 		// The marker is hex digits, a colon and a number: a literal is
 		// safe, and the simple protocol caches nothing.
 		query += ", current_setting('lockhooks.session', true), set_config('lockhooks.session', '" + w.marker() + "', false)"
-		want = 6
+		want = 5
 	}
 	rows, err := queryDirect(ctx, w.inner, query, own.args)
 	var row *staticRows

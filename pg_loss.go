@@ -284,6 +284,19 @@ func (c *conn) noteSent(text string) {
 // noteAnswered records that c's backend answered c.
 func (c *conn) noteAnswered() { c.answeredAt.Store(monoNow()) }
 
+// noteRoundTrip runs run, a round trip of a statement of text ("" when it
+// need not be recognised), noted as the backend's last statement should
+// c's connection break: sent before, and answered after unless run failed
+// outside the server.
+func (c *conn) noteRoundTrip(text string, run func() error) error {
+	c.noteSent(text)
+	err := run()
+	if err == nil || isServerError(err) {
+		c.noteAnswered()
+	}
+	return err
+}
+
 // quietSince is the time after which c's backend can have started no
 // statement of c's: when its last statement was answered or, if one was
 // sent and not answered (the connection broke with it on the way, or
@@ -317,16 +330,8 @@ func readIncarnation(v driver.Value) string {
 
 // integer reports whether s is a decimal integer.
 func integer(s string) bool {
-	s = strings.TrimPrefix(s, "-")
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if r < '0' || r > '9' {
-			return false
-		}
-	}
-	return true
+	_, err := strconv.ParseInt(s, 10, 64)
+	return err == nil
 }
 
 // endTarget is the end request's target for c's own backend, as of now.

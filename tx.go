@@ -156,12 +156,7 @@ func (c *conn) noted(end func() error) error {
 	if c.connector.pins == nil {
 		return end()
 	}
-	c.noteSent("")
-	err := end()
-	if err == nil || isServerError(err) {
-		c.noteAnswered()
-	}
-	return err
+	return c.noteRoundTrip("", end)
 }
 
 // txEnded looks at what COMMIT or ROLLBACK returned: a connection that broke

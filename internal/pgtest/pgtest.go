@@ -257,41 +257,37 @@ func startCluster() (*cluster, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	var lastErr error
-	for attempt := 0; attempt < 3; attempt++ {
+	if err := c.serve(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("starting PostgreSQL: %w", err)
+	}
+	return c, nil
+}
+
+// serve starts the server on a free port (three tries: another process may
+// take the port in between), waiting until it accepts connections; the
+// error carries the server's log.
+func (c *cluster) serve() error {
+	var err error
+	for range 3 {
 		if c.port, err = freePort(); err != nil {
-			return nil, err
+			return err
 		}
-		if lastErr = c.run("pg_ctl", "start", "-w", "-t", "60", "-D", c.data(), "-l", filepath.Join(dir, "server.log"),
-			"-o", fmt.Sprintf("-p %d -k %s", c.port, dir)); lastErr == nil {
-			return c, nil
+		if err = c.run("pg_ctl", "start", "-w", "-t", "60", "-D", c.data(), "-l", filepath.Join(c.dir, "server.log"),
+			"-o", fmt.Sprintf("-p %d -k %s", c.port, c.dir)); err == nil {
+			return nil
 		}
 	}
-	log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
-	os.RemoveAll(dir)
-	return nil, fmt.Errorf("starting PostgreSQL: %w\n%s", lastErr, log)
+	log, _ := os.ReadFile(filepath.Join(c.dir, "server.log"))
+	return fmt.Errorf("%w\n%s", err, log)
 }
 
 func (c *cluster) data() string { return filepath.Join(c.dir, "data") }
 
 // create runs initdb and writes the settings and the owner pid.
 func (c *cluster) create() error {
-	if err := os.WriteFile(filepath.Join(c.dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+	if err := c.claimDir(); err != nil {
 		return err
-	}
-	if c.asUser {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return fmt.Errorf("running as root, initdb needs the postgres system user: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(c.dir, uid, gid); err != nil {
-			return err
-		}
-		if err := os.Chmod(c.dir, 0o755); err != nil {
-			return err
-		}
 	}
 	if err := c.run("initdb", "-D", c.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
 		return err
@@ -306,6 +302,28 @@ func (c *cluster) create() error {
 		err = cerr
 	}
 	return err
+}
+
+// claimDir writes the owner pid into c's directory (a cluster left by a
+// killed binary is stopped and removed like any stale one) and, running as
+// root, gives the directory to the postgres user, as whom the server runs.
+func (c *cluster) claimDir() error {
+	if err := os.WriteFile(filepath.Join(c.dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return err
+	}
+	if !c.asUser {
+		return nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return fmt.Errorf("running as root, the server needs the postgres system user: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chown(c.dir, uid, gid); err != nil {
+		return err
+	}
+	return os.Chmod(c.dir, 0o755)
 }
 
 // run runs one of the server binaries, as the postgres user when needed.

@@ -3,7 +3,6 @@ package pgtest
 import (
 	"fmt"
 	"os"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -32,41 +31,19 @@ func StandbyDSN(t testing.TB) string {
 		t.Fatal(err)
 	}
 	s := &cluster{dir: dir, bin: server.bin, asUser: server.asUser}
-	// The owner file first: a standby left by a killed binary is stopped
-	// and removed like any stale cluster.
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if s.asUser {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatalf("pgtest: running as root, the standby needs the postgres system user: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
+	if err := s.claimDir(); err != nil {
+		t.Fatalf("pgtest: the standby's directory: %v", err)
 	}
 	t.Cleanup(s.stop)
 	if err := s.runPath(basebackup, "-h", "127.0.0.1", "-p", strconv.Itoa(server.port), "-U", "postgres",
 		"-D", s.data(), "-R", "-X", "stream", "-c", "fast", "--no-sync"); err != nil {
 		t.Fatalf("pgtest: pg_basebackup for a standby: %v", err)
 	}
-	var startErr error
-	for range 3 {
-		if s.port, err = freePort(); err != nil {
-			t.Fatal(err)
-		}
-		// -w waits until the standby accepts read-only connections.
-		if startErr = s.run("pg_ctl", "start", "-w", "-t", "60", "-D", s.data(), "-l", filepath.Join(dir, "server.log"),
-			"-o", fmt.Sprintf("-p %d -k %s", s.port, dir)); startErr == nil {
-			return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
-		}
+	// serve waits until the standby accepts read-only connections.
+	if err := s.serve(); err != nil {
+		t.Fatalf("pgtest: starting the standby: %v", err)
 	}
-	log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
-	t.Fatalf("pgtest: starting the standby: %v\n%s", startErr, log)
-	return ""
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
 }
 
 // beside returns the path of the server binary name that belongs to the
