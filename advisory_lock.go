@@ -20,10 +20,11 @@ type AdvisoryLock struct {
 
 	turn     any // the owner of this key's turn in the in-process queue (Postgres)
 	turnOnce sync.Once
-	token    int64 // the fencing token (Token)
 
 	mu       sync.Mutex
 	released bool
+	token    int64 // the fencing token (Token)
+	tokened  bool  // the token was taken (or can no longer be)
 }
 
 // freeTurn gives up l's turn in the in-process queue of its key, once: at
@@ -39,7 +40,7 @@ func (l *AdvisoryLock) freeTurn() {
 // of db it keeps for the lock. db must be opened through lockhooks. Use
 // [LockID] to derive key from a name. On SQLite the lock is in-process.
 func AcquireAdvisoryLock(ctx context.Context, db *sql.DB, key int64) (*AdvisoryLock, error) {
-	l, ok, err := acquire(ctx, context.WithValue(ctx, callSiteKey{}, callSite()), db, key, false)
+	l, ok, err := acquire(ctx, db, key, false)
 	if err == nil && !ok {
 		err = errors.New("lockhooks: pg_advisory_lock returned without the lock")
 	}
@@ -50,29 +51,31 @@ func AcquireAdvisoryLock(ctx context.Context, db *sql.DB, key int64) (*AdvisoryL
 // free (pg_try_advisory_lock); ok is false, and l nil, if another session
 // holds it.
 func TryAdvisoryLock(ctx context.Context, db *sql.DB, key int64) (l *AdvisoryLock, ok bool, err error) {
-	return acquire(ctx, context.WithValue(ctx, callSiteKey{}, callSite()), db, key, true)
+	return acquire(ctx, db, key, true)
 }
 
 // acquire takes key for an AdvisoryLock. On Postgres, this process's
 // acquirers of one key queue in memory (FIFO, honouring ctx, holding no
 // connection while they wait): only the one whose turn it is waits on the
 // server, on one connection, so waiters never pin the pool. Across
-// processes the server decides, as before. ctx carries the caller's call
-// site; user is the caller's own context, by which self-waits are
-// recognised.
-func acquire(user, ctx context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLock, bool, error) {
-	sc, c, err := lockhooksConn(ctx, db)
+// processes the server decides, as before. user is the caller's own
+// context, by which self-waits are recognised; the statements run with a
+// context that also carries the caller's call site (named through the
+// database's siteCache: no symbolising per acquisition).
+func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLock, bool, error) {
+	var site callers
+	site.capture()
+	sc, c, err := lockhooksConn(user, db)
 	if err != nil {
 		return nil, false, err
 	}
+	ctx := context.WithValue(user, callSiteKey{}, c.connector.sites.of(&site))
 	l := &AdvisoryLock{key: key, db: db, conn: sc, c: c}
 	l.turn = l
 	if c.connector.opts.dialect == SQLite {
 		return l.acquireInProcess(user, ctx, try)
 	}
 	turns := &c.connector.turns
-	var site callers
-	site.capture()
 	if !turns.tryLock(user, key, l, nil, &site) {
 		sc.Close() // wait without a connection
 		if try {
@@ -107,7 +110,11 @@ func acquire(user, ctx context.Context, db *sql.DB, key int64, try bool) (*Advis
 		l.freeTurn()
 		return nil, false, fmt.Errorf("%w: advisory lock %s: the database was closed while it was acquired", ErrLockLost, describeKey(key))
 	}
-	l.readToken(ctx) // never fails the acquisition: the lock is held
+	if !l.c.direct {
+		// Elsewhere only a token taken now is sure to be taken while the
+		// lock is held (see Token).
+		l.readToken(ctx) // never fails the acquisition: the lock is held
+	}
 	l.c.advisory.Store(l)
 	if l.Err() != nil {
 		l.freeTurn() // lost before the line above: markLost could not see l
@@ -189,7 +196,7 @@ func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*A
 			l.conn.Close()
 			return nil, false, nil
 		}
-		l.token = l.c.connector.tokens.next()
+		l.token, l.tokened = l.c.connector.tokens.next(), true
 		return l, true, nil
 	}
 	_, w := l.c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
@@ -201,7 +208,7 @@ func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*A
 		l.conn.Close()
 		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
 	}
-	l.token = l.c.connector.tokens.next()
+	l.token, l.tokened = l.c.connector.tokens.next(), true
 	return l, true, nil
 }
 

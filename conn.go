@@ -62,6 +62,16 @@ type conn struct {
 	// until then, and on SQLite).
 	pid atomic.Int32
 
+	// direct: the connection reaches the server itself, no pooler between
+	// (the process id the server sent at connect is pg_backend_pid()'s,
+	// which a pooler's is not; pgx only, and no pooler declared). Its
+	// statements then run on pid's backend, always: an exact session-lock
+	// statement needs no pg_locks read after it (see statementNote).
+	direct bool
+	// sentArgs holds the arguments of a statement lockhooks annotated
+	// (sentWith).
+	sentArgs []driver.NamedValue
+
 	// incarnation names pid's backend among all that had its pid (see
 	// incarnationExpr), read with it; "" when the server could not tell
 	// (then lockhooks never ends the backend: see endBackend).
@@ -227,7 +237,9 @@ func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue)
 		defer c.connector.writer.unlock()
 	}
 	if st.advisory != nil || st.rowLock || c.pin.active.Load() {
-		return c.execTracked(ctx, st, args, func() (driver.Result, error) { return c.execer.ExecContext(ctx, st.text, args) })
+		return c.execTracked(ctx, st, args, true, func(text string, args []driver.NamedValue) (driver.Result, error) {
+			return c.execer.ExecContext(ctx, text, args)
+		})
 	}
 	res, err := c.execer.ExecContext(ctx, st.text, args)
 	return res, st.explain(c.observe(err))
@@ -260,7 +272,9 @@ func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue
 		return c.queryWriting(ctx, st, query, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
 	}
 	if st.advisory != nil || st.rowLock || c.pin.active.Load() {
-		return c.queryTracked(ctx, st, args, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
+		return c.queryTracked(ctx, st, args, true, func(text string, args []driver.NamedValue) (driver.Rows, error) {
+			return c.queryer.QueryContext(ctx, text, args)
+		})
 	}
 	rows, err := c.queryer.QueryContext(ctx, st.text, args)
 	return rows, st.explain(c.observe(err))
@@ -297,8 +311,11 @@ func (c *conn) queryWriting(ctx context.Context, st statement, query string, run
 
 // execTracked runs a statement that calls advisory-lock functions, or runs
 // on a connection holding session locks, with the lock tracking around it.
-func (c *conn) execTracked(ctx context.Context, st statement, args []driver.NamedValue, run func() (driver.Result, error)) (driver.Result, error) {
-	plan, answer, err := c.beforeAdvisory(ctx, st, args)
+// run runs the statement with a text and arguments, which are st's unless
+// lockhooks changed them (advisoryPlan.sent), where retext allows it (a
+// statement that is not prepared).
+func (c *conn) execTracked(ctx context.Context, st statement, args []driver.NamedValue, retext bool, run func(text string, args []driver.NamedValue) (driver.Result, error)) (driver.Result, error) {
+	plan, answer, err := c.beforeAdvisory(ctx, st, args, retext)
 	if answer != nil && err == nil {
 		return driver.RowsAffected(1), nil // a rerouted unlock: SELECT returned one row
 	}
@@ -312,7 +329,7 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 		}
 		return driver.RowsAffected(1), nil
 	}
-	res, err := run()
+	res, err := run(c.sentWith(plan, args))
 	err = c.afterTracked(ctx, plan, nil, st.explain(c.observe(err)))
 	if err != nil {
 		return nil, err
@@ -322,8 +339,8 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 
 // queryTracked is execTracked for queries: the tracking is brought up to
 // date when the rows are closed.
-func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.NamedValue, run func() (driver.Rows, error)) (driver.Rows, error) {
-	plan, answer, err := c.beforeAdvisory(ctx, st, args)
+func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.NamedValue, retext bool, run func(text string, args []driver.NamedValue) (driver.Rows, error)) (driver.Rows, error) {
+	plan, answer, err := c.beforeAdvisory(ctx, st, args, retext)
 	if answer != nil && err == nil {
 		return answer, nil
 	}
@@ -337,7 +354,7 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 		}
 		return answer, nil
 	}
-	rows, err := run()
+	rows, err := run(c.sentWith(plan, args))
 	if err != nil {
 		return nil, c.afterTracked(ctx, plan, nil, st.explain(c.observe(err)))
 	}
@@ -351,6 +368,21 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 		return rows, nil
 	}
 	return newRows(ctx, c, rows, plan, false), nil
+}
+
+// sentWith returns the text and arguments a tracked statement runs with:
+// its own, or, where lockhooks annotated it (advisoryPlan.sent), that text
+// with the arguments behind pgx's QueryExecModeExec, noted as the
+// statement the backend runs.
+func (c *conn) sentWith(plan advisoryPlan, args []driver.NamedValue) (string, []driver.NamedValue) {
+	if plan.sent == "" {
+		return plan.st.text, args
+	}
+	c.noteSent(plan.sent)
+	// The driver reads the arguments during the call only, and a
+	// connection runs one statement at a time: one slice serves them all.
+	c.sentArgs = append(append(c.sentArgs[:0], c.connector.own.exec...), args...)
+	return plan.sent, c.sentArgs
 }
 
 // afterTracked brings the lock tracking up to date and ends the lock wait.

@@ -54,6 +54,7 @@ type ownStatements struct {
 	once     sync.Once
 	simple   bool                // a text of several statements runs in one simple-protocol round trip, uncached
 	args     []driver.NamedValue // the query arguments that select the simple protocol (pgx; lib/pq needs none)
+	exec     []driver.NamedValue // pgx: the first argument that runs a statement with arguments uncached, as sent (QueryExecModeExec)
 	idFirst  bool                // only the first statement's rows come back (pgx)
 	pgx      bool                // the connections are pgx's (their TxStatus can be read)
 	disabled atomic.Bool         // the driver did not run such a text as expected: none from now on
@@ -70,9 +71,12 @@ func (o *ownStatements) of(inner driver.Conn) *ownStatements {
 		case "github.com/lib/pq":
 			o.simple = true
 		case "github.com/jackc/pgx/v5/stdlib":
-			if mode, ok := pgxSimpleProtocol(t); ok {
+			if mode, ok := pgxExecMode(t, "simple protocol"); ok {
 				o.simple, o.idFirst, o.pgx = true, true, true
 				o.args = []driver.NamedValue{{Ordinal: 1, Value: mode}}
+			}
+			if mode, ok := pgxExecMode(t, "exec"); ok && o.pgx {
+				o.exec = []driver.NamedValue{{Ordinal: 1, Value: mode}}
 			}
 		}
 	})
@@ -82,10 +86,12 @@ func (o *ownStatements) of(inner driver.Conn) *ownStatements {
 // ok reports whether lockhooks' own statements may be composed texts.
 func (o *ownStatements) ok() bool { return o.simple && !o.disabled.Load() }
 
-// pgxSimpleProtocol finds pgx's QueryExecModeSimpleProtocol from the type
-// of its stdlib connection: Conn() *pgx.Conn, whose Config() has the field
-// DefaultQueryExecMode of type QueryExecMode, whose String names the mode.
-func pgxSimpleProtocol(stdlibConn reflect.Type) (any, bool) {
+// pgxExecMode finds the pgx QueryExecMode whose String is name (with
+// spaces for underscores: "simple protocol" is QueryExecModeSimpleProtocol,
+// "exec" QueryExecModeExec) from the type of its stdlib connection: Conn()
+// *pgx.Conn, whose Config() has the field DefaultQueryExecMode of type
+// QueryExecMode.
+func pgxExecMode(stdlibConn reflect.Type, name string) (any, bool) {
 	conn, ok := stdlibConn.MethodByName("Conn")
 	if !ok || conn.Type.NumOut() != 1 {
 		return nil, false
@@ -101,7 +107,7 @@ func pgxSimpleProtocol(stdlibConn reflect.Type) (any, bool) {
 	for i := range int64(16) {
 		v := reflect.New(field.Type).Elem()
 		v.SetInt(i)
-		if s, ok := v.Interface().(fmt.Stringer); ok && strings.ReplaceAll(s.String(), "_", " ") == "simple protocol" {
+		if s, ok := v.Interface().(fmt.Stringer); ok && strings.ReplaceAll(s.String(), "_", " ") == name {
 			return v.Interface(), true
 		}
 	}
@@ -112,6 +118,12 @@ func pgxSimpleProtocol(stdlibConn reflect.Type) (any, bool) {
 // transaction status of the server's last ReadyForQuery ('I' idle, 'T' in
 // a transaction block, 'E' in a failed one).
 type txStatuser interface{ TxStatus() byte }
+
+// keyDataPIDer is pgx's *pgconn.PgConn as far as the pooler check needs
+// it: the process id of the BackendKeyData the server sent at connect. A
+// pooler sends one of its own (PgBouncer: random), so it equals
+// pg_backend_pid() only on a connection to the server itself.
+type keyDataPIDer interface{ PID() uint32 }
 
 // pgxTxStatus returns the pgx connection behind a pgx stdlib connection
 // (its Conn().PgConn()), or nil. Called through the interface, TxStatus

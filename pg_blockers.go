@@ -32,6 +32,7 @@ type pgBlocker struct {
 	Waiting         bool       `json:"waiting"`                // it waits itself (queued ahead), so it is not the holder at the root
 	WaitSeconds     float64    `json:"wait_seconds,omitempty"` // how long it has waited, when Waiting
 	seenBy          *connector // the database whose side connection read it: its pid is a backend of that server
+	stateSeconds    float64    // how long its state has been State (pg_stat_activity's state_change; 0 or -1: unknown)
 }
 
 // String names a backend nobody identified, for a slow-wait line or an
@@ -166,7 +167,7 @@ ORDER BY 1, 5, 6`, d.args)
 			continue // a second backend claims the connection: keep the one found first
 		}
 		b := pgBlocker{seenBy: c, Depth: int(asInt64(dest[4])), PID: int32(asInt64(dest[5])), Waiting: asBool(dest[6]),
-			ApplicationName: asString(dest[7]), State: asString(dest[8]), XactSeconds: asFloat64(dest[9]), Query: asString(dest[12])}
+			ApplicationName: asString(dest[7]), State: asString(dest[8]), XactSeconds: asFloat64(dest[9]), stateSeconds: asFloat64(dest[10]), Query: asString(dest[12])}
 		if seen[[2]int32{wpid, b.PID}] {
 			continue // met again deeper in the chain
 		}
@@ -279,7 +280,8 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 	}
 	defer side.Close()
 	rows, err := queryDirect(ctx, side, `SELECT DISTINCT a.pid::bigint, coalesce(a.application_name, ''), coalesce(a.state, ''),
-	coalesce(extract(epoch FROM clock_timestamp() - a.xact_start)::float8, -1), left(coalesce(a.query, ''), 1000)
+	coalesce(extract(epoch FROM clock_timestamp() - a.xact_start)::float8, -1), left(coalesce(a.query, ''), 1000),
+	coalesce(extract(epoch FROM clock_timestamp() - a.state_change)::float8, -1)
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	AND l.pid <> `+strconv.Itoa(int(waiter.shownPID()))+` AND (`+strings.Join(match, " OR ")+`)
@@ -289,10 +291,10 @@ ORDER BY 1`, c.own.of(side).args)
 	}
 	defer rows.Close()
 	var out []pgBlocker
-	dest := make([]driver.Value, 5)
+	dest := make([]driver.Value, 6)
 	for rows.Next(dest) == nil {
 		out = append(out, pgBlocker{seenBy: c, Depth: 1, PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[1]), State: asString(dest[2]),
-			XactSeconds: asFloat64(dest[3]), Query: asString(dest[4])})
+			XactSeconds: asFloat64(dest[3]), Query: asString(dest[4]), stateSeconds: asFloat64(dest[5])})
 	}
 	return out
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -26,11 +27,13 @@ import (
 //     that set none, so a session-level SET would leak there; 1.25 does).
 //     The site is where the transaction began, from the stack tx.begin
 //     records anyway, named through the database's siteCache.
-//   - A session advisory lock's identity rides on the pg_locks read that
-//     follows every session-lock statement (pg_reconcile.go) and on
-//     AcquireAdvisoryLock's fencing-token read: they carry the annotation,
-//     so the holder's last statement names it while it runs no other (a
-//     parked holder, a leaked lock). Nothing is set at session level: a
+//   - A session advisory lock's identity rides on the statement that
+//     leaves it held: on a connection to the server itself, the exact
+//     session-lock or unlock statement of one call (annotatedLockText);
+//     elsewhere the pg_locks read that follows it (pg_reconcile.go); and
+//     the fencing-token read. They carry the annotation, so the holder's
+//     last statement names it while it runs no other (a parked holder, a
+//     leaked lock). Nothing is set at session level: a
 //     session lock taken through a transaction pooler nobody declared (the
 //     pool idle, so the undeclared-pooler guard has not seen it yet) would
 //     leave the setting on a server connection that later serves other
@@ -82,6 +85,8 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 	w.pid.Store(pid)
 	if own.pgx {
 		w.tx.status = pgxTxStatus(w.inner)
+		k, ok := w.tx.status.(keyDataPIDer)
+		w.direct = ok && int64(k.PID()) == int64(pid) && !w.connector.opts.txPooler && !w.connector.opts.pinningPooler
 	}
 	app := asString(row[1])
 	w.pub.connectApp = app
@@ -306,6 +311,47 @@ func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 		return "", nil
 	}
 	return id.annotation(), own.args
+}
+
+// annotatedLockText is text, an exact session-lock statement of one call
+// (of key k, at site) on a connection that reaches the server itself
+// (c.direct), beginning with the annotation that names c as the holder of
+// its session locks as the statement leaves them; "" when it leaves none
+// (an unlock of the last one: the text stays the user's). No pg_locks read
+// follows such a statement (beforeAdvisory), so the statement is what
+// names the holder while it runs no other, as the read did. The text
+// changes with every hold: it runs in pgx's QueryExecModeExec (one round
+// trip, the arguments bound by the server, nothing cached), so the server
+// shows it as sent, which the end requests of pg_loss.go compare.
+//
+// A lock that may wait names no since: it is held from the statement's
+// end, which the server shows (pg_stat_activity's state_change; see
+// identify), not from its start.
+func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall, k lockKey, site, text string) string {
+	var id holderIdentity
+	unlock := call.Func&sqlscan.FnUnlock != 0
+	c.pin.mu.Lock()
+	var skip *lockKey
+	if l := c.pin.held[k]; unlock && l != nil && l.count <= 1 {
+		skip = &k
+	}
+	holding := c.holderIdentityInto(&id, skip)
+	c.pin.mu.Unlock()
+	if !holding {
+		if unlock {
+			return ""
+		}
+		c.baseIdentityInto(&id)
+		var holds [48]byte
+		id.Holds = string(appendKeyToken(append(holds[:0], "lock "...), k))
+		id.Site = safeToken(site, "_")
+		if call.Func&sqlscan.FnTry != 0 {
+			id.Since = time.Now()
+		}
+		id.TraceID, id.SpanID = traceIDs(trace.SpanContextFromContext(ctx))
+	}
+	var buf [512]byte
+	return string(append(id.appendAnnotation(buf[:0]), text...))
 }
 
 // execSimple runs a statement text of lockhooks' own that may hold

@@ -158,10 +158,11 @@ func TestIdentityKeepsTheUsersApplicationName(t *testing.T) {
 	}
 }
 
-// A session lock's holder is named by the annotation on lockhooks' own
-// statements, which stay its last statement while it runs no other: the
-// pg_locks read after the lock (a parked holder), AcquireAdvisoryLock's
-// fencing-token read, and COMMIT/ROLLBACK of a transaction lockhooks began.
+// A session lock's holder is named by the annotation on the statements
+// that stay its last statement while it runs no other: on a connection to
+// the server itself, the session-lock and unlock statements (through a
+// pooler, the pg_locks read after them), a rerouted unlock (a parked
+// holder), and COMMIT/ROLLBACK of a transaction lockhooks began.
 // application_name is never set at session level (through a transaction
 // pooler nobody declared it would outlive the session on a server
 // connection that serves other clients).
@@ -211,7 +212,8 @@ func TestIdentitySessionLockAnnotation(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// AcquireAdvisoryLock: its last statement is the fencing-token read.
+	// AcquireAdvisoryLock: its last statement is its lock statement, which
+	// names it.
 	site = here(1)
 	l, err := AcquireAdvisoryLock(ctx, db, 44)
 	if err != nil {
@@ -227,7 +229,8 @@ func TestIdentitySessionLockAnnotation(t *testing.T) {
 	}
 
 	// Taken and released on one connection, which goes back to the pool
-	// with its plain read last.
+	// with the user's own unlock last: it holds nothing, so nothing names
+	// it.
 	c2, err := db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -242,8 +245,8 @@ func TestIdentitySessionLockAnnotation(t *testing.T) {
 		t.Errorf("holding: application_name %q, last statement %q", app, query)
 	}
 	unlock()
-	if app, query := activity(t, raw, pid2); app != "" || !strings.HasPrefix(query, "SELECT pg_backend_pid()") {
-		t.Errorf("after the unlock: application_name %q, last statement %q; want it empty, and the plain read", app, query)
+	if app, query := activity(t, raw, pid2); app != "" || query != "SELECT pg_advisory_unlock($1)" {
+		t.Errorf("after the unlock: application_name %q, last statement %q; want it empty, and the unlock as written", app, query)
 	}
 }
 
@@ -486,11 +489,13 @@ func (p *roundTrips) count(server, client net.Conn, trips *atomic.Int64) {
 	}
 }
 
-// Publishing identities costs no round trip: a transaction through
-// lockhooks makes as many as through pgx alone (its BEGIN carries the
-// identity), plain statements too, and a session lock and its unlock each
-// make one more, the pg_locks read that was there before (and that, while
-// the connection holds a session lock, carries its identity).
+// Publishing identities and tracking locks cost no round trip on a
+// connection to the server itself: a transaction through lockhooks makes
+// as many as through pgx alone (its BEGIN carries the identity), plain
+// statements too, and so do a session lock and its unlock (the statements
+// carry the identity, and no pg_locks read follows them), and
+// AcquireAdvisoryLock with Release (no fencing token is taken unless
+// Token is called).
 func TestIdentityNoExtraRoundTrip(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	p, proxied := startRoundTrips(t, dsn)
@@ -540,12 +545,29 @@ func TestIdentityNoExtraRoundTrip(t *testing.T) {
 		name  string
 		work  func(*sql.Conn)
 		extra int64
-	}{{"transaction", tx, 0}, {"plain statement", plain, 0}, {"session lock and unlock", lock, 20}} {
+	}{{"transaction", tx, 0}, {"plain statement", plain, 0}, {"session lock and unlock", lock, 0}} {
 		r, w := count(raw, tc.work), count(wrapped, tc.work)
 		t.Logf("%s: %d round trips through pgx, %d through lockhooks", tc.name, r, w)
 		if w != r+tc.extra {
 			t.Errorf("%s: %d round trips through lockhooks, want %d (pgx alone: %d)", tc.name, w, r+tc.extra, r)
 		}
+	}
+	acquire := func() {
+		l, err := AcquireAdvisoryLock(ctx, wrapped, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acquire() // warm
+	before := p.counts()
+	for range 10 {
+		acquire()
+	}
+	if n := busiest(before, p.counts()); n != 20 {
+		t.Errorf("AcquireAdvisoryLock and Release: %d round trips for 10, want 20 (the lock and the unlock)", n)
 	}
 }
 

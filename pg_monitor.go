@@ -37,6 +37,10 @@ func (p *pinning) monitor(ctx context.Context, done chan struct{}) {
 			return // db.Close and a tick came together: no new check
 		}
 		p.mu.Lock()
+		if p.cancelMonitor == nil {
+			p.mu.Unlock()
+			return // db.Close took it between the check above and here, and stops it now
+		}
 		if len(p.holders) == 0 && p.ends.empty() {
 			p.cancelMonitor()
 			p.cancelMonitor = nil

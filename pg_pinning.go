@@ -137,12 +137,18 @@ type advisoryPlan struct {
 	// onHolder: the statement runs on the connection's holder
 	// (WithTransactionPooler).
 	onHolder bool
+	// sent is the text the statement runs with when it is not its own: an
+	// exact session-lock statement on a connection that reaches the server
+	// itself carries the holder's annotation instead of a pg_locks read
+	// after it (annotatedLockText); "" otherwise.
+	sent string
 }
 
 // beforeAdvisory runs before a statement on the slow path. It may answer
 // the statement itself (a rerouted unlock): then answer is the statement's
-// result.
-func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.NamedValue) (plan advisoryPlan, answer *staticRows, err error) {
+// result. retext says that the statement's text may be sent changed (it
+// is not a prepared statement): see advisoryPlan.sent.
+func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.NamedValue, retext bool) (plan advisoryPlan, answer *staticRows, err error) {
 	plan = advisoryPlan{st: st, args: args}
 	c.noteSent(st.text)
 	c.pin.mu.Lock()
@@ -209,31 +215,53 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 		return plan, &staticRows{cols: []string{adv.Calls[0].Column}, row: []driver.Value{true}}, nil
 	}
+	annotate := false
 	if !plan.onHolder && plan.exact && !c.connector.opts.txPooler && takesOrFreesSession(adv) {
 		// A session lock through a transaction-mode pooler would land on a
 		// server connection other clients reuse: pg_locks, read right
-		// after, says whether it is where this connection is.
-		plan.verify = true
+		// after, says whether it is where this connection is, and the read
+		// names the holder to other processes. A connection that reaches
+		// the server itself needs neither: the statement's text and result
+		// tell its effect, and the statement names the holder itself.
+		annotate = !plan.verify && retext && adv.Simple && c.direct && c.connector.own.exec != nil && c.connector.own.ok() && integerArgs(args)
+		plan.verify = !annotate
 	}
 	plan.site = c.siteOf(ctx)
+	if annotate {
+		plan.sent = c.annotatedLockText(ctx, adv.Calls[0], plan.keys[0], plan.site, st.text)
+	}
 	if plan.exact && !adv.Simple {
 		if err := c.checkUnlocks(adv, plan.keys, plan.site); err != nil {
 			return plan, nil, err
 		}
 	}
 	c.warnSelfWait(adv, plan.keys, plan.known, plan.site)
-	hint, err := c.selfWaitAdvisory(ctx, fmt.Sprintf("the statement %.120q", st.text), waitingKeys(adv, plan.keys, plan.known), nil)
+	hint, err := c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("the statement %.120q", st.text) }, waitingKeys(adv, plan.keys, plan.known), nil)
 	if err != nil {
 		c.connector.events.add(eventSelfWait, err.Error())
 		return plan, nil, err
 	}
-	plan.wait = c.startAdvisoryWait(ctx, adv, args, plan.site)
+	plan.wait = c.startAdvisoryWait(ctx, adv, plan.keys, plan.known, plan.site)
 	plan.wait.noteSelfHint(hint)
 	c.pin.mu.Lock()
 	c.pin.busy++
 	c.pin.gen++
 	c.pin.mu.Unlock()
 	return plan, nil, nil
+}
+
+// integerArgs reports whether every argument is a value of one of Go's
+// integer types that fits an int64: sent as text with its type left to
+// the server (pgx's QueryExecModeExec, see annotatedLockText), such a
+// value means what it meant in the driver's own mode, where a []byte, a
+// time.Time or a value of the driver's own types need not.
+func integerArgs(args []driver.NamedValue) bool {
+	for _, a := range args {
+		if _, isInt, fits := integerValue(a.Value); !isInt || !fits {
+			return false
+		}
+	}
+	return true
 }
 
 // keySlices returns an advisoryPlan's keys and known for n calls: for the
@@ -406,8 +434,10 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		c.pin.gen++
 		c.pin.mu.Unlock()
 	}()
-	span := trace.SpanContextFromContext(ctx) // (a value of WithoutCancel's context costs an allocation)
-	ctx = context.WithoutCancel(ctx)
+	span := trace.SpanContextFromContext(ctx)
+	// lockhooks' own statements below run whether or not ctx ended
+	// (context.WithoutCancel, made where one runs: it costs an
+	// allocation).
 	if err != nil {
 		if c.connectionBroken(err) {
 			c.endAfterBreak(plan)
@@ -423,7 +453,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		// only. (Inside a transaction the error aborted it, the read fails,
 		// and the connection is read once the transaction ends.)
 		if len(adv.Calls) > 0 {
-			if rerr := c.reconcile(ctx, plan.site, nil, !adv.Simple || !plan.exact); rerr != nil && c.connectionBroken(rerr) {
+			if rerr := c.reconcile(context.WithoutCancel(ctx), plan.site, nil, !adv.Simple || !plan.exact); rerr != nil && c.connectionBroken(rerr) {
 				if lost := c.loseLocks(rerr); lost != nil {
 					err = c.lostError(lost, err)
 				}
@@ -431,7 +461,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		}
 		c.connector.pins.settle(c)
 		if c.connector.opts.txPooler {
-			c.releaseHolder(ctx)
+			c.releaseHolder(context.WithoutCancel(ctx))
 		}
 		return err
 	}
@@ -452,7 +482,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	}
 	var verr error
 	if plan.verify || len(pending) > 0 {
-		switch verr = c.reconcile(ctx, plan.site, pending, !plan.exact); {
+		switch verr = c.reconcile(context.WithoutCancel(ctx), plan.site, pending, !plan.exact); {
 		case errors.Is(verr, ErrTransactionPooler):
 			// The statement ran on another backend than the connection's:
 			// its locks cannot be trusted.
@@ -465,7 +495,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	}
 	c.connector.pins.settle(c)
 	if c.connector.opts.txPooler {
-		c.releaseHolder(ctx)
+		c.releaseHolder(context.WithoutCancel(ctx))
 	}
 	return verr
 }

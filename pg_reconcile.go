@@ -21,7 +21,9 @@ import (
 // statement whose outcome the text could not tell, negative for
 // transaction-level ones; once otherwise). Counts the server cannot show
 // are never lowered: after a statement whose effect the text did not show
-// (uncertain), keys held before and after are marked approximate. Inside a
+// (uncertain), keys held before and after are marked approximate, and so
+// are keys learnt without a count (every statement on an approximate key
+// is followed by a read, since its count may be off). Inside a
 // transaction, keys the transaction took as transaction-level locks are not
 // session locks, and the connection is read again once the transaction
 // ends. The caller settles c afterwards; the error is the read's.
@@ -76,7 +78,10 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 			if c.pin.held == nil {
 				c.pin.held = make(map[lockKey]*heldLock)
 			}
-			c.pin.held[k] = &heldLock{count: max(n, 1), since: now, site: site}
+			// A key it did not know: taken by this statement's try-lock
+			// (pending: that many times), or where no text showed how
+			// often (pg_locks shows no counts), so the count may be off.
+			c.pin.held[k] = &heldLock{count: max(n, 1), since: now, site: site, approx: uncertain || n == 0}
 		}
 	}
 	if inTx {

@@ -210,8 +210,9 @@ func selfWaitHolder(ctx context.Context, c *conn) (h *conn, certain bool) {
 // (see selfWaitHolder), on another connection of the same database: Lock
 // (names gives its keys' lockset ids), or a pg_advisory_lock /
 // pg_advisory_xact_lock statement. For a likely self-wait it returns the
-// hint for the wait (noteSelfHint).
-func (c *conn) selfWaitAdvisory(ctx context.Context, waiter string, keys []lockKey, names map[int64]string) (hint string, err error) {
+// hint for the wait (noteSelfHint). waiter describes the request, for the
+// error only (formatting it on every request would cost allocations).
+func (c *conn) selfWaitAdvisory(ctx context.Context, waiter func() string, keys []lockKey, names map[int64]string) (hint string, err error) {
 	if len(keys) == 0 {
 		return "", nil
 	}
@@ -240,7 +241,7 @@ func (c *conn) selfWaitAdvisory(ctx context.Context, waiter string, keys []lockK
 	if name := names[held.k1]; name != "" {
 		what = "lockset id " + name + " (" + what + ")"
 	}
-	return "", selfWaitError(waiter, what, h.asHolder([]lockKey{held}))
+	return "", selfWaitError(waiter(), what, h.asHolder([]lockKey{held}))
 }
 
 // watchSelfWait starts, for a Postgres row-lock wait of c (statement st)
@@ -342,9 +343,18 @@ func (w *lockWait) selfWaitResult(c *conn, statement string, err error) error {
 // waitingKeys returns the known keys of a statement's calls that wait
 // (pg_advisory_lock and pg_advisory_xact_lock, shared or not).
 func waitingKeys(adv *sqlscan.Advisory, keys []lockKey, known []bool) []lockKey {
+	waits := func(i int) bool {
+		return adv.Calls[i].Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll) == 0 && known[i]
+	}
+	if len(adv.Calls) == 1 { // the usual statement: no allocation
+		if waits(0) {
+			return keys[:1:1]
+		}
+		return nil
+	}
 	var out []lockKey
-	for i, call := range adv.Calls {
-		if call.Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll) == 0 && known[i] {
+	for i := range adv.Calls {
+		if waits(i) {
 			out = append(out, keys[i])
 		}
 	}

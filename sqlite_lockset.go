@@ -484,7 +484,7 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 			for i, id := range keys {
 				names[ks[i].k1] = lockKeyName(namespace, describeID(id))
 			}
-			if hint, err = c.selfWaitAdvisory(ctx, fmt.Sprintf("Lock(%q, %s)", namespace, describeIDs(keys)), ks, names); err != nil {
+			if hint, err = c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("Lock(%q, %s)", namespace, describeIDs(keys)) }, ks, names); err != nil {
 				c.connector.events.add(eventSelfWait, err.Error())
 				return nil, err
 			}

@@ -79,7 +79,7 @@ func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
 	}
 	run := func() (driver.Result, error) { return s.inner.Exec(args) } //nolint:staticcheck // no ExecContext
 	if s.tracked() {
-		return s.c.execTracked(context.Background(), s.st, valuesToNamed(args), run)
+		return s.c.execTracked(context.Background(), s.st, valuesToNamed(args), false, func(string, []driver.NamedValue) (driver.Result, error) { return run() })
 	}
 	res, err := run()
 	return res, s.st.explain(s.c.observe(err))
@@ -93,7 +93,7 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 		return s.c.queryWriting(context.Background(), s.st, s.query, run)
 	}
 	if s.tracked() {
-		return s.c.queryTracked(context.Background(), s.st, valuesToNamed(args), run)
+		return s.c.queryTracked(context.Background(), s.st, valuesToNamed(args), false, func(string, []driver.NamedValue) (driver.Rows, error) { return run() })
 	}
 	rows, err := run()
 	return rows, s.st.explain(s.c.observe(err))
@@ -109,7 +109,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 		defer s.c.connector.writer.unlock()
 	}
 	if s.tracked() {
-		return s.c.execTracked(ctx, s.st, args, func() (driver.Result, error) { return s.execer.ExecContext(ctx, args) })
+		return s.c.execTracked(ctx, s.st, args, false, func(string, []driver.NamedValue) (driver.Result, error) { return s.execer.ExecContext(ctx, args) })
 	}
 	res, err := s.execer.ExecContext(ctx, args)
 	return res, s.st.explain(s.c.observe(err))
@@ -122,7 +122,7 @@ func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driv
 		return s.c.queryWriting(ctx, s.st, s.query, func() (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
 	}
 	if s.tracked() {
-		return s.c.queryTracked(ctx, s.st, args, func() (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
+		return s.c.queryTracked(ctx, s.st, args, false, func(string, []driver.NamedValue) (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
 	}
 	rows, err := s.queryer.QueryContext(ctx, args)
 	return rows, s.st.explain(s.c.observe(err))

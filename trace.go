@@ -607,10 +607,11 @@ func querySummary(text string) string {
 }
 
 // startAdvisoryWait times a statement's advisory-lock acquisitions, naming
-// the holder when another connection of this database holds a key.
-func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, args []driver.NamedValue, site string) *lockWait {
+// the holder when another connection of this database holds a key. keys
+// and known are the key of each call, where known (advisoryPlan's).
+func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, keys []lockKey, known []bool, site string) *lockWait {
 	var acquire *sqlscan.AdvisoryCall
-	var keys []string
+	var names []string
 	var resolved []lockKey
 	for i, call := range adv.Calls {
 		if call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 {
@@ -619,11 +620,13 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, arg
 		if acquire == nil {
 			acquire = &adv.Calls[i]
 		}
-		if k, ok := keyOf(call, args); ok {
-			keys = append(keys, k.String())
-			resolved = append(resolved, k)
-		} else {
-			keys = append(keys, "expression")
+		switch {
+		case !known[i]:
+			names = append(names, "expression")
+		case len(adv.Calls) == 1:
+			names, resolved = append(names, keys[0].String()), keys[:1:1] // (no allocation)
+		default:
+			names, resolved = append(names, keys[i].String()), append(resolved, keys[i])
 		}
 	}
 	if acquire == nil {
@@ -636,7 +639,7 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, arg
 	if acquire.Func&sqlscan.FnXact != 0 {
 		scope = "transaction"
 	}
-	_, w := c.connector.tel.startWait(ctx, "advisory", mode, scope, AttrLockKeys.String(strings.Join(keys, ", ")))
+	_, w := c.connector.tel.startWait(ctx, "advisory", mode, scope, AttrLockKeys.String(strings.Join(names, ", ")))
 	w.setWaiter(c, site, nil, "", resolved)
 	if !w.wantsHolder() {
 		return w
