@@ -20,11 +20,10 @@ type AdvisoryLock struct {
 
 	turn     any // the owner of this key's turn in the in-process queue (Postgres)
 	turnOnce sync.Once
+	token    int64 // the fencing token (Token)
 
 	mu       sync.Mutex
 	released bool
-	token    int64 // the fencing token (Token)
-	tokened  bool  // the token was taken (or can no longer be)
 }
 
 // freeTurn gives up l's turn in the in-process queue of its key, once: at
@@ -99,7 +98,7 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		}
 		l = &AdvisoryLock{key: key, db: db, conn: sc, c: c, turn: l}
 	}
-	got, err := l.lockOnServer(ctx, try)
+	got, tokened, err := l.lockOnServer(ctx, try)
 	if err != nil || !got {
 		l.abandon()
 		l.freeTurn()
@@ -110,9 +109,7 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		l.freeTurn()
 		return nil, false, fmt.Errorf("%w: advisory lock %s: the database was closed while it was acquired", ErrLockLost, describeKey(key))
 	}
-	if !l.c.direct {
-		// Elsewhere only a token taken now is sure to be taken while the
-		// lock is held (see Token).
+	if !tokened {
 		l.readToken(ctx) // never fails the acquisition: the lock is held
 	}
 	l.c.advisory.Store(l)
@@ -171,19 +168,71 @@ func lockhooksConn(ctx context.Context, db *sql.DB) (*sql.Conn, *conn, error) {
 }
 
 // lockOnServer takes the Postgres session lock on l's connection (through
-// a transaction pooler the holder polls; see runPlanOnHolder).
-func (l *AdvisoryLock) lockOnServer(ctx context.Context, try bool) (bool, error) {
+// a transaction pooler the holder polls; see runPlanOnHolder). tokened
+// says that the statement also took the fencing token (lockedWithToken).
+func (l *AdvisoryLock) lockOnServer(ctx context.Context, try bool) (got, tokened bool, err error) {
 	if !try {
-		if _, err := l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
-			return false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
+		if l.c.direct && !l.c.connector.noTokenInLock.Load() {
+			return l.lockedWithToken(ctx)
 		}
-		return true, nil
+		if _, err := l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
+			return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
+		}
+		return true, false, nil
 	}
-	var got bool
 	if err := l.conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", l.key).Scan(&got); err != nil {
-		return false, fmt.Errorf("lockhooks: trying advisory lock %s: %w", describeKey(l.key), err)
+		return false, false, fmt.Errorf("lockhooks: trying advisory lock %s: %w", describeKey(l.key), err)
 	}
-	return got, nil
+	return got, false, nil
+}
+
+// tokenAfterLockKey marks the context of AcquireAdvisoryLock's lock
+// statement on a connection to the server itself: the statement, which
+// lockhooks sends annotated (annotatedLockText), also returns the fencing
+// token, taken once the lock is granted (the target list runs left to
+// right), in its second column. One round trip for both; through a pooler
+// the token is read apart (readToken).
+type tokenAfterLockKey struct{}
+
+// lockedWithToken takes the lock on l's connection, and the fencing token
+// in the same statement where the statement goes as annotated (tokened);
+// otherwise the caller reads the token apart. A server without
+// pg_current_xact_id() (before Postgres 13) refuses the whole statement
+// before it runs, so nothing was taken: the lock is then taken alone, and
+// the database never asks for the token that way again.
+func (l *AdvisoryLock) lockedWithToken(ctx context.Context) (got, tokened bool, err error) {
+	rows, err := l.conn.QueryContext(context.WithValue(ctx, tokenAfterLockKey{}, true), "SELECT pg_advisory_lock($1)", l.key)
+	if sqlState(err) == "42883" { // undefined_function
+		l.c.connector.noTokenInLock.Store(true)
+		if _, err = l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
+			return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
+		}
+		return true, true, nil // no token on this server: 0
+	}
+	if err != nil {
+		return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	var void any
+	var token sql.NullInt64
+	dest := []any{&void, &token}[:min(len(cols), 2)]
+	switch {
+	case rows.Next():
+		err = rows.Scan(dest...)
+	case rows.Err() != nil:
+		err = rows.Err()
+	default:
+		err = errors.New("the statement returned no row")
+	}
+	if err == nil {
+		err = rows.Close()
+	}
+	if err != nil {
+		return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
+	}
+	l.token = token.Int64 // NULL on a hot standby: 0
+	return true, len(cols) == 2, nil
 }
 
 // acquireInProcess takes the SQLite stand-in: an in-process named lock.
@@ -196,7 +245,7 @@ func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*A
 			l.conn.Close()
 			return nil, false, nil
 		}
-		l.token, l.tokened = l.c.connector.tokens.next(), true
+		l.token = l.c.connector.tokens.next()
 		return l, true, nil
 	}
 	_, w := l.c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
@@ -208,7 +257,7 @@ func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*A
 		l.conn.Close()
 		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
 	}
-	l.token, l.tokened = l.c.connector.tokens.next(), true
+	l.token = l.c.connector.tokens.next()
 	return l, true, nil
 }
 

@@ -18,60 +18,48 @@ import (
 // A write that updates no row came from a holder that was overtaken: stop.
 //
 // On Postgres the token is a 64-bit transaction id (pg_current_xact_id())
-// taken while the lock is held. Transaction ids are assigned in increasing
+// taken while the lock is held, right after it was granted: on a
+// connection to the server itself by the lock statement itself (one round
+// trip); through a pooler by a read of its own, and through a transaction
+// pooler on another server connection, so that the holder's open
+// transaction never gets one. Transaction ids are assigned in increasing
 // order across the whole cluster and never wrap (the epoch-extended xid8 of
 // Postgres 13), so an acquisition's token is larger than the token of any
-// acquisition of the same key that released it before, in any process.
-//
-// On a connection to the server itself, the token is taken by the first
-// call of Token, in a statement on the lock's connection: one that runs
-// there proves the lock still held (a session lock ends only with its
-// session, or with an unlock lockhooks follows), so the token is taken
-// while it is. An acquisition whose holder never asks for a token costs
-// neither the round trip nor the transaction id (whose commit is a WAL
-// flush). Call Token before the protected writes, from the goroutine that
-// runs them (not while one of its statements is running on Conn): once
-// the lock is lost or released, a token never taken stays 0. Through a
-// pooler the token is taken at the acquisition, right after the lock was
-// granted (through a transaction pooler, on another server connection, so
-// the holder's open transaction never gets one), since a statement there
-// may run on another backend than the holder's.
-//
-// On SQLite, where the lock is in-process, the token grows with each
-// acquisition in the process and starts from the clock (nanoseconds since
-// 1970), so that it also grows across restarts unless the clock goes back.
+// acquisition of the same key that released it before, in any process. The
+// cost: one transaction id per acquisition (its commit is a WAL flush),
+// and through a pooler one round trip. TryAdvisoryLock takes the token by
+// a read of its own, once the lock is granted (a try that fails takes
+// none). On SQLite, where the lock is in-process, the token grows with
+// each acquisition in the process and starts from the clock (nanoseconds
+// since 1970), so that it also grows across restarts unless the clock goes
+// back.
 //
 // Token is 0 when no token could be assigned: on a hot standby (advisory
 // locks work there, but no transaction id can be assigned during
 // recovery), on Postgres before 13 (no pg_current_xact_id()), or when the
-// read failed (the lock is not lost for it). A write fenced as above
-// refuses 0, so code that relies on the token stops there instead of
-// writing unfenced.
-func (l *AdvisoryLock) Token() int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.tokened && !l.released && l.Err() == nil && l.c.holds(lockKey{k1: l.key}) {
-		l.readToken(context.Background())
-	}
-	l.tokened = true
-	return l.token
-}
+// read failed (the acquisition does not fail for it: the lock is held). A
+// write fenced as above refuses 0, so code that relies on the token stops
+// there instead of writing unfenced.
+func (l *AdvisoryLock) Token() int64 { return l.token }
 
-// tokenQuery reads the fencing token: NULL on a hot standby, where
+// tokenExpr is the fencing token: NULL on a hot standby, where
 // pg_current_xact_id() fails (25006).
-const tokenQuery = "SELECT (CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_xact_id() END)::text::bigint"
+const tokenExpr = "(CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_xact_id() END)::text::bigint"
 
-// readToken takes the fencing token of a lock that is held (0 if none can
-// be assigned; see Token). A context that ends now must not close the
-// connection (which would lose the lock) nor fail the acquisition, so the
-// read has a bounded context of its own, and its failure leaves the token
-// 0. A failure that broke the connection is the lock's loss, which the
-// connection's tracking reports (Lost, Err) as for any later statement.
-// The read is the holder's last statement until it runs another, so it
-// carries the holder's annotation (pg_identity_publish.go): other
-// processes name a parked AdvisoryLock's holder from it.
+// tokenQuery reads the fencing token.
+const tokenQuery = "SELECT " + tokenExpr
+
+// readToken takes the fencing token of a lock that was just granted
+// (0 if none can be assigned; see Token). The lock is held: a context that
+// ends now must not close the connection (which would lose it) nor fail
+// the acquisition, so the read has a bounded context of its own, and its
+// failure leaves the token 0. A failure that broke the connection is the
+// lock's loss, which the connection's tracking reports (Lost, Err) as for
+// any later statement. The read is the holder's last statement until it
+// runs another, so it carries the holder's annotation, as the pg_locks read
+// before it did (pg_identity_publish.go): other processes name a parked
+// AdvisoryLock's holder from it.
 func (l *AdvisoryLock) readToken(ctx context.Context) {
-	l.tokened = true
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.connector.opts.lockCheckTimeout)
 	defer cancel()
 	l.conn.Raw(func(any) error {

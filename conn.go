@@ -64,9 +64,10 @@ type conn struct {
 
 	// direct: the connection reaches the server itself, no pooler between
 	// (the process id the server sent at connect is pg_backend_pid()'s,
-	// which a pooler's is not; pgx only, and no pooler declared). Its
-	// statements then run on pid's backend, always: an exact session-lock
-	// statement needs no pg_locks read after it (see statementNote).
+	// which a pooler's is not; pgx only, no pooler declared, and not in
+	// the simple protocol the user chose). Its statements then run on
+	// pid's backend, always: an exact session-lock statement needs no
+	// pg_locks read after it (see annotatedLockText).
 	direct bool
 	// sentArgs holds the arguments of a statement lockhooks annotated
 	// (sentWith).

@@ -114,6 +114,27 @@ func pgxExecMode(stdlibConn reflect.Type, name string) (any, bool) {
 	return nil, false
 }
 
+// pgxDefaultMode returns the DefaultQueryExecMode of the configuration of
+// the pgx connection behind a pgx stdlib connection (Conn().Config()), or
+// nil.
+func pgxDefaultMode(inner driver.Conn) any {
+	v := reflect.ValueOf(inner)
+	for _, name := range []string{"Conn", "Config"} {
+		m := v.MethodByName(name)
+		if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 || m.Type().Out(0).Kind() != reflect.Pointer {
+			return nil
+		}
+		if v = m.Call(nil)[0]; v.IsNil() {
+			return nil
+		}
+	}
+	f := v.Elem().FieldByName("DefaultQueryExecMode")
+	if !f.IsValid() || !f.CanInterface() {
+		return nil
+	}
+	return f.Interface()
+}
+
 // txStatuser is pgx's *pgconn.PgConn, as far as lockhooks needs it: the
 // transaction status of the server's last ReadyForQuery ('I' idle, 'T' in
 // a transaction block, 'E' in a failed one).

@@ -14,10 +14,11 @@ import (
 // application (identity=off: the driver's own BEGIN and COMMIT, as before
 // identities), and through lockhooks publishing the identity (identity=on:
 // lockhooks' BEGIN sets a transaction-local application_name in the same
-// message, and its COMMIT is "SELECT; COMMIT"). The round trips are the
-// same (TestIdentityNoExtraRoundTrip); the difference is the server's work
-// on the longer messages, pgx reading two ParameterStatus messages, and the
-// call-site lookup at BeginTx.
+// message). The round trips are the same (TestIdentityNoExtraRoundTrip);
+// the difference is the server's work on the longer messages, pgx reading
+// two ParameterStatus messages, and the call-site lookup at BeginTx.
+// how=runintx is RunInTx with its defaults running the same work (its
+// BEGIN message also reads the transaction id).
 func BenchmarkTransactionIdentity(b *testing.B) {
 	dsn := pgtest.DSN(b)
 	raw, err := sql.Open("pgx", dsn)
@@ -31,23 +32,35 @@ func BenchmarkTransactionIdentity(b *testing.B) {
 		{"driver=lockhooks/identity=off", func() (*sql.DB, error) { return Open("pgx", withDSNParam(b, dsn, "application_name", "bench")) }},
 		{"driver=lockhooks/identity=on", func() (*sql.DB, error) { return Open("pgx", dsn) }},
 	} {
-		b.Run(w.name, func(b *testing.B) {
-			db, err := w.open()
-			if err != nil {
-				b.Fatal(err)
+		for _, how := range []string{"manual", "runintx"} {
+			if how == "runintx" && w.name == "driver=raw" {
+				continue
 			}
-			defer db.Close()
-			db.SetMaxOpenConns(1)
-			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := manualTx(ctx, db, func(tx *sql.Tx) error {
-					_, err := tx.ExecContext(ctx, "UPDATE t SET v = v + 1 WHERE id = $1", 1)
-					return err
-				}); err != nil {
+			b.Run(w.name+"/how="+how, func(b *testing.B) {
+				db, err := w.open()
+				if err != nil {
 					b.Fatal(err)
 				}
-			}
-		})
+				defer db.Close()
+				db.SetMaxOpenConns(1)
+				ctx := context.Background()
+				work := func(tx *sql.Tx) error {
+					_, err := tx.ExecContext(ctx, "UPDATE t SET v = v + 1 WHERE id = $1", 1)
+					return err
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					var err error
+					if how == "manual" {
+						err = manualTx(ctx, db, work)
+					} else {
+						err = RunInTx(ctx, db, nil, work)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -85,8 +85,12 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 	w.pid.Store(pid)
 	if own.pgx {
 		w.tx.status = pgxTxStatus(w.inner)
+		// The annotated statements of a direct connection go in pgx's exec
+		// mode (annotatedLockText): not where the user asked for the simple
+		// protocol.
 		k, ok := w.tx.status.(keyDataPIDer)
-		w.direct = ok && int64(k.PID()) == int64(pid) && !w.connector.opts.txPooler && !w.connector.opts.pinningPooler
+		w.direct = ok && int64(k.PID()) == int64(pid) && !w.connector.opts.txPooler && !w.connector.opts.pinningPooler &&
+			pgxDefaultMode(w.inner) != own.args[0].Value
 	}
 	app := asString(row[1])
 	w.pub.connectApp = app
@@ -317,7 +321,8 @@ func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 // (of key k, at site) on a connection that reaches the server itself
 // (c.direct), beginning with the annotation that names c as the holder of
 // its session locks as the statement leaves them; "" when it leaves none
-// (an unlock of the last one: the text stays the user's). No pg_locks read
+// (an unlock of the last one: the text stays the user's); suffix ends it
+// (AcquireAdvisoryLock's fencing token: see tokenAfterLockKey). No pg_locks read
 // follows such a statement (beforeAdvisory), so the statement is what
 // names the holder while it runs no other, as the read did. The text
 // changes with every hold: it runs in pgx's QueryExecModeExec (one round
@@ -327,7 +332,7 @@ func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 // A lock that may wait names no since: it is held from the statement's
 // end, which the server shows (pg_stat_activity's state_change; see
 // identify), not from its start.
-func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall, k lockKey, site, text string) string {
+func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall, k lockKey, site, text, suffix string) string {
 	var id holderIdentity
 	unlock := call.Func&sqlscan.FnUnlock != 0
 	c.pin.mu.Lock()
@@ -351,7 +356,7 @@ func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall,
 		id.TraceID, id.SpanID = traceIDs(trace.SpanContextFromContext(ctx))
 	}
 	var buf [512]byte
-	return string(append(id.appendAnnotation(buf[:0]), text...))
+	return string(append(append(id.appendAnnotation(buf[:0]), text...), suffix...))
 }
 
 // execSimple runs a statement text of lockhooks' own that may hold

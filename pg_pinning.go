@@ -228,7 +228,11 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	}
 	plan.site = c.siteOf(ctx)
 	if annotate {
-		plan.sent = c.annotatedLockText(ctx, adv.Calls[0], plan.keys[0], plan.site, st.text)
+		suffix := ""
+		if adv.Calls[0].Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll|sqlscan.FnXact) == 0 && ctx.Value(tokenAfterLockKey{}) != nil {
+			suffix = ", " + tokenExpr // AcquireAdvisoryLock's, with its fencing token
+		}
+		plan.sent = c.annotatedLockText(ctx, adv.Calls[0], plan.keys[0], plan.site, st.text, suffix)
 	}
 	if plan.exact && !adv.Simple {
 		if err := c.checkUnlocks(adv, plan.keys, plan.site); err != nil {
