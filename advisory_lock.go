@@ -3,8 +3,10 @@ package lockhooks
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 )
 
@@ -24,6 +26,12 @@ type AdvisoryLock struct {
 
 	mu       sync.Mutex
 	released bool
+
+	// The argument and the row of firstRow's statements (one runs at a
+	// time: the acquisition's, then Release's), kept here so that they
+	// cost no allocation.
+	args [1]driver.NamedValue
+	row  [2]driver.Value
 }
 
 // freeTurn gives up l's turn in the in-process queue of its key, once: at
@@ -180,9 +188,10 @@ func (l *AdvisoryLock) lockOnServer(ctx context.Context, try bool) (got, tokened
 		}
 		return true, false, nil
 	}
-	if err := l.conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", l.key).Scan(&got); err != nil {
+	if _, err := l.firstRow(ctx, "SELECT pg_try_advisory_lock($1)", l.row[:1]); err != nil {
 		return false, false, fmt.Errorf("lockhooks: trying advisory lock %s: %w", describeKey(l.key), err)
 	}
+	got, _ = l.row[0].(bool)
 	return got, false, nil
 }
 
@@ -201,7 +210,8 @@ type tokenAfterLockKey struct{}
 // before it runs, so nothing was taken: the lock is then taken alone, and
 // the database never asks for the token that way again.
 func (l *AdvisoryLock) lockedWithToken(ctx context.Context) (got, tokened bool, err error) {
-	rows, err := l.conn.QueryContext(context.WithValue(ctx, tokenAfterLockKey{}, true), "SELECT pg_advisory_lock($1)", l.key)
+	row := l.row[:]
+	n, err := l.firstRow(context.WithValue(ctx, tokenAfterLockKey{}, true), "SELECT pg_advisory_lock($1)", row)
 	if sqlState(err) == "42883" { // undefined_function
 		l.c.connector.noTokenInLock.Store(true)
 		if _, err = l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
@@ -212,27 +222,42 @@ func (l *AdvisoryLock) lockedWithToken(ctx context.Context) (got, tokened bool, 
 	if err != nil {
 		return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
 	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
-	var void any
-	var token sql.NullInt64
-	dest := []any{&void, &token}[:min(len(cols), 2)]
-	switch {
-	case rows.Next():
-		err = rows.Scan(dest...)
-	case rows.Err() != nil:
-		err = rows.Err()
-	default:
-		err = errors.New("the statement returned no row")
+	if n == 2 && row[1] != nil { // NULL on a hot standby: 0
+		l.token = asInt64(row[1])
 	}
-	if err == nil {
-		err = rows.Close()
-	}
-	if err != nil {
-		return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
-	}
-	l.token = token.Int64 // NULL on a hot standby: 0
-	return true, len(cols) == 2, nil
+	clear(row)
+	return true, n == 2, nil
+}
+
+// firstRow runs query, with l's key as its argument, on l's connection
+// through the statement hooks, and reads its first row (at most len(dest)
+// columns) into dest; n is the number of columns. It calls the hooks
+// directly, under database/sql's hold of the connection (Raw): the lock
+// and unlock of AcquireAdvisoryLock and Release need none of what
+// database/sql's own query path costs (its rows, the conversions of Scan,
+// a goroutine per query run with a context that can end).
+func (l *AdvisoryLock) firstRow(ctx context.Context, query string, dest []driver.Value) (n int, err error) {
+	err = l.conn.Raw(func(any) error {
+		l.args[0] = driver.NamedValue{Ordinal: 1, Value: l.key}
+		rows, err := l.c.QueryContext(ctx, query, l.args[:])
+		if err != nil {
+			return err
+		}
+		n = len(rows.Columns())
+		if n > len(dest) {
+			rows.Close()
+			return fmt.Errorf("lockhooks: %q returned %d columns, want at most %d", query, n, len(dest))
+		}
+		if err := rows.Next(dest[:n]); err != nil {
+			rows.Close()
+			if err == io.EOF {
+				err = fmt.Errorf("lockhooks: %q returned no row", query)
+			}
+			return err
+		}
+		return rows.Close()
+	})
+	return n, err
 }
 
 // acquireInProcess takes the SQLite stand-in: an in-process named lock.
@@ -386,7 +411,9 @@ func (l *AdvisoryLock) unlock(ctx context.Context) error {
 // if the caller closed Conn() (the connection is parked and still holds
 // the lock), rerouted to it through the pool.
 func (l *AdvisoryLock) unlockOnce(ctx context.Context) (ok bool, err error) {
-	err = l.conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
+	if _, err = l.firstRow(ctx, "SELECT pg_advisory_unlock($1)", l.row[:1]); err == nil {
+		ok, _ = l.row[0].(bool)
+	}
 	if errors.Is(err, sql.ErrConnDone) {
 		err = l.db.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
 	}

@@ -40,9 +40,10 @@ type rows struct {
 	writer bool  // the statement holds the SQLite writer lock until Close
 	err    error // the first error of Next, for the tracking
 	// first is the first row of an advisory target list: the results of
-	// its try-locks and unlocks (in firstOne when it has one column).
+	// its try-locks and unlocks (in firstFew when it has one or two
+	// columns: a call, or AcquireAdvisoryLock's call and token).
 	first    []driver.Value
-	firstOne [1]driver.Value
+	firstFew [2]driver.Value
 }
 
 // Interface bits of withRowsInterfaces, in generated order.
@@ -88,7 +89,7 @@ func (r *rows) Columns() []string { return r.inner.Columns() }
 func (r *rows) Next(dest []driver.Value) error {
 	err := r.inner.Next(dest)
 	if err == nil && r.first == nil && r.plan.st.advisory != nil && r.plan.st.advisory.TargetList {
-		r.first = append(r.firstOne[:0], dest...)
+		r.first = append(r.firstFew[:0], dest...)
 	}
 	if err != nil && err != io.EOF {
 		r.c.observe(err)

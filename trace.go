@@ -453,6 +453,9 @@ func errorType(outcome string, err error) string {
 
 // sqlState returns err's SQLSTATE, if it carries one.
 func sqlState(err error) string {
+	if err == nil {
+		return "" // (errors.As makes pg escape: an allocation)
+	}
 	var pg interface{ SQLState() string }
 	if errors.As(err, &pg) {
 		return pg.SQLState()
