@@ -304,17 +304,24 @@ type openedAs struct {
 	open func() (*sql.DB, error)
 }
 
+// openOne opens the database with a pool of one connection, closed when
+// b ends.
+func (w openedAs) openOne(b *testing.B) *sql.DB {
+	db, err := w.open()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	db.SetMaxOpenConns(1)
+	return db
+}
+
 // benchSelectOne runs QueryRow("SELECT 1") on a pool of one connection, as
 // a sub-benchmark per way of opening the database.
 func benchSelectOne(b *testing.B, ways []openedAs) {
 	for _, w := range ways {
 		b.Run(w.name, func(b *testing.B) {
-			db, err := w.open()
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer db.Close()
-			db.SetMaxOpenConns(1)
+			db := w.openOne(b)
 			ctx := context.Background()
 			var v int
 			for b.Loop() {

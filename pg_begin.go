@@ -118,15 +118,9 @@ func pgxExecMode(stdlibConn reflect.Type, name string) (any, bool) {
 // the pgx connection behind a pgx stdlib connection (Conn().Config()), or
 // nil.
 func pgxDefaultMode(inner driver.Conn) any {
-	v := reflect.ValueOf(inner)
-	for _, name := range []string{"Conn", "Config"} {
-		m := v.MethodByName(name)
-		if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 || m.Type().Out(0).Kind() != reflect.Pointer {
-			return nil
-		}
-		if v = m.Call(nil)[0]; v.IsNil() {
-			return nil
-		}
+	v, ok := callMethods(inner, "Conn", "Config")
+	if !ok {
+		return nil
 	}
 	f := v.Elem().FieldByName("DefaultQueryExecMode")
 	if !f.IsValid() || !f.CanInterface() {
@@ -150,18 +144,29 @@ type keyDataPIDer interface{ PID() uint32 }
 // (its Conn().PgConn()), or nil. Called through the interface, TxStatus
 // allocates nothing (a method value made by reflect would, at each call).
 func pgxTxStatus(inner driver.Conn) txStatuser {
-	v := reflect.ValueOf(inner)
-	for _, name := range []string{"Conn", "PgConn"} {
-		m := v.MethodByName(name)
-		if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 || m.Type().Out(0).Kind() != reflect.Pointer {
-			return nil
-		}
-		if v = m.Call(nil)[0]; v.Kind() != reflect.Pointer || v.IsNil() {
-			return nil
-		}
+	v, ok := callMethods(inner, "Conn", "PgConn")
+	if !ok {
+		return nil
 	}
 	s, _ := v.Interface().(txStatuser)
 	return s
+}
+
+// callMethods calls on v the methods named, each on the result of the one
+// before (each takes nothing and returns one pointer), and returns the
+// last result; ok is false where a method is missing or returns nil.
+func callMethods(v any, names ...string) (reflect.Value, bool) {
+	r := reflect.ValueOf(v)
+	for _, name := range names {
+		m := r.MethodByName(name)
+		if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 || m.Type().Out(0).Kind() != reflect.Pointer {
+			return reflect.Value{}, false
+		}
+		if r = m.Call(nil)[0]; r.IsNil() {
+			return reflect.Value{}, false
+		}
+	}
+	return r, true
 }
 
 // beginClause is BEGIN with opts, or "" for a level Postgres does not

@@ -37,12 +37,7 @@ func BenchmarkTransactionIdentity(b *testing.B) {
 				continue
 			}
 			b.Run(w.name+"/how="+how, func(b *testing.B) {
-				db, err := w.open()
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer db.Close()
-				db.SetMaxOpenConns(1)
+				db := w.openOne(b)
 				ctx := context.Background()
 				work := func(tx *sql.Tx) error {
 					_, err := tx.ExecContext(ctx, "UPDATE t SET v = v + 1 WHERE id = $1", 1)
