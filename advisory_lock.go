@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 )
 
@@ -205,19 +206,27 @@ type tokenAfterLockKey struct{}
 
 // lockedWithToken takes the lock on l's connection, and the fencing token
 // in the same statement where the statement goes as annotated (tokened);
-// otherwise the caller reads the token apart. A server without
-// pg_current_xact_id() (before Postgres 13) refuses the whole statement
-// before it runs, so nothing was taken: the lock is then taken alone, and
-// the database never asks for the token that way again.
+// otherwise the caller reads the token apart. The token never fails the
+// acquisition: where the statement failed for the token's sake
+// (tokenRefused), the lock is kept if it was granted before the token
+// failed, or else taken alone, with token 0. A server that refused the
+// token statement outright (no pg_current_xact_id() before Postgres 13, no
+// permission to call it) is never asked that way again.
 func (l *AdvisoryLock) lockedWithToken(ctx context.Context) (got, tokened bool, err error) {
 	row := l.row[:]
 	n, err := l.firstRow(context.WithValue(ctx, tokenAfterLockKey{}, true), "SELECT pg_advisory_lock($1)", row)
-	if sqlState(err) == "42883" { // undefined_function
-		l.c.connector.noTokenInLock.Store(true)
+	if state := sqlState(err); tokenRefused(state) && ctx.Err() == nil {
+		if strings.HasPrefix(state, "42") && l.c.connector.noTokenInLock.CompareAndSwap(false, true) {
+			l.c.connector.opts.logger.Warn("lockhooks: the server refuses the fencing token (pg_current_xact_id()); AdvisoryLock.Token is 0 on this database",
+				"connection", l.c.String(), "error", err)
+		}
+		if l.c.holds(lockKey{k1: l.key}) {
+			return true, true, nil // granted before the token failed (the failure's pg_locks read says so): token 0
+		}
 		if _, err = l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
 			return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
 		}
-		return true, true, nil // no token on this server: 0
+		return true, true, nil // token 0
 	}
 	if err != nil {
 		return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
@@ -227,6 +236,16 @@ func (l *AdvisoryLock) lockedWithToken(ctx context.Context) (got, tokened bool, 
 	}
 	clear(row)
 	return true, n == 2, nil
+}
+
+// tokenRefused reports whether SQLSTATE state is one the fencing token
+// raises and a lock statement alone does not: the statement refused
+// before it ran (class 42: pg_current_xact_id() undefined, 42883, or not
+// permitted, 42501), no transaction id to assign (54000, near xid
+// wraparound; 25006, read-only). The lock's own failures (a timeout, a
+// cancel, a deadlock, a full lock table, a lost connection) are not.
+func tokenRefused(state string) bool {
+	return strings.HasPrefix(state, "42") || state == "54000" || state == "25006"
 }
 
 // firstRow runs query, with l's key as its argument, on l's connection

@@ -26,8 +26,13 @@ import (
 // order across the whole cluster and never wrap (the epoch-extended xid8 of
 // Postgres 13), so an acquisition's token is larger than the token of any
 // acquisition of the same key that released it before, in any process. The
-// cost: one transaction id per acquisition (its commit is a WAL flush),
-// and through a pooler one round trip. TryAdvisoryLock takes the token by
+// cost: one transaction id per acquisition, and through a pooler one
+// round trip. The token's transaction changes nothing, so Postgres commits
+// it without flushing WAL or waiting for synchronous replication: should
+// the primary crash (or fail over) before any later WAL is flushed,
+// transaction ids it handed out since can be handed out again. A token is
+// larger than every earlier acquisition's across one server's life, not
+// across a crash: after one, stop the holders that outlived it. TryAdvisoryLock takes the token by
 // a read of its own, once the lock is granted (a try that fails takes
 // none). On SQLite, where the lock is in-process, the token grows with
 // each acquisition in the process and starts from the clock (nanoseconds

@@ -255,3 +255,44 @@ func TestAdvisoryLockOnHotStandby(t *testing.T) {
 		}
 	}
 }
+
+// A role that may not call pg_current_xact_id(): the acquisition does not
+// fail for the token, which is 0 (the lock statement that carries the
+// token is refused before it runs, and the lock is then taken alone), and
+// the database stops asking for it that way.
+func TestTokenNotPermittedIsZero(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	raw := openRaw(t, dsn)
+	role := "token_" + strconv.FormatInt(time.Now().UnixNano()%1e9, 10)
+	mustExec(t, raw, "CREATE ROLE "+role+" LOGIN")
+	t.Cleanup(func() { raw.Exec("DROP ROLE " + role) })
+	mustExec(t, raw, "REVOKE EXECUTE ON FUNCTION pg_current_xact_id() FROM PUBLIC") // (this test's database only)
+	db := openDSN(t, withDSNParam(t, dsn, "user", role))
+	ctx := context.Background()
+	for i := range 2 {
+		l, err := AcquireAdvisoryLock(ctx, db, 512)
+		if err != nil {
+			t.Fatalf("acquisition %d: %v", i, err)
+		}
+		if n := heldCount(t, raw, 512); n != 1 {
+			t.Fatalf("acquisition %d: %d holders in pg_locks, want 1", i, n)
+		}
+		if l.Token() != 0 {
+			t.Errorf("acquisition %d: token %d, want 0 (no permission to assign one)", i, l.Token())
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := heldCount(t, raw, 512); n != 0 {
+			t.Fatalf("released: %d holders in pg_locks", n)
+		}
+	}
+	tl, ok, err := TryAdvisoryLock(ctx, db, 513)
+	if err != nil || !ok {
+		t.Fatalf("TryAdvisoryLock: %v, %v; want the lock", ok, err)
+	}
+	if tl.Token() != 0 {
+		t.Errorf("TryAdvisoryLock: token %d, want 0", tl.Token())
+	}
+	tl.Release(ctx)
+}
