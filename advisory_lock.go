@@ -72,7 +72,7 @@ func TryAdvisoryLock(ctx context.Context, db *sql.DB, key int64) (l *AdvisoryLoc
 // database's siteCache: no symbolising per acquisition).
 func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLock, bool, error) {
 	var site callers
-	site.capture()
+	site.captureFast()
 	sc, c, err := lockhooksConn(user, db)
 	if err != nil {
 		return nil, false, err
