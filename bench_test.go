@@ -366,8 +366,8 @@ func BenchmarkAdvisoryLockUnlock(b *testing.B) {
 // BenchmarkAcquireAdvisoryLockRelease is AcquireAdvisoryLock and Release
 // of one key on a pool of one connection, against what a user would write
 // on the raw driver: a db.Conn, pg_advisory_lock, pg_advisory_unlock and
-// the connection back to the pool. lockhooks also reads pg_locks after the
-// lock and after the unlock, and reads the fencing token (Token).
+// the connection back to the pool. lockhooks also takes the fencing token
+// (Token), in the lock statement.
 func BenchmarkAcquireAdvisoryLockRelease(b *testing.B) {
 	dsn := pgtest.DSN(b)
 	for _, how := range []string{viaRaw, viaLockhooks} {
@@ -437,4 +437,74 @@ func BenchmarkSQLiteWriteDecision(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkLockPathsPaired runs the two lock paths of
+// BenchmarkAdvisoryLockUnlock and BenchmarkAcquireAdvisoryLockRelease on
+// the raw driver and through lockhooks alternately, one of each per
+// iteration, on two databases of one pool connection each and two keys
+// (see pairedRun): other/raw is lockhooks' time against the raw driver's
+// on the same machine at the same moment, cpu-other/raw its time on CPU,
+// client and server.
+func BenchmarkLockPathsPaired(b *testing.B) {
+	dsn := pgtest.DSN(b)
+	ctx := context.Background()
+	b.Run("path=lock-unlock", func(b *testing.B) {
+		var conns [2]*sql.Conn
+		var backends [2]string
+		for i, how := range []string{viaRaw, viaLockhooks} {
+			db := openVia(b, how, "pgx", dsn)
+			defer db.Close()
+			c, err := db.Conn(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			conns[i], backends[i] = c, backendOf(b, c)
+		}
+		lockUnlock := func(c *sql.Conn, key int64) func() error {
+			return func() error {
+				if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+					return err
+				}
+				var ok bool
+				if err := c.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", key).Scan(&ok); err != nil || !ok {
+					return fmt.Errorf("pg_advisory_unlock(%d): %v, %v", key, ok, err)
+				}
+				return nil
+			}
+		}
+		raw, other := lockUnlock(conns[0], 1), lockUnlock(conns[1], 2)
+		for range 10 { // warm: prepared statements (lockhooks' annotated ones at their second sighting)
+			if err := raw(); err != nil {
+				b.Fatal(err)
+			}
+			if err := other(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		pairedRun(b, "raw", backends[0], backends[1], raw, other)
+	})
+	b.Run("path=acquire-release", func(b *testing.B) {
+		var dbs [2]*sql.DB
+		var backends [2]string
+		for i, how := range []string{viaRaw, viaLockhooks} {
+			db := openVia(b, how, "pgx", dsn)
+			defer db.Close()
+			db.SetMaxOpenConns(1)
+			dbs[i], backends[i] = db, backendOf(b, db)
+		}
+		rawLock, lock := acquireReleaseVia(viaRaw), acquireReleaseVia(viaLockhooks)
+		raw := func() error { return rawLock(ctx, dbs[0], 1) }
+		other := func() error { return lock(ctx, dbs[1], 2) }
+		for range 10 {
+			if err := raw(); err != nil {
+				b.Fatal(err)
+			}
+			if err := other(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		pairedRun(b, "raw", backends[0], backends[1], raw, other)
+	})
 }

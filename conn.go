@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -72,6 +73,10 @@ type conn struct {
 	// sentArgs holds the arguments of a statement lockhooks annotated
 	// (sentWith).
 	sentArgs []driver.NamedValue
+	// sentTexts are the connection's last annotated statement texts, in a
+	// ring (sentWith).
+	sentTexts [8]string
+	sentNext  int
 
 	// incarnation names pid's backend among all that had its pid (see
 	// incarnationExpr), read with it; "" when the server could not tell
@@ -372,14 +377,24 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 }
 
 // sentWith returns the text and arguments a tracked statement runs with:
-// its own, or, where lockhooks annotated it (advisoryPlan.sent), that text
-// with the arguments behind pgx's QueryExecModeExec, noted as the
-// statement the backend runs.
+// its own, or, where lockhooks annotated it (advisoryPlan.sent), that text,
+// noted as the statement the backend runs. An annotated text this
+// connection sent among its last few goes as the user's statements go (in
+// pgx's default mode, prepared once and cached): a holder that takes one
+// key at one call site, with no trace recorded, sends the same text every
+// time. Any other goes behind pgx's QueryExecModeExec, which caches
+// nothing, so that texts that change with every hold never fill the
+// driver's statement cache.
 func (c *conn) sentWith(plan advisoryPlan, args []driver.NamedValue) (string, []driver.NamedValue) {
 	if plan.sent == "" {
 		return plan.st.text, args
 	}
 	c.noteSent(plan.sent)
+	if slices.Contains(c.sentTexts[:], plan.sent) && c.discards.Load() == 0 { // (DISCARD ALL forgot the driver's prepared statements)
+		return plan.sent, args
+	}
+	c.sentTexts[c.sentNext] = plan.sent
+	c.sentNext = (c.sentNext + 1) % len(c.sentTexts)
 	// The driver reads the arguments during the call only, and a
 	// connection runs one statement at a time: one slice serves them all.
 	c.sentArgs = append(append(c.sentArgs[:0], c.connector.own.exec...), args...)

@@ -111,7 +111,7 @@ func TestDirectLockStatementsKeepTheTracking(t *testing.T) {
 		var got bool
 		return c.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", 82).Scan(&got)
 	})
-	trips("try-lock run as Exec (its outcome only pg_locks tells)", 2, exec("SELECT pg_try_advisory_lock($1)", 83))
+	trips("try-lock run as Exec (its outcome only pg_locks tells)", 2, exec("SELECT pg_try_advisory_lock($1) AS t", 83)) // (a text of its own: see sentWith)
 	trips("a key given as text (evaluated first)", 3, exec("SELECT pg_advisory_lock($1::bigint)", "84"))
 	trips("two calls", 2, exec("SELECT pg_advisory_lock(85), pg_advisory_lock(86)"))
 	stmt, err := c.PrepareContext(ctx, "SELECT pg_advisory_unlock($1)")
@@ -195,5 +195,47 @@ func TestDirectOnlyWhereTheServerAnswers(t *testing.T) {
 				t.Errorf("a connection through %s in %s mode is direct", v, mode)
 			}
 		}
+	}
+}
+
+// An annotated text the connection sends again (one key at one call site,
+// no trace) is prepared once and cached, as the driver's own statements
+// are: from the third hold on, a lock and its unlock take the driver's two
+// round trips and no statement is prepared again; texts that change with
+// every hold are never cached (TestIdentityStatementCache).
+func TestDirectRepeatedLockTextIsCached(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	p, proxied := startRoundTrips(t, dsn)
+	db := openDSN(t, proxied)
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	prepared := func() (n int) {
+		if err := c.QueryRowContext(ctx, "SELECT count(*) FROM pg_prepared_statements").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	hold := func() {
+		for _, q := range []string{"SELECT pg_advisory_lock($1)", "SELECT pg_advisory_unlock($1)"} {
+			if _, err := c.ExecContext(ctx, q, 42); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	hold()
+	hold()
+	before, trips := prepared(), p.counts()
+	for range 10 {
+		hold()
+	}
+	if n := busiest(trips, p.counts()); n != 20 {
+		t.Errorf("10 holds after two: %d round trips, want 20", n)
+	}
+	if after := prepared(); after != before {
+		t.Errorf("pg_prepared_statements went from %d to %d", before, after)
 	}
 }

@@ -325,13 +325,15 @@ func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 // (AcquireAdvisoryLock's fencing token: see tokenAfterLockKey). No pg_locks read
 // follows such a statement (beforeAdvisory), so the statement is what
 // names the holder while it runs no other, as the read did. The text
-// changes with every hold: it runs in pgx's QueryExecModeExec (one round
-// trip, the arguments bound by the server, nothing cached), so the server
+// may change with every hold: it runs in pgx's QueryExecModeExec (one
+// round trip, the arguments bound by the server, nothing cached) unless
+// the connection sent it lately (sentWith), and either way the server
 // shows it as sent, which the end requests of pg_loss.go compare.
 //
-// A lock that may wait names no since: it is held from the statement's
-// end, which the server shows (pg_stat_activity's state_change; see
-// identify), not from its start.
+// The lock it takes names no since: it is held from the statement's end,
+// which the server shows (pg_stat_activity's state_change; see identify),
+// not from its start (a lock may wait), and a text without a time can be
+// the same at every hold.
 func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall, k lockKey, site, text, suffix string) string {
 	var id holderIdentity
 	unlock := call.Func&sqlscan.FnUnlock != 0
@@ -350,9 +352,6 @@ func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall,
 		var holds [48]byte
 		id.Holds = string(appendKeyToken(append(holds[:0], "lock "...), k))
 		id.Site = safeToken(site, "_")
-		if call.Func&sqlscan.FnTry != 0 {
-			id.Since = time.Now()
-		}
 		id.TraceID, id.SpanID = traceIDs(trace.SpanContextFromContext(ctx))
 	}
 	var buf [512]byte

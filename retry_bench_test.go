@@ -200,43 +200,54 @@ func BenchmarkRunInTxPaired(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			rawBackend, otherBackend := backendOf(b, raw), backendOf(b, other)
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			var rawTime, otherTime, rawCPU, otherCPU time.Duration
-			s0, o0 := cpuTime(rawBackend), cpuTime(otherBackend)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for b.Loop() {
-				start, c0 := time.Now(), threadCPU()
-				if err := manualTx(ctx, raw, rawWork); err != nil {
-					b.Fatal(err)
-				}
-				mid, c1 := time.Now(), threadCPU()
-				if err := runOther(); err != nil {
-					b.Fatal(err)
-				}
-				rawTime += mid.Sub(start)
-				otherTime += time.Since(mid)
-				rawCPU += c1 - c0
-				otherCPU += threadCPU() - c1
-			}
-			b.StopTimer()
-			// Each side's backend serves it alone.
-			rawServer, otherServer := cpuTime(rawBackend)-s0, cpuTime(otherBackend)-o0
-			b.ReportMetric(float64(rawServer)/float64(b.N), "server-cpu-ns/manual-raw")
-			b.ReportMetric(float64(otherServer)/float64(b.N), "server-cpu-ns/other")
-			rawCPU += rawServer
-			otherCPU += otherServer
-			b.ReportMetric(float64(rawTime)/float64(b.N), "ns/manual-raw")
-			b.ReportMetric(float64(otherTime)/float64(b.N), "ns/other")
-			b.ReportMetric(float64(otherTime)/float64(rawTime), "other/manual-raw")
-			if rawBackend != "" && rawCPU > 0 {
-				b.ReportMetric(float64(rawCPU)/float64(b.N), "cpu-ns/manual-raw")
-				b.ReportMetric(float64(otherCPU)/float64(b.N), "cpu-ns/other")
-				b.ReportMetric(float64(otherCPU)/float64(rawCPU), "cpu-other/manual-raw")
-			}
+			pairedRun(b, "manual-raw", backendOf(b, raw), backendOf(b, other),
+				func() error { return manualTx(ctx, raw, rawWork) }, runOther)
 		})
+	}
+}
+
+// pairedRun runs raw and other alternately, once each per iteration, and
+// reports each side's wall time per operation (ns/<rawName>, ns/other)
+// and their ratio (other/<rawName>), and, on Linux, their time on CPU,
+// the client goroutine's thread plus the side's backend's (schedstat
+// files rawBackend and otherBackend, each serving its side alone;
+// cpu-other/<rawName>): run alternately, both sides meet the same machine,
+// so their ratio holds where separate runs on a shared machine differ by
+// tens of percent.
+func pairedRun(b *testing.B, rawName, rawBackend, otherBackend string, raw, other func() error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var rawTime, otherTime, rawCPU, otherCPU time.Duration
+	s0, o0 := cpuTime(rawBackend), cpuTime(otherBackend)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		start, c0 := time.Now(), threadCPU()
+		if err := raw(); err != nil {
+			b.Fatal(err)
+		}
+		mid, c1 := time.Now(), threadCPU()
+		if err := other(); err != nil {
+			b.Fatal(err)
+		}
+		rawTime += mid.Sub(start)
+		otherTime += time.Since(mid)
+		rawCPU += c1 - c0
+		otherCPU += threadCPU() - c1
+	}
+	b.StopTimer()
+	rawServer, otherServer := cpuTime(rawBackend)-s0, cpuTime(otherBackend)-o0
+	b.ReportMetric(float64(rawServer)/float64(b.N), "server-cpu-ns/"+rawName)
+	b.ReportMetric(float64(otherServer)/float64(b.N), "server-cpu-ns/other")
+	rawCPU += rawServer
+	otherCPU += otherServer
+	b.ReportMetric(float64(rawTime)/float64(b.N), "ns/"+rawName)
+	b.ReportMetric(float64(otherTime)/float64(b.N), "ns/other")
+	b.ReportMetric(float64(otherTime)/float64(rawTime), "other/"+rawName)
+	if rawBackend != "" && rawCPU > 0 {
+		b.ReportMetric(float64(rawCPU)/float64(b.N), "cpu-ns/"+rawName)
+		b.ReportMetric(float64(otherCPU)/float64(b.N), "cpu-ns/other")
+		b.ReportMetric(float64(otherCPU)/float64(rawCPU), "cpu-other/"+rawName)
 	}
 }
 
@@ -251,10 +262,12 @@ func threadCPU() time.Duration {
 }
 
 // backendOf returns the schedstat file of the backend behind db's one
-// connection ("" when not on Linux, or the backend is not readable).
-func backendOf(b *testing.B, db *sql.DB) string {
+// connection (or a *sql.Conn's) ("" when not on Linux, or the backend is not readable).
+func backendOf(b *testing.B, db interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}) string {
 	var pid int
-	if err := db.QueryRow("SELECT pg_backend_pid()").Scan(&pid); err != nil {
+	if err := db.QueryRowContext(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		b.Fatal(err)
 	}
 	path := fmt.Sprintf("/proc/%d/schedstat", pid)
