@@ -475,15 +475,7 @@ func BenchmarkLockPathsPaired(b *testing.B) {
 			}
 		}
 		raw, other := lockUnlock(conns[0], 1), lockUnlock(conns[1], 2)
-		for range 10 { // warm: prepared statements (lockhooks' annotated ones at their second sighting)
-			if err := raw(); err != nil {
-				b.Fatal(err)
-			}
-			if err := other(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		pairedRun(b, "raw", backends[0], backends[1], raw, other)
+		warmPairedRun(b, backends, raw, other)
 	})
 	b.Run("path=acquire-release", func(b *testing.B) {
 		var dbs [2]*sql.DB
@@ -497,14 +489,21 @@ func BenchmarkLockPathsPaired(b *testing.B) {
 		rawLock, lock := acquireReleaseVia(viaRaw), acquireReleaseVia(viaLockhooks)
 		raw := func() error { return rawLock(ctx, dbs[0], 1) }
 		other := func() error { return lock(ctx, dbs[1], 2) }
-		for range 10 {
-			if err := raw(); err != nil {
-				b.Fatal(err)
-			}
-			if err := other(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		pairedRun(b, "raw", backends[0], backends[1], raw, other)
+		warmPairedRun(b, backends, raw, other)
 	})
+}
+
+// warmPairedRun runs raw and other ten times each (prepared statements;
+// lockhooks' annotated ones are prepared at their second sighting), then
+// pairedRun on them.
+func warmPairedRun(b *testing.B, backends [2]string, raw, other func() error) {
+	for range 10 {
+		if err := raw(); err != nil {
+			b.Fatal(err)
+		}
+		if err := other(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pairedRun(b, "raw", backends[0], backends[1], raw, other)
 }
