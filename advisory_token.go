@@ -19,25 +19,27 @@ import (
 //
 // On Postgres the token is a 64-bit transaction id (pg_current_xact_id())
 // taken while the lock is held, right after it was granted: on a
-// connection to the server itself by the lock statement itself (one round
-// trip); through a pooler by a read of its own, and through a transaction
-// pooler on another server connection, so that the holder's open
-// transaction never gets one. Transaction ids are assigned in increasing
-// order across the whole cluster and never wrap (the epoch-extended xid8 of
-// Postgres 13), so an acquisition's token is larger than the token of any
-// acquisition of the same key that released it before, in any process. The
-// cost: one transaction id per acquisition, and through a pooler one
-// round trip. The token's transaction changes nothing, so Postgres commits
-// it without flushing WAL or waiting for synchronous replication: should
-// the primary crash (or fail over) before any later WAL is flushed,
-// transaction ids it handed out since can be handed out again. A token is
-// larger than every earlier acquisition's across one server's life, not
-// across a crash: after one, stop the holders that outlived it. TryAdvisoryLock takes the token by
-// a read of its own, once the lock is granted (a try that fails takes
-// none). On SQLite, where the lock is in-process, the token grows with
-// each acquisition in the process and starts from the clock (nanoseconds
-// since 1970), so that it also grows across restarts unless the clock goes
-// back.
+// connection to the server itself by AcquireAdvisoryLock's lock statement
+// itself (one round trip); through a pooler by a read of its own, and
+// through a transaction pooler on another server connection, so that the
+// holder's open transaction never gets one. TryAdvisoryLock reads it once
+// the lock is granted (a try that fails takes none). Transaction ids are
+// assigned in increasing order across the whole cluster and never wrap
+// (the epoch-extended xid8 of Postgres 13), so an acquisition's token is
+// larger than the token of any acquisition of the same key that released
+// it before, in any process. The cost: one transaction id per acquisition,
+// and through a pooler one round trip.
+//
+// The token's transaction changes nothing, so Postgres commits it without
+// flushing WAL or waiting for synchronous replication: should the primary
+// crash (or fail over) before any later WAL is flushed, transaction ids it
+// handed out since can be handed out again. A token is larger than every
+// earlier acquisition's across one server's life, not across a crash:
+// after one, stop the holders that outlived it.
+//
+// On SQLite, where the lock is in-process, the token grows with each
+// acquisition in the process and starts from the clock (nanoseconds since
+// 1970), so that it also grows across restarts unless the clock goes back.
 //
 // Token is 0 when no token could be assigned: on a hot standby (advisory
 // locks work there, but no transaction id can be assigned during

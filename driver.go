@@ -512,9 +512,9 @@ type connector struct {
 	liveMu sync.RWMutex       // read: openConns, the model of holders (self-waits)
 	live   map[*conn]struct{} // every open wrapped connection
 
-	// noTokenInLock: the server has no pg_current_xact_id() (before
-	// Postgres 13), so AcquireAdvisoryLock's lock statement does not take
-	// the fencing token (tokenAfterLockKey).
+	// noTokenInLock: the server refused pg_current_xact_id() (none before
+	// Postgres 13, or no permission to call it), so AcquireAdvisoryLock's
+	// lock statement does not take the fencing token (tokenAfterLockKey).
 	noTokenInLock atomic.Bool
 }
 

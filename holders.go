@@ -499,9 +499,9 @@ func identify(s pgBlocker, keys []lockKey) (h holder, ok bool) {
 	case id != nil:
 		h = id.holder()
 		if h.SiteKind == siteTook && h.Since.IsZero() && ownStatement && s.State != "active" && s.stateSeconds > 0 {
-			// Its last statement is the lock statement that took the lock
-			// (which may have waited, so it names no since:
-			// annotatedLockText): held since that statement ended.
+			// Its last statement is the lock statement that took the lock,
+			// which names no since (annotatedLockText): held since that
+			// statement ended.
 			h.Since = time.Now().Add(-time.Duration(s.stateSeconds * float64(time.Second)))
 		}
 		if id.ofThisProcess() {

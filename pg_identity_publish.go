@@ -85,8 +85,8 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 	w.pid.Store(pid)
 	if own.pgx {
 		w.tx.status = pgxTxStatus(w.inner)
-		// The annotated statements of a direct connection go in pgx's exec
-		// mode (annotatedLockText): not where the user asked for the simple
+		// The annotated statements of a direct connection may go in pgx's
+		// exec mode (sentWith): not where the user asked for the simple
 		// protocol.
 		k, ok := w.tx.status.(keyDataPIDer)
 		w.direct = ok && int64(k.PID()) == int64(pid) && !w.connector.opts.txPooler && !w.connector.opts.pinningPooler &&
@@ -322,13 +322,14 @@ func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 // (c.direct), beginning with the annotation that names c as the holder of
 // its session locks as the statement leaves them; "" when it leaves none
 // (an unlock of the last one: the text stays the user's); suffix ends it
-// (AcquireAdvisoryLock's fencing token: see tokenAfterLockKey). No pg_locks read
-// follows such a statement (beforeAdvisory), so the statement is what
-// names the holder while it runs no other, as the read did. The text
-// may change with every hold: it runs in pgx's QueryExecModeExec (one
-// round trip, the arguments bound by the server, nothing cached) unless
-// the connection sent it lately (sentWith), and either way the server
-// shows it as sent, which the end requests of pg_loss.go compare.
+// (AcquireAdvisoryLock's fencing token: see tokenAfterLockKey). No
+// pg_locks read follows such a statement (beforeAdvisory), so the
+// statement is what names the holder while it runs no other, as the read
+// did. The text may change with every hold: it runs in pgx's
+// QueryExecModeExec (one round trip, the arguments bound by the server,
+// nothing cached) unless the connection sent it lately (sentWith), and
+// either way the server shows it as sent, which the end requests of
+// pg_loss.go compare.
 //
 // The lock it takes names no since: it is held from the statement's end,
 // which the server shows (pg_stat_activity's state_change; see identify),
