@@ -184,8 +184,8 @@ func (l *AdvisoryLock) lockOnServer(ctx context.Context, try bool) (got, tokened
 		if l.c.direct && !l.c.connector.noTokenInLock.Load() {
 			return l.lockedWithToken(ctx)
 		}
-		if _, err := l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
-			return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
+		if err := l.lockAlone(ctx); err != nil {
+			return false, false, err
 		}
 		return true, false, nil
 	}
@@ -194,6 +194,15 @@ func (l *AdvisoryLock) lockOnServer(ctx context.Context, try bool) (got, tokened
 	}
 	got, _ = l.row[0].(bool)
 	return got, false, nil
+}
+
+// lockAlone takes the Postgres session lock on l's connection with a
+// statement that takes nothing else.
+func (l *AdvisoryLock) lockAlone(ctx context.Context) error {
+	if _, err := l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
+		return fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
+	}
+	return nil
 }
 
 // tokenAfterLockKey marks the context of AcquireAdvisoryLock's lock
@@ -223,8 +232,8 @@ func (l *AdvisoryLock) lockedWithToken(ctx context.Context) (got, tokened bool, 
 		if l.c.holds(lockKey{k1: l.key}) {
 			return true, true, nil // granted before the token failed (the failure's pg_locks read says so): token 0
 		}
-		if _, err = l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
-			return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
+		if err := l.lockAlone(ctx); err != nil {
+			return false, false, err
 		}
 		return true, true, nil // token 0
 	}
