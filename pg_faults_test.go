@@ -50,11 +50,8 @@ var timeoutSettings = []string{"idle_session_timeout", "idle_in_transaction_sess
 func newFaultEnv(t *testing.T, settings map[string]string, opts ...Option) *faultEnv {
 	t.Helper()
 	dsn := pgtest.DSN(t)
+	proxiedDSN, proxy := throughFaultProxy(t, dsn)
 	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := faultproxy.Start(u.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,14 +69,12 @@ func newFaultEnv(t *testing.T, settings map[string]string, opts ...Option) *faul
 	for name, value := range settings {
 		mustExec(t, e.raw, fmt.Sprintf("ALTER DATABASE %s SET %s = '%s'", e.db, name, value))
 	}
-	proxied := *u
-	proxied.Host = proxy.Addr()
 	opts = append([]Option{
 		WithLockCheckInterval(20 * time.Millisecond),
 		WithLogger(slog.New(slog.NewTextHandler(e.log, nil))),
 		WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.metrics))),
 	}, opts...)
-	if e.wrapped, err = Open("pgx", withApp(proxied.String(), e.app), opts...); err != nil {
+	if e.wrapped, err = Open("pgx", withApp(proxiedDSN, e.app), opts...); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -427,7 +422,16 @@ func newOwnPoolerEnv(t *testing.T, opts pgtest.PoolerOptions) (*poolerEnv, *pgte
 func newPoolerFaultEnv(t *testing.T) (*poolerEnv, *faultproxy.Proxy) {
 	t.Helper()
 	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{})
-	u, err := url.Parse(e.pooled)
+	var proxy *faultproxy.Proxy
+	e.pooled, proxy = throughFaultProxy(t, e.pooled)
+	return e, proxy
+}
+
+// throughFaultProxy starts a fault-injecting proxy in front of dsn's host,
+// closed when t ends (if not before), and returns dsn through it.
+func throughFaultProxy(t testing.TB, dsn string) (string, *faultproxy.Proxy) {
+	t.Helper()
+	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,8 +441,7 @@ func newPoolerFaultEnv(t *testing.T) (*poolerEnv, *faultproxy.Proxy) {
 	}
 	t.Cleanup(func() { proxy.Close() })
 	u.Host = proxy.Addr()
-	e.pooled = u.String()
-	return e, proxy
+	return u.String(), proxy
 }
 
 // Point 4, through a transaction pooler: an acquire that fails after the

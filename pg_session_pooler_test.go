@@ -5,13 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/lockhooks/lockhooks/internal/faultproxy"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -271,23 +269,14 @@ func TestSessionPoolerLostHolderLeavesTheNextClientAlone(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{Mode: "session", PoolSize: 4})
-			u, err := url.Parse(e.pooled)
-			if err != nil {
-				t.Fatal(err)
-			}
-			proxy, err := faultproxy.Start(u.Host)
-			if err != nil {
-				t.Fatal(err)
-			}
+			proxied, proxy := throughFaultProxy(t, e.pooled)
 			defer proxy.Close()
-			proxied := *u
-			proxied.Host = proxy.Addr()
 			opts := []Option{WithLockCheckInterval(50 * time.Millisecond), withCheckTimeout(2 * time.Second),
 				WithLogger(slog.New(slog.NewTextHandler(e.log, nil)))}
 			if declared {
 				opts = append(opts, WithSessionPinningPooler())
 			}
-			a, err := Open("pgx", withApp(proxied.String(), e.app), opts...)
+			a, err := Open("pgx", withApp(proxied, e.app), opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
