@@ -53,6 +53,31 @@ func startEcho(t *testing.T) *echoServer {
 	return s
 }
 
+// waitEnded waits for the server side of a connection to end, and fails
+// with failure after 10 s.
+func (s *echoServer) waitEnded(t *testing.T, failure string) {
+	t.Helper()
+	select {
+	case <-s.ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal(failure)
+	}
+}
+
+// connected starts an echo server and a proxy in front of it, and returns
+// them with a client connection through the proxy that has made one round
+// trip, and its link.
+func connected(t *testing.T) (*echoServer, *Proxy, net.Conn, *Link) {
+	t.Helper()
+	s := startEcho(t)
+	p := startProxy(t, s.ln.Addr().String())
+	c := dial(t, p)
+	if _, err := roundTrip(c, "x", 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return s, p, c, link(t, p)
+}
+
 func startProxy(t *testing.T, target string) *Proxy {
 	t.Helper()
 	p, err := Start(target)
@@ -131,19 +156,9 @@ func TestForwardAndFindByServerPort(t *testing.T) {
 }
 
 func TestCutResetsBothSides(t *testing.T) {
-	s := startEcho(t)
-	p := startProxy(t, s.ln.Addr().String())
-	c := dial(t, p)
-	if _, err := roundTrip(c, "x", 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	l := link(t, p)
+	s, _, c, l := connected(t)
 	l.Cut()
-	select {
-	case <-s.ended: // the server's read ended: it saw the connection go
-	case <-time.After(10 * time.Second):
-		t.Fatal("the server side never saw the cut")
-	}
+	s.waitEnded(t, "the server side never saw the cut") // the server's read ended: it saw the connection go
 	if _, err := roundTrip(c, "y", 10*time.Second); err == nil || isTimeout(err) {
 		t.Fatalf("the client after a cut: %v, want a reset or EOF", err)
 	}
@@ -153,13 +168,7 @@ func TestCutResetsBothSides(t *testing.T) {
 // Half-open: the client's connection is broken, the server's socket stays
 // open and hears nothing, until the link is cut.
 func TestCutClientLeavesTheServerSideOpen(t *testing.T) {
-	s := startEcho(t)
-	p := startProxy(t, s.ln.Addr().String())
-	c := dial(t, p)
-	if _, err := roundTrip(c, "x", 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	l := link(t, p)
+	s, _, c, l := connected(t)
 	l.CutClient()
 	if _, err := roundTrip(c, "y", 10*time.Second); err == nil || isTimeout(err) {
 		t.Fatalf("the client of a half-open link: %v, want a reset or EOF", err)
@@ -179,30 +188,16 @@ func TestCutClientLeavesTheServerSideOpen(t *testing.T) {
 	}
 	// Cutting the link for good ends the server side too.
 	l.Cut()
-	select {
-	case <-s.ended:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the server side never saw the final cut")
-	}
+	s.waitEnded(t, "the server side never saw the final cut")
 	<-l.Done()
 }
 
 // The converse: the server's side is gone, the client's stays open and
 // silent, so the client's read waits.
 func TestCutServerLeavesTheClientWaiting(t *testing.T) {
-	s := startEcho(t)
-	p := startProxy(t, s.ln.Addr().String())
-	c := dial(t, p)
-	if _, err := roundTrip(c, "x", 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	l := link(t, p)
+	s, p, c, l := connected(t)
 	l.CutServer()
-	select {
-	case <-s.ended:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the server side never saw the cut")
-	}
+	s.waitEnded(t, "the server side never saw the cut")
 	if _, err := roundTrip(c, "y", 200*time.Millisecond); !isTimeout(err) {
 		t.Fatalf("the client of a server-cut link: %v, want its read to wait (timeout)", err)
 	}
@@ -211,13 +206,7 @@ func TestCutServerLeavesTheClientWaiting(t *testing.T) {
 }
 
 func TestHalfClosePassesTheFIN(t *testing.T) {
-	s := startEcho(t)
-	p := startProxy(t, s.ln.Addr().String())
-	c := dial(t, p)
-	if _, err := roundTrip(c, "x", 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	l := link(t, p)
+	s, _, c, l := connected(t)
 	l.HalfClose(true)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
@@ -237,13 +226,7 @@ func TestHalfClosePassesTheFIN(t *testing.T) {
 
 // A black hole stalls both directions; Resume delivers the stream intact.
 func TestBlackHoleStallsAndResumeDelivers(t *testing.T) {
-	s := startEcho(t)
-	p := startProxy(t, s.ln.Addr().String())
-	c := dial(t, p)
-	if _, err := roundTrip(c, "x", 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	l := link(t, p)
+	_, _, c, l := connected(t)
 	l.BlackHole()
 	if _, err := io.WriteString(c, "during\n"); err != nil {
 		t.Fatal(err)
