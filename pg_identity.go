@@ -260,6 +260,12 @@ func (id *holderIdentity) appendAppName(b []byte) []byte {
 		b = append(b, " %"...)
 		b = append(b, id.Pool...)
 	}
+	if len(b)-start > maxAppName {
+		// A decoded identity's fields are whatever another session showed
+		// (a kind of any length, numbers of 20 digits): the bound holds
+		// whatever they are.
+		b = b[:start+maxAppName]
+	}
 	return b
 }
 

@@ -188,6 +188,7 @@ func FuzzDecodeIdentity(f *testing.F) {
 	f.Add(id.appName(), id.annotation()+"SELECT 1")
 	f.Add("lockhooks a/1#1.1 tx", "/*lockhooks holder: process=a/1 conn=1 since=x*/")
 	f.Add("lockhooks #.", "/*lockhooks holder: */")
+	f.Add("locVhooks web-1/4711#1.3 lock jobs/leader.go:42 @mx51ln9h", "/*lockhooks holder: process=000000000000000 conn=1 holds=000000000000000000000000000000000000000*/") // found by the fuzzer: a 39-byte kind made a 69-byte application_name
 	f.Fuzz(func(t *testing.T, app, query string) {
 		if got := decodeIdentity(app, query); got != nil {
 			_ = got.holder().String()
