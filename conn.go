@@ -70,6 +70,11 @@ type conn struct {
 	// pid's backend, always: an exact session-lock statement needs no
 	// pg_locks read after it (see annotatedLockText).
 	direct bool
+	// reachesServer: the process id the server sent at connect is
+	// pg_backend_pid()'s (pgx, or lib/pq), so no pooler stands between the
+	// connection and its backend, whatever the options say; only then may
+	// lockhooks end that backend after a loss (see endable).
+	reachesServer bool
 	// sentArgs holds the arguments of a statement lockhooks annotated
 	// (sentWith).
 	sentArgs []driver.NamedValue

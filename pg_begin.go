@@ -140,6 +140,28 @@ type txStatuser interface{ TxStatus() byte }
 // pg_backend_pid() only on a connection to the server itself.
 type keyDataPIDer interface{ PID() uint32 }
 
+// backendKeyPID returns the process id of the BackendKeyData the server
+// (or a pooler) sent inner at connect: pgx's from its PgConn, lib/pq's
+// from its connection's processID field (read by reflection, so that the
+// root package imports no driver). ok is false for any other driver.
+func backendKeyPID(inner driver.Conn) (pid int64, ok bool) {
+	if v, found := callMethods(inner, "Conn", "PgConn"); found {
+		if k, isKey := v.Interface().(keyDataPIDer); isKey {
+			return int64(k.PID()), true
+		}
+		return 0, false
+	}
+	v := reflect.ValueOf(inner)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct || v.Elem().Type().PkgPath() != "github.com/lib/pq" {
+		return 0, false
+	}
+	f := v.Elem().FieldByName("processID")
+	if !f.IsValid() || !f.CanInt() {
+		return 0, false
+	}
+	return f.Int(), true
+}
+
 // pgxTxStatus returns the pgx connection behind a pgx stdlib connection
 // (its Conn().PgConn()), or nil. Called through the interface, TxStatus
 // allocates nothing (a method value made by reflect would, at each call).

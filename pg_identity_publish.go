@@ -83,13 +83,15 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 	}
 	pid := int32(asInt64(row[0]))
 	w.pid.Store(pid)
+	if k, ok := backendKeyPID(w.inner); ok && k == int64(pid) {
+		w.reachesServer = true
+	}
 	if own.pgx {
 		w.tx.status = pgxTxStatus(w.inner)
 		// The annotated statements of a direct connection may go in pgx's
 		// exec mode (sentWith): not where the user asked for the simple
 		// protocol.
-		k, ok := w.tx.status.(keyDataPIDer)
-		w.direct = ok && int64(k.PID()) == int64(pid) && !w.connector.opts.txPooler && !w.connector.opts.pinningPooler &&
+		w.direct = w.reachesServer && !w.connector.opts.txPooler && !w.connector.opts.pinningPooler &&
 			pgxDefaultMode(w.inner) != own.args[0].Value
 	}
 	app := asString(row[1])

@@ -15,6 +15,25 @@ import (
 // Lost locks: telling a broken connection from a failed statement,
 // recording and reporting a loss, and ending on the server the backend of a
 // holder lockhooks gave up on, so that the key is truly free.
+//
+// The rule for ending a backend: lockhooks ends one only where it can prove
+// that no other client can have used it since lockhooks last did.
+//   - The connection reached the server itself: the process id the server
+//     sent at connect is the backend's own pid (see conn.reachesServer), and
+//     no pooler is declared or was seen. Through any pooler, session or
+//     transaction mode, declared or not, a backend serves other clients once
+//     lockhooks' client connection is gone (PgBouncer resets it with DISCARD
+//     ALL and hands it on), so nothing is ever ended there.
+//   - It is the same incarnation of the pid (its backend_start and its
+//     server's start time): never a reused pid, never another server's.
+//   - It has started no statement since lockhooks' last one could have
+//     reached it: quiet is measured from when lockhooks sent that statement
+//     (plus endSlack, its time on the way), never from when the answer came
+//     back, which on a slow link is a round trip later.
+//   - It still holds or awaits one of the lost keys.
+// Where the proof is missing the loss is reported all the same, and the
+// backend left to the server's own timeouts (TCP keepalive,
+// idle_session_timeout); the log line says which.
 
 // connectionBroken reports whether err means the connection is gone, so its
 // session locks are too: a driver error that is not the server's, or the
@@ -95,7 +114,7 @@ func (c *conn) loseLocks(cause error) error {
 // keeps its transaction, and them, open until TCP keepalive. (Through a
 // transaction pooler the transaction's backend is the pooler's to drop.)
 func (c *conn) endTransactionLocks() {
-	if c.connector.pins == nil || c.throughPooler() {
+	if c.connector.pins == nil || !c.endable() {
 		return
 	}
 	c.pin.mu.Lock()
@@ -119,10 +138,10 @@ func (c *conn) markLost(why string, cause error, flags lossFlags) error {
 
 // markLostOn is markLost for the locks held by backend pid (a transaction
 // pooler's holder whose pid the caller read before dropping it). With
-// lossEnd, the backend is ended where it still holds or awaits them, unless
-// a pooler stands between lockhooks and the server (declared, or seen): a
-// pooled backend serves other clients once lockhooks' client connection is
-// gone, and the pooler resets it (which frees session locks) or closes it.
+// lossEnd, the backend is ended where it still holds or awaits them, only
+// where the rule at the top of this file allows it: a pooled backend serves
+// other clients once lockhooks' client connection is gone, and the pooler
+// resets it (which frees session locks) or closes it.
 func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) error {
 	c.pin.mu.Lock()
 	if c.pin.lost != nil {
@@ -160,15 +179,23 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 	c.updateActiveLocked() // statements now fail with lost
 	c.pin.mu.Unlock()
 
-	if flags&lossEnd != 0 && pid != 0 && pid == c.pid.Load() && !c.throughPooler() {
+	// What becomes of the backend, for the log line.
+	backend := "left to the server's own timeouts"
+	switch {
+	case flags&lossEnd != 0 && pid != 0 && pid == c.pid.Load() && c.endable() && c.incarnation != "":
 		c.connector.pins.ends.add(c.endTarget(), held, false)
+		backend = "ended where it still holds or awaits the lock"
+	case c.throughPooler():
+		backend += " (a pooler stands between lockhooks and the server: the backend may serve another client by now)"
+	case !c.reachesServer:
+		backend += " (the driver does not show that the connection reached the server itself)"
 	}
 	if flags&lossReport != 0 {
 		c.connector.tel.lockLost(context.Background(), "advisory", n)
 		c.connector.events.add(eventLockLost, lost.Error())
 		heldFor := time.Since(oldest.since).Round(time.Millisecond)
 		c.connector.opts.logger.Error("lockhooks: advisory lock lost", "database", c.connector.pool, "connection", c.id, "backend_pid", pid,
-			"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "held_for", heldFor.String(), "parked", parked, "cause", cause.Error())
+			"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "held_for", heldFor.String(), "parked", parked, "cause", cause.Error(), "backend", backend)
 		// A span of its own (issue 20: the model of holders), linked to the
 		// span the lock was taken in.
 		h := connHolder(c)
@@ -232,16 +259,14 @@ type endTarget struct {
 	// connection opened ("": not known).
 	incarnation string
 	// quiet is the time (this process's monotonic clock) after which the
-	// backend started no statement of lockhooks' connection: another
-	// statement started after it is another client's, through a pooler
-	// that gave the backend away (see quietSince).
+	// backend started no statement of lockhooks' connection (see
+	// quietSince): a statement started after it is not lockhooks'.
 	quiet time.Time
 	// inFlight says that a statement was sent after quiet and never
 	// answered: it may have started on the server up to sentQuiet (its
-	// sending plus endSlack), as may another client's that a session
-	// pooler gave the backend to, so a backend that started a statement
-	// after quiet is ended only while it still runs that very text (sent;
-	// "" never matches).
+	// sending plus endSlack), so a backend that started a statement after
+	// quiet is ended only while it still runs that very text (sent; ""
+	// never matches).
 	inFlight  bool
 	sentQuiet time.Time
 	sent      string
@@ -298,17 +323,22 @@ func (c *conn) noteRoundTrip(text string, run func() error) error {
 }
 
 // quietSince is the time after which c's backend can have started no
-// statement of c's: when its last statement was answered or, if one was
-// sent and not answered (the connection broke with it on the way, or
-// waiting), when it was sent, plus endSlack. Statements lockhooks does not
+// statement of c's: when its last statement was sent, plus endSlack (the
+// time it may take to get there) or, if it was never answered (the
+// connection broke with it on the way, or waiting), when the one before it
+// was answered, with the unanswered one recognised by its text within its
+// slack. Never when an answer came back: on a slow link that is a round
+// trip after the server finished, time in which a pooler could already
+// have given the backend to another client. Statements lockhooks does not
 // follow (those of a connection holding no locks, a transaction's BEGIN
 // and COMMIT) are not counted: a backend whose last statement was one is
 // not ended, and keeps its locks until the server notices its connection
 // is gone, as before lockhooks ended any.
 func (c *conn) quietSince() endTarget {
 	sent, answered := c.sentAt.Load(), c.answeredAt.Load()
-	t := endTarget{quiet: monoBase.Add(time.Duration(answered))}
+	t := endTarget{quiet: monoBase.Add(time.Duration(sent) + endSlack)}
 	if answered < sent {
+		t.quiet = monoBase.Add(time.Duration(answered))
 		c.sentMu.Lock()
 		text := c.sentText
 		c.sentMu.Unlock()
@@ -340,6 +370,11 @@ func (c *conn) endTarget() endTarget {
 	t.pid, t.incarnation = c.pid.Load(), c.incarnation
 	return t
 }
+
+// endable reports whether lockhooks may end c's backend after a loss: c
+// reached the server itself and no pooler is declared or seen (see the
+// rule at the top of this file).
+func (c *conn) endable() bool { return c.reachesServer && !c.throughPooler() }
 
 // throughPooler reports whether a pooler stands between c and the server:
 // declared (either kind), or seen.

@@ -514,7 +514,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 // own failure does it (holderFailed), and an undeclared pooler's backend
 // serves others.
 func (c *conn) endAfterBreak(plan advisoryPlan) {
-	if c.throughPooler() {
+	if !c.endable() {
 		return // (a pinning pooler may have run the statement on another backend than c.pid)
 	}
 	var keys []lockKey

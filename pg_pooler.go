@@ -292,29 +292,16 @@ func (c *conn) beginHolder(ctx context.Context, h *holderConn) (pid int32, incar
 // control: its transaction, and the locks it kept, are gone.
 func (c *conn) holderFailed(err error) error {
 	pid := c.holderPID.Load()
-	var incarnation string
 	if h := c.hold; h != nil {
-		incarnation = h.incarnation
 		h.inner.Close()
 		c.hold = nil
 	}
 	c.holderPID.Store(0)
-	if pid != 0 {
-		// Whatever its backend still holds or awaits is stranded: the
-		// holder is this connection's alone, and gone from its side
-		// (also a lock granted as the connection broke). The holder's
-		// statements are c's (runPlanOnHolder, checkHolder), so c's times
-		// tell when it last ran one. Its text is not the statement's (the
-		// holder wraps it), and need not be: the holder is always inside
-		// a transaction, and a pooler never gives a server connection
-		// whose client left mid-transaction to another client.
-		t := c.quietSince()
-		if t.inFlight {
-			t.quiet = t.sentQuiet
-		}
-		t.pid, t.incarnation, t.inFlight, t.sent = pid, incarnation, false, ""
-		c.connector.pins.ends.add(t, nil, true)
-	}
+	// Whatever its backend still holds or awaits stays there until the
+	// pooler drops it: a backend behind a pooler is never ended (see the
+	// rule in pg_loss.go), since the pooler may have given it to another
+	// client already. PgBouncer closes a server connection whose client
+	// left mid-transaction, which ends the backend and frees its locks.
 	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, lossReport)
 	return c.lostError(lost, err)
 }

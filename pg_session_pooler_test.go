@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -248,119 +247,5 @@ func TestPoolerOptionsExclusive(t *testing.T) {
 	_, err := Open("pgx", "postgres://localhost/x", WithTransactionPooler(), WithSessionPinningPooler())
 	if !errors.Is(err, errPoolerOptions) {
 		t.Fatalf("Open with both pooler options: %v", err)
-	}
-}
-
-// Review 2, finding 1: through PgBouncer in session mode (with or without
-// WithSessionPinningPooler: session mode needs no option), a holder whose
-// client connection is lost is reported lost, and the pooler resets its
-// server connection (DISCARD ALL, which frees the lock) and hands it to the
-// next client, which takes the freed key: exactly what the other replicas
-// of a leader election do. When lockhooks reaches the server again it must
-// not end that backend, which is no longer its own: through a declared
-// pooler it asks for no end at all, and undeclared the backend has run
-// another client's statements since lockhooks last heard from it.
-func TestSessionPoolerLostHolderLeavesTheNextClientAlone(t *testing.T) {
-	for _, declared := range []bool{false, true} {
-		name := "undeclared"
-		if declared {
-			name = "WithSessionPinningPooler"
-		}
-		t.Run(name, func(t *testing.T) {
-			ctx := context.Background()
-			e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{Mode: "session", PoolSize: 4})
-			proxied, proxy := throughFaultProxy(t, e.pooled)
-			defer proxy.Close()
-			opts := []Option{WithLockCheckInterval(50 * time.Millisecond), withCheckTimeout(2 * time.Second),
-				WithLogger(slog.New(slog.NewTextHandler(e.log, nil)))}
-			if declared {
-				opts = append(opts, WithSessionPinningPooler())
-			}
-			a, err := Open("pgx", withApp(proxied, e.app), opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
-			const key = 4242
-			l, err := AcquireAdvisoryLock(ctx, a, key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s1 := l.c.lockPID()
-			var holder int32
-			if err := e.raw.QueryRow("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = $1", key).Scan(&holder); err != nil || holder != s1 {
-				t.Fatalf("lock on backend %d (%v), lockhooks says %d", holder, err, s1)
-			}
-
-			// A's network to the pooler goes away: its client connections are
-			// reset, and new ones refused for a while.
-			proxy.Refuse()
-			proxy.CutAll()
-			select {
-			case <-l.Lost():
-			case <-time.After(20 * time.Second):
-				t.Fatal("the lock was not reported lost")
-			}
-			// PgBouncer resets A's former server connection for the next client.
-			waitFor(t, 10*time.Second, "PgBouncer to reset S1", func() bool {
-				var q string
-				if err := e.raw.QueryRow("SELECT query FROM pg_stat_activity WHERE pid = $1", s1).Scan(&q); err != nil {
-					t.Skipf("PgBouncer closed S1 instead of resetting it (%v)", err)
-				}
-				return q == "DISCARD ALL"
-			})
-
-			// Replica B (any client of the pooler) gets S1 and takes the freed key.
-			b, err := sql.Open("pgx", e.pooled)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer b.Close()
-			var bc *sql.Conn
-			var others []*sql.Conn
-			for range 4 {
-				c, err := b.Conn(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var pid int32
-				if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-					t.Fatal(err)
-				}
-				if pid == s1 {
-					bc = c
-					break
-				}
-				others = append(others, c)
-			}
-			for _, c := range others {
-				c.Close()
-			}
-			if bc == nil {
-				t.Skip("B never got S1")
-			}
-			defer bc.Close()
-			if _, err := bc.ExecContext(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
-				t.Fatal(err)
-			}
-
-			// A's network comes back: its monitor handles its queue of backends
-			// to end.
-			if err := proxy.Listen(); err != nil {
-				t.Fatal(err)
-			}
-			pins := l.c.connector.pins
-			waitFor(t, 20*time.Second, "A's monitor to handle its end queue and stop", func() bool {
-				pins.mu.Lock()
-				defer pins.mu.Unlock()
-				return pins.ends.empty() && pins.cancelMonitor == nil
-			})
-
-			var one int
-			if err := bc.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
-				t.Errorf("B's connection (backend %d, which A's lost holder used before the pooler gave it to B) was ended by A's lockhooks: %v\nA's log:\n%s", s1, err, e.log)
-			}
-			l.Release(ctx)
-		})
 	}
 }

@@ -176,6 +176,14 @@ func (p *Proxy) CutAll() {
 	}
 }
 
+// DropAnswersAll has every open link drop what the server sends (see
+// Link.DropAnswers).
+func (p *Proxy) DropAnswersAll() {
+	for _, l := range p.Links() {
+		l.DropAnswers()
+	}
+}
+
 // BlackHoleAll black-holes every open link; with SetMode(BlackHole), new
 // ones too: a partition.
 func (p *Proxy) BlackHoleAll() {
@@ -252,17 +260,18 @@ type Link struct {
 	p      *Proxy
 	client net.Conn
 
-	mu         sync.Mutex
-	cond       *sync.Cond // signalled when the state below changes
-	server     net.Conn   // nil until connected
-	delay      time.Duration
-	blackHoled bool
-	clientGone bool // the client's socket was reset; the server's is kept, silent
-	serverGone bool // the server's socket was reset; the client's is kept, silent
-	cut        bool // both sockets closed
-	stop       chan struct{}
-	stopOnce   sync.Once
-	done       chan struct{}
+	mu          sync.Mutex
+	cond        *sync.Cond // signalled when the state below changes
+	server      net.Conn   // nil until connected
+	delay       time.Duration
+	blackHoled  bool
+	dropAnswers bool // what the server sends is read and thrown away
+	clientGone  bool // the client's socket was reset; the server's is kept, silent
+	serverGone  bool // the server's socket was reset; the client's is kept, silent
+	cut         bool // both sockets closed
+	stop        chan struct{}
+	stopOnce    sync.Once
+	done        chan struct{}
 }
 
 // ServerPort is the local port of the socket to the server (0 until
@@ -354,6 +363,17 @@ func (l *Link) Resume() {
 	l.mu.Unlock()
 }
 
+// DropAnswers throws away, from now on, whatever the server sends the
+// client, while what the client sends still reaches the server: the
+// client's statements run, and their answers are lost on the way, as over
+// a network that fails in one direction. The server sees its writes
+// succeed.
+func (l *Link) DropAnswers() {
+	l.mu.Lock()
+	l.dropAnswers = true
+	l.mu.Unlock()
+}
+
 // Delay delays each chunk forwarded from now on by d (0: no delay).
 func (l *Link) Delay(d time.Duration) {
 	l.mu.Lock()
@@ -416,8 +436,11 @@ func (l *Link) pump(dst, src net.Conn, toClient bool) {
 				break
 			}
 			l.mu.Lock()
-			d := l.delay
+			d, drop := l.delay, toClient && l.dropAnswers
 			l.mu.Unlock()
+			if drop {
+				continue
+			}
 			if d > 0 {
 				t := time.NewTimer(d)
 				select {
