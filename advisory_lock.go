@@ -9,6 +9,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // AdvisoryLock is a session advisory lock held on one connection of a
@@ -23,6 +24,9 @@ type AdvisoryLock struct {
 
 	turn     any // the owner of this key's turn in the in-process queue (Postgres)
 	turnOnce sync.Once
+	// needsConn is set on the turn's owner while, its turn come, it waits
+	// for a connection of the pool to take the lock on (pg_turns.go).
+	needsConn atomic.Bool
 	token    int64 // the fencing token (Token)
 
 	mu       sync.Mutex
@@ -100,14 +104,18 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		// l owns the turn; the lock itself is taken on a connection of its
 		// own, and held by a new value (l stays the turn's owner, read by
 		// the debug page, and is never written again).
+		l.needsConn.Store(true)
 		sc, c, err = lockhooksConn(ctx, db)
+		l.needsConn.Store(false)
 		if err != nil {
 			turns.unlock(key, l)
 			return nil, false, err
 		}
 		l = &AdvisoryLock{key: key, db: db, conn: sc, c: c, turn: l}
 	}
+	l.c.acquiring = true
 	got, tokened, err := l.lockOnServer(ctx, try)
+	l.c.acquiring = false
 	if err != nil || !got {
 		l.abandon()
 		l.freeTurn()
@@ -162,6 +170,11 @@ func lockhooksConn(ctx context.Context, db *sql.DB) (*sql.Conn, *conn, error) {
 		return nil, nil, err
 	}
 	var c *conn
+	defer func() {
+		if c != nil {
+			c.connector.noteDB(db)
+		}
+	}()
 	if err := sc.Raw(func(dc any) error {
 		w, ok := dc.(connCore)
 		if !ok {

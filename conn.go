@@ -132,6 +132,11 @@ type conn struct {
 	// frees its in-process turn at once.
 	advisory atomic.Pointer[AdvisoryLock]
 
+	// acquiring is set while AcquireAdvisoryLock takes its lock on the
+	// connection, with the key's in-process turn already its own: the lock
+	// statement takes no turn (pg_turns.go).
+	acquiring bool
+
 	// mark is the marker the connection leaves on its backend (Postgres;
 	// see sessionQuery), set before its first statement.
 	mark string
@@ -413,6 +418,7 @@ func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []dr
 		c.noteSent("") // lockhooks' own reads of pg_locks may follow
 	}
 	err = c.afterAdvisory(ctx, plan, results, err)
+	c.settleTurnAfter(plan)
 	if err == nil || isServerError(err) {
 		c.noteAnswered()
 	}

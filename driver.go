@@ -404,7 +404,12 @@ func (b brokenConnector) Driver() driver.Driver                        { return 
 
 // OpenDB is sql.OpenDB(WrapConnector(c, opts...)).
 func OpenDB(c driver.Connector, opts ...Option) *sql.DB {
-	return sql.OpenDB(WrapConnector(c, opts...))
+	w := WrapConnector(c, opts...)
+	db := sql.OpenDB(w)
+	if lc, ok := w.(*connector); ok {
+		lc.noteDB(db)
+	}
+	return db
 }
 
 // Open opens a database through the registered driver driverName (for
@@ -426,7 +431,11 @@ func Open(driverName, dsn string, opts ...Option) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sql.OpenDB(c), nil
+	db := sql.OpenDB(c)
+	if lc, ok := c.(*connector); ok {
+		lc.noteDB(db)
+	}
+	return db, nil
 }
 
 // registerMu makes the check-then-register in Register atomic: sql.Register
@@ -503,6 +512,7 @@ type connector struct {
 	pool     string                 // the pool name: WithPoolName's, or a default unique in the process
 	seq      uint64                 // the database's number in the process, from 1 (identities name it: pg_identity.go)
 	server   atomic.Pointer[string] // Postgres: the server its connections reached (its start time, read by identifyOnConnect; nil: not known)
+	db       atomic.Pointer[sql.DB] // the database that uses it, once known (noteDB): its pool's counts tell a deadlocked pool
 	joined   bool                   // in the process's registry of databases (holders.go)
 	sqlite   sqliteDSN              // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64

@@ -20,6 +20,7 @@ const (
 	eventSlowWait       = "slow_wait"       // a lock wait longer than WithSlowLockLog's threshold
 	eventWriterTimeout  = "writer_timeout"  // an SQLite writer gave up waiting for the writer lock
 	eventSelfWait       = "self_wait"       // a wait for its own call chain's transaction, failed with ErrSelfWait
+	eventPoolDeadlock   = "pool_deadlock"   // a lock statement gave its connection up: the pool would have deadlocked (ErrPoolDeadlock)
 )
 
 // Counters kept without an event each: frequent, expected outcomes.

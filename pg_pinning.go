@@ -93,6 +93,13 @@ type pinState struct {
 	everHeld  bool          // has held a session lock (a session-pinning pooler keeps it pinned)
 	pinnedTo  int32         // WithSessionPinningPooler: the backend pg_locks found its session locks on
 
+	// turns are the keys whose turn in the database's in-process queue
+	// the connection owns (pg_turns.go); pendingTurn is the one it took
+	// for a lock statement not yet settled (hasPendingTurn).
+	turns          map[int64]struct{}
+	pendingTurn    int64
+	hasPendingTurn bool
+
 	// exec serialises what lockhooks itself runs on a connection that
 	// database/sql no longer uses (a parked one): rerouted unlocks, reads of
 	// pg_locks, Close.
@@ -106,6 +113,9 @@ func (c *conn) updateActiveLocked() {
 		c.pin.everHeld = true
 	}
 	c.pin.active.Store(len(c.pin.held) > 0 || c.pin.lost != nil || c.pin.textTx || c.pin.recheck || len(c.pin.xact) > 0)
+	if len(c.pin.turns) > 0 {
+		c.releaseTurnsLocked()
+	}
 }
 
 // inTx reports whether the connection is inside a transaction block, opened
@@ -142,6 +152,9 @@ type advisoryPlan struct {
 	// itself carries the holder's annotation instead of a pg_locks read
 	// after it (annotatedLockText); "" otherwise.
 	sent string
+	// turn: the statement took its key's turn in the in-process queue
+	// before it was sent (pg_turns.go).
+	turn bool
 }
 
 // beforeAdvisory runs before a statement on the slow path. It may answer
@@ -215,6 +228,18 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 		return plan, &staticRows{cols: []string{adv.Calls[0].Column}, row: []driver.Value{true}}, nil
 	}
+	if takesTurn(adv) && adv.Calls[0].Func == sqlscan.FnTry {
+		// A try-lock takes the key's turn if it is free, and is answered
+		// false without the server if another connection of this database
+		// holds or awaits the key (pg_turns.go).
+		if key, ok := c.turnKey(plan); ok {
+			if !c.connector.turns.tryLock(ctx, key, c, nil, nil) {
+				return plan, &staticRows{cols: []string{adv.Calls[0].Column}, row: []driver.Value{false}}, nil
+			}
+			c.notePendingTurn(key)
+			plan.turn = true
+		}
+	}
 	annotate := false
 	if !plan.onHolder && plan.exact && !c.connector.opts.txPooler && takesOrFreesSession(adv) {
 		// A session lock through a transaction-mode pooler would land on a
@@ -247,6 +272,15 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	}
 	plan.wait = c.startAdvisoryWait(ctx, adv, plan.keys, plan.known, plan.site)
 	plan.wait.noteSelfHint(hint)
+	if takesTurn(adv) && adv.Calls[0].Func == 0 {
+		if key, ok := c.turnKey(plan); ok {
+			if err := c.takeTurn(ctx, key); err != nil {
+				plan.wait.end(ctx, "", err)
+				return plan, nil, err
+			}
+			plan.turn = true
+		}
+	}
 	c.pin.mu.Lock()
 	c.pin.busy++
 	c.pin.gen++

@@ -43,6 +43,10 @@ type pinning struct {
 	cancelMonitor context.CancelFunc // stops the running monitor; nil when none runs
 	done          chan struct{}      // closed when that monitor has returned
 	probed        bool               // the first holder had the monitor look at once
+
+	// deadlockLogged is when a pool deadlock was last logged (monoNow;
+	// pg_turns.go).
+	deadlockLogged atomic.Int64
 }
 
 func newPinning(c *connector) *pinning {
@@ -211,6 +215,7 @@ func (c *conn) closeInner() error {
 		return nil
 	}
 	c.pin.closed = true
+	c.releaseTurnsLocked()
 	c.pin.mu.Unlock()
 	c.connector.forget(c)
 	c.closeHolder()

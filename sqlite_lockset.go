@@ -193,6 +193,32 @@ func (t *lockTable[K]) unlock(key K, owner any) bool {
 	return true
 }
 
+// tableEntry is a copy of one entry's owner and waiters (entriesNow).
+type tableEntry[K comparable] struct {
+	key     K
+	owner   any
+	waiters []any // their owners, in queue order
+}
+
+// entriesNow copies the held keys' owners and waiters, for a caller that
+// looks at them with other locks taken (the table's mutex is a leaf).
+func (t *lockTable[K]) entriesNow() []tableEntry[K] {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]tableEntry[K], 0, len(t.entries))
+	for k, e := range t.entries {
+		if e.count == 0 {
+			continue
+		}
+		x := tableEntry[K]{key: k, owner: e.owner, waiters: make([]any, len(e.waiters))}
+		for i, w := range e.waiters {
+			x.waiters[i] = w.owner
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
 // holder returns who holds key, if anyone.
 func (t *lockTable[K]) holder(key K) (holderInfo, bool) {
 	t.mu.Lock()
