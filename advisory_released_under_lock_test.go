@@ -24,6 +24,8 @@ func TestAdvisoryReleasedUnderLockIsALoss(t *testing.T) {
 		before []string // statements on l.Conn() that leave k held
 		stmt   string   // the statement that releases k
 		other  int64    // a key taken on l.Conn() beforehand, which the loss must leave held until Release
+		fails  bool     // the statement fails after its unlock ran
+		then   string   // run after stmt: the loss is known once it returns (stmt aborted a transaction, where pg_locks cannot be read)
 	}{
 		{name: "pg_advisory_unlock", stmt: "SELECT pg_advisory_unlock(4242)"},
 		{name: "pg_advisory_unlock_all", stmt: "SELECT pg_advisory_unlock_all()"},
@@ -46,6 +48,11 @@ func TestAdvisoryReleasedUnderLockIsALoss(t *testing.T) {
 			"SELECT pg_advisory_lock_shared(4242)", "SELECT pg_advisory_unlock_shared(4242)",
 			"RESET ALL",
 		}, stmt: "SELECT pg_advisory_lock(4444), pg_advisory_unlock(4242)", other: 4444},
+		// The unlock runs, then the statement fails: the pg_locks read of
+		// the error path finds k gone.
+		{name: "failed statement", stmt: "SELECT pg_advisory_unlock(4242), ('x' || pg_backend_pid())::int", fails: true},
+		{name: "failed statement in a transaction", before: []string{"BEGIN"},
+			stmt: "SELECT pg_advisory_unlock(4242), ('x' || pg_backend_pid())::int", fails: true, then: "ROLLBACK"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -60,8 +67,11 @@ func TestAdvisoryReleasedUnderLockIsALoss(t *testing.T) {
 				mustExec(t, l.Conn(), q)
 				stillHeld(t, l, other, k, q)
 			}
-			if _, err := l.Conn().ExecContext(ctx, c.stmt); err != nil {
-				t.Fatalf("%s: %v", c.stmt, err)
+			if _, err := l.Conn().ExecContext(ctx, c.stmt); (err != nil) != c.fails || errors.Is(err, ErrLockLost) {
+				t.Fatalf("%s: %v (want it to fail: %v, with the server's error)", c.stmt, err, c.fails)
+			}
+			if c.then != "" {
+				mustExec(t, l.Conn(), c.then)
 			}
 			select {
 			case <-l.Lost():
@@ -75,11 +85,16 @@ func TestAdvisoryReleasedUnderLockIsALoss(t *testing.T) {
 			if !errors.Is(err, ErrLockLost) {
 				t.Fatalf("Err() = %v, want ErrLockLost", err)
 			}
-			mentions(t, "Err()", err.Error(), "advisory lock 4242", "released by a statement on its own connection", c.stmt, "Release")
+			stmt := c.stmt
+			if c.then != "" {
+				stmt = "a statement of the transaction that just ended"
+			}
+			mentions(t, "Err()", err.Error(), "advisory lock 4242", "released by a statement on its own connection", stmt, "Release")
 			_, err = l.Conn().ExecContext(ctx, "SELECT 1")
 			if !errors.Is(err, ErrLockLost) || !strings.Contains(err.Error(), releasedOnOwnConn) {
 				t.Fatalf("the next statement on the lock's connection: %v, want ErrLockLost for the release", err)
 			}
+			t.Logf("Err(): %v", err)
 			line := logLine(t, e.log, "advisory lock lost")
 			mentions(t, "the log line", line, "keys=4242", releasedOnOwnConn)
 			if got := counterValue(t, e.metrics, "lockhooks.lock.lost"); got != 1 {
