@@ -27,7 +27,8 @@ type AdvisoryLock struct {
 	// needsConn is set on the turn's owner while, its turn come, it waits
 	// for a connection of the pool to take the lock on (pg_turns.go).
 	needsConn atomic.Bool
-	token    int64 // the fencing token (Token)
+	token     int64    // the fencing token (Token)
+	taken     heldLock // how the key was taken (noteTaken), for the report of a release under the lock
 
 	mu       sync.Mutex
 	released bool
@@ -129,6 +130,7 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 	if !tokened {
 		l.readToken(ctx) // never fails the acquisition: the lock is held
 	}
+	l.noteTaken()
 	l.c.advisory.Store(l)
 	if l.Err() != nil {
 		l.freeTurn() // lost before the line above: markLost could not see l
@@ -337,13 +339,17 @@ func (l *AdvisoryLock) Key() int64 { return l.key }
 func (l *AdvisoryLock) Conn() *sql.Conn { return l.conn }
 
 // Lost returns a channel that is closed when the lock is known lost: its
-// connection died, so another session may hold the lock now. lockhooks
-// checks the holder's backend every WithLockCheckInterval (default 1s); a
-// server it cannot reach then counts as lost too (the lock cannot be
-// assumed held), and the old backend, if it still lives, is ended once the
-// server can be reached. Once Lost is closed, another acquirer of this
-// process may take the key at once. On SQLite the in-process lock cannot
-// be lost and the channel never closes.
+// connection died, or a statement on [AdvisoryLock.Conn] released it
+// (pg_advisory_unlock of its key, pg_advisory_unlock_all, DISCARD ALL;
+// closed before that statement returns), so another session may hold the
+// lock now. lockhooks checks the holder's backend every
+// WithLockCheckInterval (default 1s); a server it cannot reach then counts
+// as lost too (the lock cannot be assumed held). The old backend, if it
+// still lives, is ended once the server can be reached, where lockhooks
+// can prove it is still its own (a connection to the server itself, not
+// through a pooler). Once Lost is closed, another acquirer of this process
+// may take the key at once. On SQLite the in-process lock cannot be lost
+// and the channel never closes.
 func (l *AdvisoryLock) Lost() <-chan struct{} {
 	return l.c.lostChan()
 }
@@ -379,12 +385,15 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		l.c.connector.named.unlock(l.key, l)
 		return nil
 	}
+	// Off the connection before the unlock, which must not count as a
+	// release under the lock (loseIfReleased), and before the connection
+	// goes back.
+	l.c.advisory.CompareAndSwap(l, nil)
 	err := l.Err()
 	if err == nil {
 		err = l.unlock(ctx)
 	}
 	l.c.connector.pins.untrack(l)
-	l.c.advisory.CompareAndSwap(l, nil) // before the connection goes back
 	l.conn.Close()
 	l.freeTurn() // the next acquirer of this process, once the lock is released
 	return err

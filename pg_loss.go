@@ -191,22 +191,33 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 		backend += " (the driver does not show that the connection reached the server itself)"
 	}
 	if flags&lossReport != 0 {
-		c.connector.tel.lockLost(context.Background(), "advisory", n)
-		c.connector.events.add(eventLockLost, lost.Error())
-		heldFor := time.Since(oldest.since).Round(time.Millisecond)
-		c.connector.opts.logger.Error("lockhooks: advisory lock lost", "database", c.connector.pool, "connection", c.id, "backend_pid", pid,
-			"keys", strings.Join(keys, ", "), "taken_at", oldest.site, "held_for", heldFor.String(), "parked", parked, "cause", cause.Error(), "backend", backend)
-		// A span of its own (issue 20: the model of holders), linked to the
-		// span the lock was taken in.
-		h := connHolder(c)
-		h.Key, h.Site, h.Since, h.SiteKind = strings.Join(keys, ", "), oldest.site, oldest.since, siteTook
-		c.connector.tel.lockLostSpan(h.withSpan(oldest.span), cause)
+		c.reportLoss(pid, strings.Join(keys, ", "), n, oldest, parked, lost, cause, backend)
 	}
 	if l := c.advisory.Load(); l != nil {
 		l.freeTurn() // another acquirer of this process may take the key at once
 	}
 	close(lostCh) // after the log, the count and the turn, so whoever waits on Lost sees them
 	return lost
+}
+
+// reportLoss logs and counts the loss of n session locks of c's backend
+// pid (keys, the oldest of them taken as oldest says), records it among
+// the events and as a span, linked to the span the oldest was taken in.
+func (c *conn) reportLoss(pid int32, keys string, n int, oldest *heldLock, parked bool, lost, cause error, backend string) {
+	c.connector.tel.lockLost(context.Background(), "advisory", n)
+	c.connector.events.add(eventLockLost, lost.Error())
+	heldFor := time.Since(oldest.since).Round(time.Millisecond)
+	attrs := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", pid,
+		"keys", keys, "taken_at", oldest.site, "held_for", heldFor.String(), "parked", parked, "cause", cause.Error()}
+	if backend != "" {
+		attrs = append(attrs, "backend", backend)
+	}
+	c.connector.opts.logger.Error("lockhooks: advisory lock lost", attrs...)
+	// A span of its own (issue 20: the model of holders), linked to the
+	// span the lock was taken in.
+	h := connHolder(c)
+	h.Key, h.Site, h.Since, h.SiteKind = keys, oldest.site, oldest.since, siteTook
+	c.connector.tel.lockLostSpan(h.withSpan(oldest.span), cause)
 }
 
 // lostError combines the lost-lock error with the driver's error; a

@@ -19,8 +19,10 @@ import (
 
 // ErrLockLost is wrapped by the errors that report a lock whose connection
 // died (terminated backend, broken network, a cancelled statement that made
-// the driver close the connection) or was closed by db.Close. The work the
-// lock protected must stop: other processes may hold the lock now.
+// the driver close the connection) or was closed by db.Close, and by those
+// that report an AdvisoryLock released by a statement on its own
+// connection. The work the lock protected must stop: other processes may
+// hold the lock now.
 var ErrLockLost = errors.New("lockhooks: lock lost")
 
 // ErrNotLockOwner is wrapped by the error returned, instead of Postgres's
@@ -497,6 +499,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 				}
 			}
 		}
+		c.loseIfReleased(plan.st.text) // (a statement of several calls may have run its unlock)
 		c.connector.pins.settle(c)
 		if c.connector.opts.txPooler {
 			c.releaseHolder(context.WithoutCancel(ctx))
@@ -531,6 +534,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 			verr = nil // a failed read was logged; the next one catches up
 		}
 	}
+	c.loseIfReleased(plan.st.text) // an AdvisoryLock's key released on its own connection
 	c.connector.pins.settle(c)
 	if c.connector.opts.txPooler {
 		c.releaseHolder(context.WithoutCancel(ctx))
@@ -699,6 +703,7 @@ func (c *conn) transactionEnded() {
 	c.pin.mu.Unlock()
 	if recheck {
 		c.reconcile(context.Background(), "unknown", nil, true)
+		c.loseIfReleased("")
 		c.connector.pins.settle(c)
 	}
 }
