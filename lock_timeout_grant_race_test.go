@@ -260,3 +260,89 @@ func (l *grantRaceLane) diverges() (string, error) {
 	}
 	return strings.Join(problems, "\n    "), rows.Err()
 }
+
+// The lock_timeout racing the grant (the waiting backend is stopped while
+// the server grants it the lock and its timer expires), and then the read
+// of pg_locks that must follow the failed statement fails too: another
+// session holds pg_locks itself, so the read meets the same lock_timeout.
+// What the backend holds is then unknown; the connection must not go back
+// to the pool as if it held nothing. Its return reads pg_locks again, finds
+// the key and parks it, and the unlock through the pool answers true.
+func TestLockTimeoutRacingTheGrantWithAFailedReadIsNotPooled(t *testing.T) {
+	e, c, pid, viewTx := grantWithFailedRead(t, 83)
+	if err := viewTx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	w := trackedConn(t, c)
+	c.Close() // the return reads pg_locks: it holds the key, and is parked
+	assertTracked(t, e.raw, w)
+	if !pidAlive(t, e.raw, pid) {
+		t.Fatal("the parked connection's backend is gone")
+	}
+	if ok, err := unlock(t, e.wrapped, 83); !ok || err != nil {
+		t.Fatalf("unlock of the lock the timeout left behind: %v, %v", ok, err)
+	}
+	if n := heldCount(t, e.raw, 83); n != 0 {
+		t.Fatalf("%d holders of 83 after the unlock", n)
+	}
+}
+
+// The same, with pg_locks still unreadable when the connection is
+// returned: it is closed instead of pooled, and its backend ends with the
+// lock.
+func TestLockTimeoutRacingTheGrantUnreadableIsClosed(t *testing.T) {
+	e, c, pid, viewTx := grantWithFailedRead(t, 84)
+	c.Close() // the return's read fails too: closed
+	if err := viewTx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the unverified connection's backend to end", func() bool { return !pidAlive(t, e.raw, pid) })
+	if n := heldCount(t, e.raw, 84); n != 0 {
+		t.Fatalf("%d holders of 84 after the connection was closed", n)
+	}
+	if !strings.Contains(e.log.String(), "closing a connection whose advisory locks could not be read") {
+		t.Errorf("the close is not logged; log:\n%s", e.log)
+	}
+}
+
+// grantWithFailedRead takes key k through lockhooks on a connection of its
+// own while a raw session holds it, with lock_timeout 1s: the waiting
+// backend is stopped, granted the lock, its timer expires, and it resumes
+// to raise 55P03 with the lock held; meanwhile viewTx holds pg_locks, so
+// lockhooks' read after the failure meets the lock_timeout too. It returns
+// the connection (unreturned), its backend and viewTx (still open).
+func grantWithFailedRead(t *testing.T, k int64) (*faultEnv, *sql.Conn, int32, *sql.Tx) {
+	t.Helper()
+	const timeout = time.Second
+	e := newFaultEnv(t, map[string]string{"lock_timeout": timeout.String()}, WithLockCheckInterval(time.Hour))
+	ctx := context.Background()
+	blocker := otherConn(t, e.raw)
+	mustExec(t, blocker, "SELECT pg_advisory_lock($1)", k)
+	c := otherConn(t, e.wrapped)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1)", k)
+		done <- err
+	}()
+	pid := waiterOn(t, e.raw, e.app, k)
+	resume := stopBackend(t, pid)
+	mustExec(t, blocker, "SELECT pg_advisory_unlock($1)", k)
+	waitFor(t, 20*time.Second, "the stopped waiter to be granted the lock", func() bool { return grantedTo(t, e.raw, pid, k) })
+	time.Sleep(timeout + 200*time.Millisecond) // the stopped backend's timer expires (wall clock)
+	viewTx, err := e.raw.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { viewTx.Rollback() })
+	mustExec(t, viewTx, "LOCK TABLE pg_catalog.pg_locks IN ACCESS EXCLUSIVE MODE")
+	resume()
+	if err := <-done; !IsLockNotAvailable(err) {
+		viewTx.Rollback()
+		t.Fatalf("the lock statement: %v, want lock_not_available (55P03)", err)
+	}
+	if !strings.Contains(e.log.String(), "cannot read pg_locks") {
+		viewTx.Rollback()
+		t.Fatalf("the read after the failure did not fail; log:\n%s", e.log)
+	}
+	return e, c, pid, viewTx
+}
