@@ -619,6 +619,13 @@ func (c *conn) CheckNamedValue(nv *driver.NamedValue) error { return c.checker.C
 // it, so a dead connection (for example after a transaction cancelled by its
 // context) never returns to the pool.
 func (c *conn) IsValid() bool {
+	if c.connector.pins != nil && !c.verifyUnknown(context.Background()) {
+		// What the backend holds is unknown (a lock statement failed and
+		// pg_locks could not be read after it): closed, its backend ends,
+		// and with it any lock the statement took.
+		c.connector.opts.logger.Warn("lockhooks: closing a connection whose advisory locks could not be read after a failed lock statement; its backend ends, and with it any lock the statement may have taken", "connection", c.String())
+		return false
+	}
 	if c.holdsLocks() {
 		return false // withdrawn: Close parks it
 	}

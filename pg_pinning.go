@@ -92,8 +92,13 @@ type pinState struct {
 	gen       uint64        // changes whenever held may have changed
 	busy      int           // advisory statements in flight
 	recheck   bool          // read pg_locks again once the transaction ends
-	everHeld  bool          // has held a session lock (a session-pinning pooler keeps it pinned)
-	pinnedTo  int32         // WithSessionPinningPooler: the backend pg_locks found its session locks on
+	// unverified: the pg_locks read that must follow a failed lock
+	// statement failed, so what the backend holds is unknown: the next
+	// statement reads it first, and a return to the pool reads it or
+	// closes the connection (verifyUnknown).
+	unverified bool
+	everHeld   bool  // has held a session lock (a session-pinning pooler keeps it pinned)
+	pinnedTo   int32 // WithSessionPinningPooler: the backend pg_locks found its session locks on
 
 	// turns are the keys whose turn in the database's in-process queue
 	// the connection owns (pg_turns.go); pendingTurn is the one it took
@@ -114,7 +119,7 @@ func (c *conn) updateActiveLocked() {
 	if len(c.pin.held) > 0 {
 		c.pin.everHeld = true
 	}
-	c.pin.active.Store(len(c.pin.held) > 0 || c.pin.lost != nil || c.pin.textTx || c.pin.recheck || len(c.pin.xact) > 0)
+	c.pin.active.Store(len(c.pin.held) > 0 || c.pin.lost != nil || c.pin.textTx || c.pin.recheck || c.pin.unverified || len(c.pin.xact) > 0)
 	if len(c.pin.turns) > 0 {
 		c.releaseTurnsLocked()
 	}
@@ -181,6 +186,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		if err := ctx.Err(); err != nil {
 			return plan, nil, err
 		}
+		c.verifyUnknown(ctx)
 	}
 	adv := st.advisory
 	if adv == nil {
@@ -493,10 +499,16 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		// only. (Inside a transaction the error aborted it, the read fails,
 		// and the connection is read once the transaction ends.)
 		if len(adv.Calls) > 0 {
-			if rerr := c.reconcile(context.WithoutCancel(ctx), plan.site, nil, !adv.Simple || !plan.exact); rerr != nil && c.connectionBroken(rerr) {
+			inTx := c.inTx()
+			switch rerr := c.reconcile(context.WithoutCancel(ctx), plan.site, nil, !adv.Simple || !plan.exact); {
+			case rerr == nil:
+			case c.connectionBroken(rerr):
 				if lost := c.loseLocks(rerr); lost != nil {
 					err = c.lostError(lost, err)
 				}
+			case !inTx:
+				// (inside a transaction the read is made once it ends)
+				c.markUnverified()
 			}
 		}
 		c.loseIfReleased(plan.st.text) // (a statement of several calls may have run its unlock)

@@ -87,6 +87,7 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 	if inTx {
 		c.pin.recheck = true
 	}
+	c.pin.unverified = false
 	c.pin.gen++
 	c.updateActiveLocked()
 	c.pin.mu.Unlock()
@@ -273,6 +274,39 @@ func parseLocksRow(row string) (held lockSet, ranOn int32, marker string, err er
 		return nil, 0, "", fmt.Errorf("lockhooks: the pg_locks read returned %q, not <pid> <locks>|<marker>", row)
 	}
 	return held, int32(pid), marker, nil
+}
+
+// markUnverified records that what c's backend holds is unknown: the read
+// of pg_locks that had to follow a failed lock statement failed (the
+// statement may have taken its lock: a lock_timeout racing the grant).
+func (c *conn) markUnverified() {
+	c.pin.mu.Lock()
+	c.pin.unverified = true
+	c.updateActiveLocked()
+	c.pin.mu.Unlock()
+}
+
+// verifyUnknown reads pg_locks for a connection whose holdings are
+// unknown (markUnverified) and reports whether they are known now. It
+// costs an atomic load on a connection lockhooks does not follow.
+func (c *conn) verifyUnknown(ctx context.Context) bool {
+	if !c.pin.active.Load() {
+		return true
+	}
+	c.pin.mu.Lock()
+	unverified := c.pin.unverified
+	c.pin.mu.Unlock()
+	if !unverified {
+		return true
+	}
+	if err := c.reconcile(context.WithoutCancel(ctx), "unknown (found in pg_locks after a failed lock statement)", nil, true); err != nil {
+		if c.connectionBroken(err) {
+			c.loseLocks(err)
+		}
+		return false
+	}
+	c.connector.pins.settle(c)
+	return true
 }
 
 // verifyOnReturn reads pg_locks for a connection returned to the pool that

@@ -29,10 +29,20 @@ func trackedConn(t testing.TB, c *sql.Conn) *conn {
 // (granted), as lockhooks names them.
 func serverLocks(t testing.TB, raw *sql.DB, pid int32) map[lockKey]bool {
 	t.Helper()
+	got, err := readServerLocks(raw, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// readServerLocks is serverLocks for goroutines other than the test's: it
+// returns the read's error instead of failing the test.
+func readServerLocks(raw *sql.DB, pid int32) (map[lockKey]bool, error) {
 	rows, err := raw.Query(`SELECT classid::bigint, objid::bigint, objsubid::int, mode FROM pg_locks
 		WHERE locktype = 'advisory' AND granted AND pid = $1`, pid)
 	if err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("reading pg_locks of backend %d: %w", pid, err)
 	}
 	defer rows.Close()
 	got := map[lockKey]bool{}
@@ -41,7 +51,7 @@ func serverLocks(t testing.TB, raw *sql.DB, pid int32) map[lockKey]bool {
 		var subid int
 		var mode string
 		if err := rows.Scan(&classid, &objid, &subid, &mode); err != nil {
-			t.Fatal(err)
+			return nil, fmt.Errorf("reading pg_locks of backend %d: %w", pid, err)
 		}
 		k := lockKey{shared: mode == "ShareLock"}
 		if subid == 2 {
@@ -52,9 +62,9 @@ func serverLocks(t testing.TB, raw *sql.DB, pid int32) map[lockKey]bool {
 		got[k] = true
 	}
 	if err := rows.Err(); err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("reading pg_locks of backend %d: %w", pid, err)
 	}
-	return got
+	return got, nil
 }
 
 // keysOf lists a view's keys (session and transaction) for comparison.
