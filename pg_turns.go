@@ -128,8 +128,12 @@ func (c *conn) settleTurn() {
 
 // releaseTurnsLocked gives up the turns of keys c no longer holds (all of
 // them once it is closed); c.pin.mu is held (the turn table's mutex is a
-// leaf).
+// leaf). While what the backend holds is unknown (unverified), c keeps its
+// turns: the server may hold the key.
 func (c *conn) releaseTurnsLocked() {
+	if c.pin.unverified && !c.pin.closed {
+		return
+	}
 	for key := range c.pin.turns {
 		if c.pin.closed || c.pin.held[lockKey{k1: key}] == nil {
 			delete(c.pin.turns, key)
