@@ -87,14 +87,17 @@ const (
 // goroutine may be the one waiting for this connection); the gate is held
 // only by switches, each bounded by the busy timeout.
 //
-// Any answer but an error is accepted: an in-memory database, for one,
-// answers "memory", and stays so.
+// Any answer but an error is accepted: a temporary database, for one,
+// stays in its journal mode. An in-memory database (journal_mode
+// "memory", which a file never reads back on a new connection) is left
+// alone.
 func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
 	mode, err := pragmaValue(ctx, inner, "PRAGMA journal_mode")
 	if err != nil {
 		return fmt.Errorf("lockhooks: reading PRAGMA journal_mode on a new SQLite connection failed: %w", err)
 	}
-	if strings.EqualFold(asString(mode), "wal") {
+	switch strings.ToLower(asString(mode)) {
+	case "wal", "memory": // memory: an in-memory database, which has no WAL
 		return nil
 	}
 	start := time.Now()
@@ -118,6 +121,10 @@ func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
 		if err == nil {
 			return nil
 		}
+		if ctx.Err() != nil { // the driver may report an interrupt of its own
+			return fmt.Errorf("lockhooks: gave up switching a new SQLite connection to WAL after %d attempt%s in %v: %w (the last attempt: %w)",
+				attempt, plural(attempt), time.Since(start).Round(time.Millisecond), context.Cause(ctx), err)
+		}
 		if code, ok := sqliteCode(err); !ok || code&0xff != sqliteBusy {
 			return fmt.Errorf("lockhooks: PRAGMA journal_mode = WAL on a new SQLite connection failed: %w; set the pragma yourself in the DSN (for example _pragma=journal_mode(delete)) and lockhooks leaves it alone", err)
 		}
@@ -127,9 +134,9 @@ func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
 			return fmt.Errorf("lockhooks: PRAGMA journal_mode = WAL on a new SQLite connection still met SQLITE_BUSY after %d attempt%s in %v (the busy timeout is %v): another connection or process holds the database file's lock; raise the busy timeout (lockhooks.WithBusyTimeout, or the DSN's busy_timeout), or switch the file to WAL once before opening it from many connections: %w",
 				attempt, plural(attempt), time.Since(start).Round(time.Millisecond), budget, err)
 		}
-		if err := sleepCtx(ctx, min(wait, left)); err != nil {
-			return fmt.Errorf("lockhooks: gave up switching a new SQLite connection to WAL after %d attempt%s that met SQLITE_BUSY: %w",
-				attempt, plural(attempt), err)
+		if cerr := sleepCtx(ctx, min(wait, left)); cerr != nil {
+			return fmt.Errorf("lockhooks: gave up switching a new SQLite connection to WAL after %d attempt%s in %v: %w (the last attempt: %w)",
+				attempt, plural(attempt), time.Since(start).Round(time.Millisecond), cerr, err)
 		}
 	}
 }

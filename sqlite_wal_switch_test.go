@@ -3,6 +3,7 @@ package lockhooks
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -112,6 +113,34 @@ func openAllAtOnce(path string, handles, n int) error {
 	return nil
 }
 
+// holdWriteLock creates a table in the new file path (in rollback mode, as
+// SQLite opens it) and keeps an IMMEDIATE transaction open on it, through
+// a database handle that is not lockhooks'; commit ends that transaction.
+func holdWriteLock(t *testing.T, path string) (commit func()) {
+	t.Helper()
+	ctx := context.Background()
+	holder, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Close() })
+	hc, err := holder.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hc.Close() })
+	for _, q := range []string{"CREATE TABLE t (x)", "BEGIN IMMEDIATE", "INSERT INTO t VALUES (1)"} {
+		if _, err := hc.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return func() {
+		if _, err := hc.ExecContext(ctx, "COMMIT"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestWALSwitchWaitsBusyTimeout holds the write lock of a file in rollback
 // mode from another database handle, which makes SQLite answer the WAL
 // switch SQLITE_BUSY at once without its busy handler: a new lockhooks
@@ -131,21 +160,7 @@ func TestWALSwitchWaitsBusyTimeout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			path := filepath.Join(t.TempDir(), "held.db")
-			holder, err := sql.Open("sqlite", "file:"+path) // rollback mode, as SQLite opens it
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer holder.Close()
-			hc, err := holder.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer hc.Close()
-			for _, q := range []string{"CREATE TABLE t (x)", "BEGIN IMMEDIATE", "INSERT INTO t VALUES (1)"} {
-				if _, err := hc.ExecContext(ctx, q); err != nil {
-					t.Fatalf("%s: %v", q, err)
-				}
-			}
+			commit := holdWriteLock(t, path)
 
 			db, err := Open("sqlite", "file:"+path+tc.query, tc.opts...)
 			if err != nil {
@@ -166,13 +181,35 @@ func TestWALSwitchWaitsBusyTimeout(t *testing.T) {
 			}
 			t.Logf("gave up after %v: %v", took.Round(time.Millisecond), err)
 
-			if _, err := hc.ExecContext(ctx, "COMMIT"); err != nil {
-				t.Fatal(err)
-			}
+			commit()
 			var mode string
 			if err := db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
 				t.Fatalf("after the holder committed: journal_mode %q, %v; want wal", mode, err)
 			}
 		})
 	}
+}
+
+// TestWALSwitchHonoursContext: a WAL switch retrying SQLITE_BUSY within a
+// busy timeout of a minute gives up when the connection's context ends.
+func TestWALSwitchHonoursContext(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "held.db")
+	holdWriteLock(t, path)
+	db, err := Open("sqlite", "file:"+path, WithBusyTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	err = db.PingContext(ctx)
+	took := time.Since(began)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "WAL") {
+		t.Fatalf("want the WAL switch to give up with the context's deadline, got %v", err)
+	}
+	if took > 10*time.Second {
+		t.Fatalf("gave up after %v, long after the context's deadline of 200ms", took)
+	}
+	t.Logf("gave up after %v: %v", took.Round(time.Millisecond), err)
 }
