@@ -508,6 +508,7 @@ type connector struct {
 	sites    siteCache              // Postgres: call sites of transactions' identities, by return address (callsite.go)
 	locksets lockTable[locksetKey]  // SQLite's in-process Lock/TryLock
 	writer   writerLock             // SQLite's in-process writer lock
+	walGate  chan struct{}          // SQLite: one connection at a time switches the file to WAL (sqlite_defaults.go)
 	dsn      string                 // "" when the inner connector was given
 	pool     string                 // the pool name: WithPoolName's, or a default unique in the process
 	seq      uint64                 // the database's number in the process, from 1 (identities name it: pg_identity.go)
@@ -537,7 +538,8 @@ var (
 // the process's registry of databases (which also settles its pool name)
 // until Close.
 func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sqlite sqliteDSN) *connector {
-	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{}), dsn: dsn, sqlite: sqlite}
+	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{}), dsn: dsn, sqlite: sqlite,
+		walGate: make(chan struct{}, 1)}
 	databases.join(c, defaultPoolName(o.dialect, dsn, inner))
 	var observe func() (held, parked int64)
 	if o.dialect == Postgres {
