@@ -100,7 +100,7 @@ func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, err
 		return nil, err
 	}
 	if !p.c.opts.txPooler && !p.c.opts.pinningPooler {
-		p.lookForPooler(v, all)
+		p.lookForPooler(ctx, v, all)
 		if perr := p.poolerSeen(); perr != nil {
 			for _, s := range all {
 				s.c.markLost("may no longer be held: "+perr.Error(), perr, lossReport|lossPooler)
@@ -206,9 +206,23 @@ func (p *pinning) stillHolding(s holderSnapshot) bool {
 // holder's backend (busy or not), or on one where an open connection of
 // this database left its marker, only a transaction-mode pooler puts two
 // clients.
-func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) {
+//
+// A session-mode pooler hands a backend to another client (here, the
+// check) only once its client's connection is gone: a parked holder whose
+// backend the check ran on is first asked on its own connection, and one
+// whose connection died is lost for that reason, not taken for proof of a
+// transaction-mode pooler, which would refuse every session lock of the
+// database from then on.
+func (p *pinning) lookForPooler(ctx context.Context, v sideView, holders []holderSnapshot) {
 	for _, s := range holders {
 		if s.pid == v.ranOn && p.stillHolding(s) {
+			if s.parked {
+				s.c.verifyParked(ctx)
+				if !p.stillHolding(s) {
+					p.settle(s.c) // its connection died (verifyParked reported it), or it holds nothing now
+					return
+				}
+			}
 			p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check", s.pid)))
 			return
 		}
