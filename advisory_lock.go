@@ -394,6 +394,13 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		err = l.unlock(ctx)
 	}
 	l.c.connector.pins.untrack(l)
+	if err == nil && l.c.holds(lockKey{k1: l.key}) {
+		// The key was taken again on l.Conn() and is still held there
+		// (locks stack): the connection, parked, keeps it and the key's
+		// turn, so no acquirer of this process waits on the server for it
+		// (pg_turns.go).
+		l.c.adoptTurn(l.key, l.turn)
+	}
 	l.conn.Close()
 	l.freeTurn() // the next acquirer of this process, once the lock is released
 	return err

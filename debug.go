@@ -162,6 +162,7 @@ func (h *debugHandler) resolve(ctx context.Context, i int) (*connector, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.noteDB(db)
 	h.mu.Lock()
 	h.conns[i] = c
 	h.mu.Unlock()

@@ -335,7 +335,8 @@ func (c *conn) noteRoundTrip(text string, run func() error) error {
 
 // quietSince is the time after which c's backend can have started no
 // statement of c's: when its last statement was sent, plus endSlack (the
-// time it may take to get there) or, if it was never answered (the
+// time it may take to get there), or when it was answered if that came
+// sooner, or, if it was never answered (the
 // connection broke with it on the way, or waiting), when the one before it
 // was answered, with the unanswered one recognised by its text within its
 // slack. Never when an answer came back: on a slow link that is a round
@@ -347,7 +348,7 @@ func (c *conn) noteRoundTrip(text string, run func() error) error {
 // is gone, as before lockhooks ended any.
 func (c *conn) quietSince() endTarget {
 	sent, answered := c.sentAt.Load(), c.answeredAt.Load()
-	t := endTarget{quiet: monoBase.Add(time.Duration(sent) + endSlack)}
+	t := endTarget{quiet: monoBase.Add(min(time.Duration(sent)+endSlack, time.Duration(answered)))}
 	if answered < sent {
 		t.quiet = monoBase.Add(time.Duration(answered))
 		c.sentMu.Lock()

@@ -287,6 +287,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 				return plan, nil, err
 			}
 			plan.turn = true
+			c.noteSent(st.text) // sent now, after its wait in memory (pg_loss.go's quiet)
 		}
 	}
 	c.pin.mu.Lock()

@@ -47,6 +47,9 @@ type pinning struct {
 	// deadlockLogged is when a pool deadlock was last logged (monoNow;
 	// pg_turns.go).
 	deadlockLogged atomic.Int64
+	// unknownPoolWarned: a wait in memory was logged as unprovable (the
+	// *sql.DB unknown; pg_turns.go).
+	unknownPoolWarned atomic.Bool
 }
 
 func newPinning(c *connector) *pinning {

@@ -90,14 +90,37 @@ func (c *conn) takeTurn(ctx context.Context, key int64) error {
 	defer close(stop)
 	go c.connector.pins.watchPoolDeadlock(wctx, stop, key, cancel)
 	err := turns.lock(wctx, key, c, nil, nil, nil)
+	if err == nil && c.connector.pins.isClosed() {
+		turns.unlock(key, c) // db.Close ran meanwhile: nothing is sent
+		return fmt.Errorf("%w (advisory lock %s)", errDatabaseClosedWhileQueued, describeKey(key))
+	}
 	if err == nil {
 		c.notePendingTurn(key)
 		return nil
 	}
-	if cause := context.Cause(wctx); errors.Is(cause, ErrPoolDeadlock) {
+	if cause := context.Cause(wctx); errors.Is(cause, ErrPoolDeadlock) || errors.Is(cause, errDatabaseClosedWhileQueued) {
 		return cause
 	}
 	return explainTableWait(err, fmt.Sprintf("the lock statement of %v", c), "its turn behind another holder or waiter of this database", describeKey(key))
+}
+
+// errDatabaseClosedWhileQueued fails a lock statement that waited in
+// memory for its turn when db.Close ran: it is never sent.
+var errDatabaseClosedWhileQueued = errors.New("lockhooks: the database was closed while the lock statement waited for its turn; it was not sent")
+
+// adoptTurn makes c the owner of key's turn, which from owned (an
+// AdvisoryLock released while c still holds the key, stacked).
+func (c *conn) adoptTurn(key int64, from any) {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	if !c.connector.turns.handOver(key, from, c) {
+		return
+	}
+	if c.pin.turns == nil {
+		c.pin.turns = make(map[int64]struct{})
+	}
+	c.pin.turns[key] = struct{}{}
+	c.releaseTurnsLocked()
 }
 
 // notePendingTurn records that c took key's turn for a statement whose
@@ -156,17 +179,26 @@ func (c *connector) noteDB(db *sql.DB) {
 func (p *pinning) watchPoolDeadlock(ctx context.Context, stop <-chan struct{}, key int64, cancel context.CancelCauseFunc) {
 	t := time.NewTicker(poolDeadlockPoll)
 	defer t.Stop()
+	start := time.Now()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-ctx.Done():
 			return
+		case <-p.closing:
+			cancel(fmt.Errorf("%w (advisory lock %s)", errDatabaseClosedWhileQueued, describeKey(key)))
+			return
 		case <-t.C:
 		}
 		if err := p.poolDeadlock(key); err != nil {
 			cancel(err)
 			return
+		}
+		if p.c.db.Load() == nil && time.Since(start) >= time.Second && p.unknownPoolWarned.CompareAndSwap(false, true) {
+			// (once per database)
+			p.c.opts.logger.Warn("lockhooks: a lock statement has waited 1s in memory for its turn; lockhooks cannot tell whether the pool is full, because it does not know the *sql.DB: should every connection of the pool wait for a lock whose holder is parked, nothing can release it. Open the database with lockhooks.Open or OpenDB (or give it to AcquireAdvisoryLock or DebugHandler once), so that such a wait gives way with ErrPoolDeadlock",
+				"database", p.c.pool, "key", describeKey(key))
 		}
 	}
 }
@@ -203,9 +235,11 @@ func (p *pinning) poolDeadlock(key int64) error {
 
 // stuckWaits counts the database's connections that wait, in memory for a
 // turn or on the server, for a key whose holder needs the pool to be
-// released: a parked connection (its unlock comes through the pool), or an
-// AcquireAdvisoryLock whose turn came and that waits for a connection. It
-// also names the holder of key.
+// released: a parked connection (its unlock comes through the pool), an
+// AcquireAdvisoryLock whose turn came and that waits for a connection, or
+// a connection that is itself so stuck (followed to a fixed point: A waits
+// behind B, which waits behind a parked C). It also names the holder of
+// key.
 func (p *pinning) stuckWaits(key int64) (stuck int, holder string) {
 	parked := map[int64]*conn{} // keys held by parked connections
 	for _, h := range p.snapshot() {
@@ -223,31 +257,41 @@ func (p *pinning) stuckWaits(key int64) (stuck int, holder string) {
 	if h := parked[key]; h != nil {
 		holder = fmt.Sprintf("%v, parked (its unlock needs a connection of the pool)", h)
 	}
-	for _, e := range p.c.turns.entriesNow() {
-		k, owner, waiters := e.key, e.owner, e.waiters
-		blocked := parked[k] != nil
-		switch o := owner.(type) {
+	type ownerState struct {
+		parked, serverWait bool // a conn owner: parked; waiting on the server for its own turn's key
+	}
+	entries := p.c.turns.entriesNow()
+	owners := make([]ownerState, len(entries))
+	for i, e := range entries {
+		switch o := e.owner.(type) {
 		case *conn:
 			o.pin.mu.Lock()
-			blocked = blocked || o.pin.parked
-			serverWait := o.pin.hasPendingTurn && o.pin.pendingTurn == k && o.pin.busy > 0
+			owners[i] = ownerState{parked: o.pin.parked, serverWait: o.pin.hasPendingTurn && o.pin.pendingTurn == e.key && o.pin.busy > 0}
 			o.pin.mu.Unlock()
-			if serverWait && parked[k] != nil {
-				stuck++ // the turn's owner waits on the server for a parked holder
-			}
 		case *AdvisoryLock:
-			blocked = blocked || o.needsConn.Load()
+			owners[i] = ownerState{parked: o.needsConn.Load()} // (needs the pool as a parked holder does)
 		}
-		if !blocked {
-			continue
-		}
-		for _, w := range waiters {
-			if _, ok := w.(*conn); ok {
-				stuck++
+	}
+	stuckConn := map[*conn]bool{}
+	for changed := true; changed; {
+		changed = false
+		for i, e := range entries {
+			oc, _ := e.owner.(*conn)
+			blocked := parked[e.key] != nil || owners[i].parked || oc != nil && stuckConn[oc]
+			if oc != nil && owners[i].serverWait && parked[e.key] != nil && !stuckConn[oc] {
+				stuckConn[oc], changed = true, true // it waits on the server for a parked holder
+			}
+			if !blocked {
+				continue
+			}
+			for _, w := range e.waiters {
+				if wc, ok := w.(*conn); ok && !stuckConn[wc] {
+					stuckConn[wc], changed = true, true
+				}
 			}
 		}
 	}
-	return stuck, holder
+	return len(stuckConn), holder
 }
 
 // settleTurnAfter is afterTracked's part for a statement that took a turn.

@@ -219,6 +219,19 @@ func (t *lockTable[K]) entriesNow() []tableEntry[K] {
 	return out
 }
 
+// handOver gives key, held by from, to owner to, with its count; it
+// reports false if from does not hold key.
+func (t *lockTable[K]) handOver(key K, from, to any) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.entries[key]
+	if !ok || e.count == 0 || e.owner != from {
+		return false
+	}
+	e.owner = to
+	return true
+}
+
 // holder returns who holds key, if anyone.
 func (t *lockTable[K]) holder(key K) (holderInfo, bool) {
 	t.mu.Lock()
