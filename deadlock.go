@@ -77,7 +77,7 @@ type backendFacts struct {
 	statement string
 }
 
-// readDeadlockFacts reads, on a side connection of its own, the backends
+// readDeadlockFacts reads, on the side connection (side_conn.go), the backends
 // of the cycle and the relations the DETAIL names by oid.
 func (c *connector) readDeadlockFacts(edges []deadlockEdge, detail string) deadlockFacts {
 	f := deadlockFacts{backends: map[int32]backendFacts{}, relations: map[string]string{}}
@@ -86,12 +86,6 @@ func (c *connector) readDeadlockFacts(edges []deadlockEdge, detail string) deadl
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
 	defer cancel()
-	side, err := c.inner.Connect(ctx)
-	if err != nil {
-		f.err = err
-		return f
-	}
-	defer side.Close()
 	var pids []string
 	for _, e := range edges {
 		pids = append(pids, strconv.Itoa(int(e.pid)))
@@ -100,33 +94,37 @@ func (c *connector) readDeadlockFacts(edges []deadlockEdge, detail string) deadl
 	for _, m := range relOIDRE.FindAllStringSubmatch(detail, -1) {
 		oids = append(oids, m[1])
 	}
-	rows, err := queryDirect(ctx, side, `SELECT 'b', a.pid::text, coalesce(a.application_name, ''), coalesce(a.state, ''),
+	f.err = c.side.use(ctx, func(side driver.Conn) error {
+		clear(f.backends)
+		clear(f.relations)
+		rows, err := queryDirect(ctx, side, `SELECT 'b', a.pid::text, coalesce(a.application_name, ''), coalesce(a.state, ''),
 	coalesce(extract(epoch FROM clock_timestamp() - a.xact_start)::float8, -1)::text, left(coalesce(a.query, ''), 500)
 FROM pg_stat_activity a WHERE a.pid IN (`+strings.Join(pids, ",")+`)
 UNION ALL
 SELECT 'r', c.oid::text, c.oid::regclass::text, '', '', '' FROM pg_class c WHERE c.oid IN (`+strings.Join(oids, ",")+`)`, nil)
-	if err != nil {
-		f.err = err
-		return f
-	}
-	defer rows.Close()
-	dest := make([]driver.Value, 6)
-	for {
-		if err := rows.Next(dest); err != nil {
-			if err != io.EOF {
-				f.err = err
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		dest := make([]driver.Value, 6)
+		for {
+			if err := rows.Next(dest); err != nil {
+				if err == io.EOF {
+					return nil
+				}
+				return err
 			}
-			return f
+			switch asString(dest[0]) {
+			case "b":
+				pid, _ := strconv.ParseInt(asString(dest[1]), 10, 32)
+				age, _ := strconv.ParseFloat(asString(dest[4]), 64)
+				f.backends[int32(pid)] = backendFacts{app: asString(dest[2]), state: asString(dest[3]), xactAge: age, statement: asString(dest[5])}
+			case "r":
+				f.relations[asString(dest[1])] = asString(dest[2])
+			}
 		}
-		switch asString(dest[0]) {
-		case "b":
-			pid, _ := strconv.ParseInt(asString(dest[1]), 10, 32)
-			age, _ := strconv.ParseFloat(asString(dest[4]), 64)
-			f.backends[int32(pid)] = backendFacts{app: asString(dest[2]), state: asString(dest[3]), xactAge: age, statement: asString(dest[5])}
-		case "r":
-			f.relations[asString(dest[1])] = asString(dest[2])
-		}
-	}
+	})
+	return f
 }
 
 // explainDeadlock fills the sides of de and its advice. where is the

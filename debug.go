@@ -230,6 +230,7 @@ type debugWaiter struct {
 	WaitEvent   string        `json:"wait_event,omitempty"`
 	Holders     []debugHolder `json:"holders"`
 	Blockers    []pgBlocker   `json:"blockers"`
+	QueuedAhead int           `json:"queued_ahead,omitempty"` // backends queued ahead of it on the server (waiting themselves): at most maxQueuedListed are listed
 }
 
 // debugGraph is the wait-for graph: an edge from a waiter to what it
@@ -287,8 +288,8 @@ func (h *debugHandler) heldPage(ctx context.Context, q *heldQuery) (debugHeldPag
 
 // debugState reads one database's locks, waits, events and counters,
 // bounded (see debug_bounds.go). Locks are read briefly under their own
-// mutexes; the one query (who blocks whom, on Postgres) runs after, on a
-// side connection.
+// mutexes; the one query (who blocks whom, on Postgres) runs after, on the
+// database's side connection (side_conn.go), shared with overlapping loads.
 func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 	now := time.Now()
 	d := debugDatabase{Index: index, Dialect: string(c.opts.dialect), Pool: c.pool, Held: []debugHeld{}, Waiters: []debugWaiter{}}
@@ -332,7 +333,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 			wt.PID, wt.WaitEvent = b.pid, b.waitEvent
 			found := &blockage{holders: wt.Holders, blockers: wt.Blockers, at: now}
 			found.add(b.blockers, v.advKeys)
-			wt.Holders, wt.Blockers = found.holders, found.blockers
+			wt.Holders, wt.Blockers, wt.QueuedAhead = found.holders, found.blockers, b.queuedAhead
 			shown[v.conn] = true
 		}
 		d.Waiters = append(d.Waiters, wt)
@@ -348,7 +349,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 			found := &blockage{holders: []holder{}, blockers: []pgBlocker{}, at: now}
 			found.add(b.blockers, nil)
 			w := debugWaiter{Kind: "server", Conn: oc.id, PID: b.pid, Statement: truncate(b.query, 500),
-				WaitEvent: b.waitEvent, Holders: found.holders, Blockers: found.blockers}
+				WaitEvent: b.waitEvent, Holders: found.holders, Blockers: found.blockers, QueuedAhead: b.queuedAhead}
 			if b.waitSeconds >= 0 {
 				w.WaitSeconds = math.Round(b.waitSeconds*1000) / 1000
 				w.Since = now.Add(-time.Duration(b.waitSeconds * float64(time.Second)))

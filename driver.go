@@ -519,6 +519,7 @@ type connector struct {
 	nextID   atomic.Uint64
 	events   *eventRing // recent events, for DebugHandler
 	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
+	side     *sideConn  // Postgres: the one connection outside the pool for lookups (side_conn.go)
 
 	liveMu sync.RWMutex       // read: openConns, the model of holders (self-waits)
 	live   map[*conn]struct{} // every open wrapped connection
@@ -540,6 +541,7 @@ var (
 func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sqlite sqliteDSN) *connector {
 	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{}), dsn: dsn, sqlite: sqlite,
 		walGate: make(chan struct{}, 1)}
+	c.side = newSideConn(inner.Connect)
 	databases.join(c, defaultPoolName(o.dialect, dsn, inner))
 	var observe func() (held, parked int64)
 	if o.dialect == Postgres {
@@ -630,6 +632,7 @@ func (c *connector) Close() error {
 	}
 	c.tel.close()
 	c.waits.close()
+	c.side.close()
 	if cl, ok := c.inner.(io.Closer); ok {
 		return cl.Close()
 	}

@@ -345,6 +345,7 @@ type blockage struct {
 	holders  []holder    // the holders at the root first, then those queued ahead of the wait
 	blockers []pgBlocker // backends no lockhooks identified, the root first
 	server   []pgBlocker // every backend of the chain, as Postgres showed it (nil: not read)
+	queued   int         // how many backends block the wait directly while waiting themselves, listed in server or not (maxQueuedListed)
 	err      error       // reading the server failed
 	at       time.Time   // when it was read
 }
@@ -431,6 +432,9 @@ func (b *blockage) String() string {
 	if len(queued) > 0 {
 		parts = append(parts, "queued ahead of this wait, waiting too: "+strings.Join(queued, "; "))
 	}
+	if n := b.queuedUnlisted(); n > 0 {
+		parts = append(parts, fmt.Sprintf("and %d more queued ahead (not listed)", n))
+	}
 	if b.err != nil {
 		parts = append(parts, "(reading pg_blocking_pids failed: "+b.err.Error()+")")
 	}
@@ -438,6 +442,18 @@ func (b *blockage) String() string {
 		return "unknown"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// queuedUnlisted is how many of the backends queued ahead of the wait
+// the server's read counted but did not list (maxQueuedListed).
+func (b *blockage) queuedUnlisted() int {
+	n := b.queued
+	for _, s := range b.server {
+		if s.Waiting && s.Depth == 1 {
+			n--
+		}
+	}
+	return max(n, 0)
 }
 
 // logArgs are the slow-wait line's attributes of the holder at the root,
@@ -628,6 +644,7 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) *blockage {
 		b.err = err
 	case bb != nil:
 		b.add(bb.blockers, v.advKeys)
+		b.queued = bb.queuedAhead
 	case len(b.holders) == 0 && len(v.advKeys) > 0:
 		b.add(c.keyHolders(ctx, v.conn, v.advKeys), v.advKeys)
 	}

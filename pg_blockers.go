@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"io"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -74,6 +75,13 @@ func (b pgBlocker) aged(d float64) pgBlocker {
 // maxBlockerDepth bounds how far a chain of waits is followed.
 const maxBlockerDepth = 8
 
+// maxQueuedListed bounds the backends queued ahead (waiting themselves)
+// listed for one wait: in a queue of n waiters on one lock, the last one
+// has n-1 ahead of it, and listing them all would make the read, the page
+// and every log line grow with the square of the queue. The holders at
+// the root are always listed; blockedBackend.queuedAhead counts the rest.
+const maxQueuedListed = 10
+
 // blockedBackend is what Postgres says of one of the database's
 // connections that waits on the server.
 type blockedBackend struct {
@@ -81,58 +89,90 @@ type blockedBackend struct {
 	waitEvent   string // wait_event_type/wait_event
 	query       string
 	waitSeconds float64     // how long its statement has run (it waits in it); -1: unknown
-	blockers    []pgBlocker // by depth: who blocks it, and whom those wait for, to the root
+	blockers    []pgBlocker // by depth: who blocks it, and whom those wait for, to the root (at most maxQueuedListed of them waiting)
+	queuedAhead int         // how many backends block it directly while waiting themselves (queued ahead of it), listed or not
 }
 
-// blockedConns reads, on a side connection of its own (never a pool's),
-// which of conns wait on the server and for whom. A connection is matched
-// to the backend that runs its statement by the identity it published (a
-// transaction through a pooler runs on any backend), or, on a connection
-// that publishes none, by the backend pid it met at connect, unless a
-// pooler is declared (that backend serves other clients) or the backend
-// shows another application_name than the connection had (an undeclared
-// pooler gave it to another client). Connections that wait for nothing are
-// absent.
+// serverBackend is one backend of a read of who blocks whom: what
+// pg_stat_activity shows of it and whom it waits for.
+type serverBackend struct {
+	asked    bool // one of the backends the read was asked about
+	shown    bool // pg_stat_activity shows it (a prepared transaction has no backend)
+	row      pgBlocker
+	query    string  // its statement, for a waiter
+	wait     string  // wait_event_type/wait_event
+	queryAge float64 // seconds its statement has run; -1: unknown
+	blockers []int32 // pg_blocking_pids: the backends that do not wait themselves, then the first maxQueuedListed that do, in the server's order
+	queued   int     // how many of its blockers wait themselves
+}
+
+// waits reports whether b waits for another backend.
+func (b *serverBackend) waits() bool { return len(b.blockers) > 0 }
+
+// blockedConns reads which of conns wait on the server and for whom, in
+// one query on the database's side connection (side_conn.go; never a
+// pool's). A connection is matched to the backend that runs its statement
+// by the identity it published (a transaction through a pooler runs on any
+// backend), or, on a connection that publishes none, by the backend pid it
+// met at connect, unless a pooler is declared (that backend serves other
+// clients) or the backend shows another application_name than the
+// connection had (an undeclared pooler gave it to another client).
+// Connections that wait for nothing are absent. Reads that overlap share
+// one (blockersFlight).
 func (c *connector) blockedConns(ctx context.Context, conns []*conn) (map[*conn]*blockedBackend, error) {
-	var pids []string
+	if len(conns) == 0 {
+		return nil, nil
+	}
+	all, err := c.side.sharedRead(ctx, c, conns)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[*conn]*blockedBackend, min(len(conns), len(all)))
+	for _, oc := range conns {
+		if bb := all[oc]; bb != nil {
+			out[oc] = bb
+		}
+	}
+	return out, nil
+}
+
+// readBlocked reads, on side, which of conns wait on the server and for
+// whom (blockedConns). The query costs time linear in the backends: each
+// backend's pg_blocking_pids is evaluated once (a recursive UNION over
+// distinct pids, not over paths: a queue of n waiters on one lock has n!
+// paths), and only the blockers each backend names are sent, at most
+// maxQueuedListed of them waiting; the chains are followed here.
+func (c *connector) readBlocked(ctx context.Context, side driver.Conn, conns []*conn) (map[*conn]*blockedBackend, error) {
+	pids := []string{"0"}
 	for _, oc := range conns {
 		if p := oc.pid.Load(); p != 0 {
 			pids = append(pids, strconv.Itoa(int(p)))
 		}
 	}
-	if len(conns) == 0 {
-		return nil, nil
-	}
-	side, err := c.inner.Connect(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("lockhooks: connecting to read pg_blocking_pids: %w", err)
-	}
-	defer side.Close()
 	d := c.own.of(side)
 	waiters := "SELECT unnest('{" + strings.Join(pids, ",") + "}'::int[])"
 	if d.ok() {
 		waiters += "\n\tUNION SELECT pid FROM pg_stat_activity WHERE application_name LIKE '" + c.appNamePrefixOfDatabase() + "%'"
 	}
-	rows, err := queryDirect(ctx, side, `WITH RECURSIVE w(pid) AS (
-	`+waiters+`
-), chain(waiter, pid, depth, path) AS (
-	SELECT w.pid, b.pid, 1, ARRAY[w.pid, b.pid] FROM w CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS b(pid)
-	UNION ALL
-	SELECT c.waiter, b.pid, c.depth + 1, c.path || b.pid FROM chain c CROSS JOIN LATERAL unnest(pg_blocking_pids(c.pid)) AS b(pid)
-	WHERE b.pid <> ALL (c.path) AND c.depth < `+strconv.Itoa(maxBlockerDepth)+`
-)
-SELECT c.waiter::bigint, coalesce(wa.application_name, ''), coalesce(wa.wait_event_type || '/' || wa.wait_event, ''), left(coalesce(wa.query, ''), 1000),
-	c.depth, c.pid::bigint, cardinality(pg_blocking_pids(c.pid)) > 0, coalesce(b.application_name, ''), coalesce(b.state, ''),
-	coalesce(extract(epoch FROM clock_timestamp() - b.xact_start)::float8, -1),
-	coalesce(extract(epoch FROM clock_timestamp() - b.state_change)::float8, -1),
-	coalesce(extract(epoch FROM clock_timestamp() - b.query_start)::float8, -1),
-	left(coalesce(b.query, ''), 1000), coalesce(extract(epoch FROM clock_timestamp() - wa.query_start)::float8, -1)
-FROM chain c JOIN pg_stat_activity b ON b.pid = c.pid LEFT JOIN pg_stat_activity wa ON wa.pid = c.waiter
-ORDER BY 1, 5, 6`, d.args)
+	// The planner cannot know how few rows pg_blocking_pids returns: its
+	// estimate of the recursive read grows with the backends asked about
+	// past jit_above_cost, and compiling the plan then takes longer than
+	// running it (300 ms and more, and past the lookup's timeout on a busy
+	// server). JIT is off for this read only: SET LOCAL, in a transaction
+	// of its own (a failure closes the side connection, which ends it).
+	if err := execDirect(ctx, side, "BEGIN"); err != nil {
+		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
+	}
+	if err := execDirect(ctx, side, "SET LOCAL jit = off"); err != nil {
+		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
+	}
+	backends, order, err := readServerBackends(ctx, side, c, blockersQuery(waiters), d.args)
 	if err != nil {
 		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
 	}
-	defer rows.Close()
+	if err := execDirect(ctx, side, "COMMIT"); err != nil {
+		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
+	}
 	x := c.index()
 	wanted := map[*conn]bool{}
 	for _, oc := range conns {
@@ -140,46 +180,144 @@ ORDER BY 1, 5, 6`, d.args)
 	}
 	out := map[*conn]*blockedBackend{}
 	byIdentity := map[*conn]bool{} // out[oc] was found by oc's identity, not by its pid at connect
-	seen := map[[2]int32]bool{}
-	dest := make([]driver.Value, 14)
-	for {
-		if err := rows.Next(dest); err != nil {
-			if err == io.EOF {
-				return out, nil
-			}
-			return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
+	for _, wpid := range order {
+		w := backends[wpid]
+		if !w.asked || !w.shown || !w.waits() {
+			continue
 		}
-		wpid, wapp := int32(asInt64(dest[0])), asString(dest[1])
-		oc := c.backendConn(wpid, wapp, asString(dest[3]), x, true)
+		oc := c.backendConn(wpid, w.row.ApplicationName, w.query, x, true)
 		if oc == nil || !wanted[oc] {
 			continue // another client's backend, or a connection not asked about
 		}
-		identified := parseAppName(wapp) != nil
-		bb := out[oc]
-		if bb != nil && bb.pid != wpid && identified && !byIdentity[oc] {
-			bb = nil // its identity shows where it runs now; the pid it met at connect serves another client
-		}
-		if bb == nil {
-			bb = &blockedBackend{pid: wpid, waitEvent: asString(dest[2]), query: asString(dest[3]), waitSeconds: asFloat64(dest[13])}
-			out[oc], byIdentity[oc] = bb, identified
-		}
-		if bb.pid != wpid {
+		identified := parseAppName(w.row.ApplicationName) != nil
+		if bb := out[oc]; bb != nil && (bb.pid == wpid || !identified || byIdentity[oc]) {
 			continue // a second backend claims the connection: keep the one found first
 		}
-		b := pgBlocker{seenBy: c, Depth: int(asInt64(dest[4])), PID: int32(asInt64(dest[5])), Waiting: asBool(dest[6]),
-			ApplicationName: asString(dest[7]), State: asString(dest[8]), XactSeconds: asFloat64(dest[9]), stateSeconds: asFloat64(dest[10]), Query: asString(dest[12])}
-		if seen[[2]int32{wpid, b.PID}] {
-			continue // met again deeper in the chain
-		}
-		seen[[2]int32{wpid, b.PID}] = true
-		if queryAge := asFloat64(dest[11]); b.Waiting && b.State == "active" && queryAge >= 0 {
-			b.WaitSeconds = round3(queryAge)
-		}
-		if b.XactSeconds >= 0 {
-			b.XactSeconds = round3(b.XactSeconds)
-		}
-		bb.blockers = append(bb.blockers, b)
+		// Its identity shows where it runs now (the pid it met at connect
+		// serves another client), or it is the first backend found for it.
+		out[oc] = &blockedBackend{pid: wpid, waitEvent: w.wait, query: w.query, waitSeconds: w.queryAge,
+			blockers: serverChain(wpid, backends), queuedAhead: w.queued}
+		byIdentity[oc] = identified
 	}
+	return out, nil
+}
+
+// readServerBackends runs query (blockersQuery) on side: the backends it
+// found by pid, and their pids in order.
+func readServerBackends(ctx context.Context, side driver.Conn, c *connector, query string, args []driver.NamedValue) (map[int32]*serverBackend, []int32, error) {
+	rows, err := queryDirect(ctx, side, query, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	backends := map[int32]*serverBackend{}
+	var order []int32 // by pid
+	dest := make([]driver.Value, 12)
+	for {
+		err := rows.Next(dest)
+		if err == io.EOF {
+			return backends, order, nil
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		b := &serverBackend{asked: asBool(dest[1]), shown: asBool(dest[2]), wait: asString(dest[5]), queryAge: asFloat64(dest[8]),
+			query: asString(dest[9]), queued: int(asInt64(dest[11]))}
+		b.row = pgBlocker{seenBy: c, PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[3]), State: asString(dest[4]),
+			XactSeconds: asFloat64(dest[6]), stateSeconds: asFloat64(dest[7]), Query: b.query}
+		if b.row.XactSeconds >= 0 {
+			b.row.XactSeconds = round3(b.row.XactSeconds)
+		}
+		for _, f := range strings.Split(asString(dest[10]), ",") {
+			if p, err := strconv.ParseInt(f, 10, 32); err == nil {
+				b.blockers = append(b.blockers, int32(p))
+			}
+		}
+		backends[b.row.PID] = b
+		order = append(order, b.row.PID)
+	}
+}
+
+// blockersQuery is the read of readBlocked, for the backends the query
+// waiters returns.
+func blockersQuery(waiters string) string {
+	return `WITH RECURSIVE w(pid) AS (
+	` + waiters + `
+), reach(pid) AS (
+	SELECT pid FROM w
+	UNION
+	SELECT unnest(pg_blocking_pids(r.pid)) FROM reach r
+), e AS (
+	SELECT pid, pg_blocking_pids(pid) AS bs FROM reach
+), edge AS (
+	SELECT e.pid, b.pid AS blocker, b.n, b.pid IN (SELECT pid FROM e WHERE cardinality(bs) > 0) AS waiting
+	FROM e CROSS JOIN LATERAL unnest(e.bs) WITH ORDINALITY AS b(pid, n)
+), ranked AS (
+	SELECT pid, blocker, waiting, row_number() OVER (PARTITION BY pid, waiting ORDER BY n) AS nth FROM edge
+), kept AS (
+	SELECT pid, string_agg(blocker::text, ',' ORDER BY waiting, nth) FILTER (WHERE NOT waiting OR nth <= ` + strconv.Itoa(maxQueuedListed) + `) AS blockers,
+		count(*) FILTER (WHERE waiting) AS queued
+	FROM ranked GROUP BY pid
+)
+SELECT r.pid::bigint, r.pid IN (SELECT pid FROM w), a.pid IS NOT NULL, coalesce(a.application_name, ''), coalesce(a.state, ''),
+	coalesce(a.wait_event_type || '/' || a.wait_event, ''),
+	coalesce(extract(epoch FROM clock_timestamp() - a.xact_start)::float8, -1),
+	coalesce(extract(epoch FROM clock_timestamp() - a.state_change)::float8, -1),
+	coalesce(extract(epoch FROM clock_timestamp() - a.query_start)::float8, -1),
+	left(coalesce(a.query, ''), 1000), coalesce(k.blockers, ''), coalesce(k.queued, 0)
+FROM reach r LEFT JOIN kept k ON k.pid = r.pid LEFT JOIN pg_stat_activity a ON a.pid = r.pid
+ORDER BY 1`
+}
+
+// serverChain follows the waits of backend pid, breadth first to
+// maxBlockerDepth: the backends that block it (depth 1), those that block
+// them, and so on, each once at the depth first met, sorted by depth and
+// pid (at one depth, those that do not wait first); the holders at the root all, and at most maxQueuedListed of those
+// that wait themselves.
+func serverChain(pid int32, backends map[int32]*serverBackend) []pgBlocker {
+	seen := map[int32]bool{pid: true}
+	var out []pgBlocker
+	queued := 0
+	level := []int32{pid}
+	for depth := 1; depth <= maxBlockerDepth && len(level) > 0; depth++ {
+		var next []int32
+		for _, p := range level {
+			for _, bp := range backends[p].blockers {
+				b := backends[bp]
+				if seen[bp] || b == nil {
+					continue // met already, or it appeared after the chains were read
+				}
+				seen[bp] = true
+				next = append(next, bp)
+				if !b.shown {
+					continue // no backend to show (a prepared transaction); its own blockers still count
+				}
+				s := b.row
+				s.Depth, s.Waiting = depth, b.waits()
+				if s.Waiting {
+					if queued >= maxQueuedListed {
+						continue
+					}
+					queued++
+					if s.State == "active" && b.queryAge >= 0 {
+						s.WaitSeconds = round3(b.queryAge)
+					}
+				}
+				out = append(out, s)
+			}
+		}
+		level = next
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Depth != out[j].Depth {
+			return out[i].Depth < out[j].Depth
+		}
+		if out[i].Waiting != out[j].Waiting {
+			return !out[i].Waiting
+		}
+		return out[i].PID < out[j].PID
+	})
+	return out
 }
 
 // appNamePrefixOfDatabase is how the application_name of every connection
@@ -257,7 +395,7 @@ func asBool(v driver.Value) bool {
 func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
 
 // keyHolders returns the backends other than waiter's that hold the
-// advisory keys now, read on a side connection (nil if none or
+// advisory keys now, read on the side connection (nil if none or
 // unreadable): the holders of a wait that does not wait on the server
 // (through a transaction pooler, lockhooks polls with try-locks), or that
 // ended before anyone looked.
@@ -274,27 +412,32 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 		}
 		match = append(match, m+")")
 	}
-	side, err := c.inner.Connect(ctx)
-	if err != nil {
-		return nil
-	}
-	defer side.Close()
-	rows, err := queryDirect(ctx, side, `SELECT DISTINCT a.pid::bigint, coalesce(a.application_name, ''), coalesce(a.state, ''),
+	var out []pgBlocker
+	c.side.use(ctx, func(side driver.Conn) error {
+		out = nil
+		rows, err := queryDirect(ctx, side, `SELECT DISTINCT a.pid::bigint, coalesce(a.application_name, ''), coalesce(a.state, ''),
 	coalesce(extract(epoch FROM clock_timestamp() - a.xact_start)::float8, -1), left(coalesce(a.query, ''), 1000),
 	coalesce(extract(epoch FROM clock_timestamp() - a.state_change)::float8, -1)
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	AND l.pid <> `+strconv.Itoa(int(waiter.shownPID()))+` AND (`+strings.Join(match, " OR ")+`)
 ORDER BY 1`, c.own.of(side).args)
-	if err != nil {
-		return nil
-	}
-	defer rows.Close()
-	var out []pgBlocker
-	dest := make([]driver.Value, 6)
-	for rows.Next(dest) == nil {
-		out = append(out, pgBlocker{seenBy: c, Depth: 1, PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[1]), State: asString(dest[2]),
-			XactSeconds: asFloat64(dest[3]), Query: asString(dest[4]), stateSeconds: asFloat64(dest[5])})
-	}
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		dest := make([]driver.Value, 6)
+		for {
+			if err := rows.Next(dest); err != nil {
+				if err == io.EOF {
+					return nil
+				}
+				out = nil
+				return err
+			}
+			out = append(out, pgBlocker{seenBy: c, Depth: 1, PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[1]), State: asString(dest[2]),
+				XactSeconds: asFloat64(dest[3]), Query: asString(dest[4]), stateSeconds: asFloat64(dest[5])})
+		}
+	})
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"sync/atomic"
 	"time"
 
@@ -299,25 +300,28 @@ func (w *lockWait) probeSelfWait(c, h *conn) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
 		defer cancel()
-		side, err := c.connector.inner.Connect(ctx)
-		if err != nil {
-			return
-		}
-		defer side.Close()
 		// Checked and cancelled in one statement: the backend still waits
-		// for a lock, and the transaction's backend blocks it.
-		rows, err := queryDirect(ctx, side, fmt.Sprintf(`SELECT pg_cancel_backend(a.pid) FROM pg_stat_activity a
+		// for a lock, and the transaction's backend blocks it. On the
+		// database's side connection (side_conn.go).
+		c.connector.side.use(ctx, func(side driver.Conn) error {
+			rows, err := queryDirect(ctx, side, fmt.Sprintf(`SELECT pg_cancel_backend(a.pid) FROM pg_stat_activity a
 WHERE a.pid = %d AND a.wait_event_type = 'Lock' AND %d = ANY (pg_blocking_pids(a.pid))`, pid, hpid), nil)
-		if err != nil {
-			return
-		}
-		defer rows.Close()
-		dest := make([]driver.Value, 1)
-		if rows.Next(dest) == nil {
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			dest := make([]driver.Value, 1)
+			if err := rows.Next(dest); err != nil {
+				if err == io.EOF {
+					return nil
+				}
+				return err
+			}
 			if ok, _ := dest[0].(bool); ok {
 				p.hit.Store(true)
 			}
-		}
+			return nil
+		})
 	}()
 }
 

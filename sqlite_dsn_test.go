@@ -223,7 +223,7 @@ func driverBegins(t *testing.T, db *sql.DB) bool {
 }
 
 // connectorOf returns db's lockhooks connector.
-func connectorOf(t *testing.T, db *sql.DB) *connector {
+func connectorOf(t testing.TB, db *sql.DB) *connector {
 	t.Helper()
 	c, err := db.Conn(context.Background())
 	if err != nil {
