@@ -541,7 +541,7 @@ var (
 func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sqlite sqliteDSN) *connector {
 	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{}), dsn: dsn, sqlite: sqlite,
 		walGate: make(chan struct{}, 1)}
-	c.side = newSideConn(inner.Connect)
+	c.side = newSideConn(func(ctx context.Context) (driver.Conn, error) { return c.inner.Connect(ctx) })
 	databases.join(c, defaultPoolName(o.dialect, dsn, inner))
 	var observe func() (held, parked int64)
 	if o.dialect == Postgres {
