@@ -108,13 +108,18 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		}
 		l = &AdvisoryLock{key: key, db: db, conn: sc, c: c, turn: l}
 	}
+	// The monitor's first look waits until the acquisition is done: the
+	// token read below runs on the lock's connection (pinning.acquired).
+	l.c.acquiring.Store(true)
 	got, tokened, err := l.lockOnServer(ctx, try)
 	if err != nil || !got {
+		l.c.acquiring.Store(false) // before the connection goes back
 		l.abandon()
 		l.freeTurn()
 		return nil, false, err
 	}
 	if !l.c.connector.pins.track(l) {
+		l.c.acquiring.Store(false)
 		l.conn.Close() // db.Close ran meanwhile: the lock goes with the connection
 		l.freeTurn()
 		return nil, false, fmt.Errorf("%w: advisory lock %s: the database was closed while it was acquired", ErrLockLost, describeKey(key))
@@ -124,6 +129,7 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 	}
 	l.noteTaken()
 	l.c.advisory.Store(l)
+	l.c.connector.pins.acquired(l.c) // nothing more of the acquisition runs on it
 	if l.Err() != nil {
 		l.freeTurn() // lost before the line above: markLost could not see l
 	}

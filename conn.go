@@ -126,6 +126,11 @@ type conn struct {
 	// advisory is the AdvisoryLock held on this connection, if any: a loss
 	// frees its in-process turn at once.
 	advisory atomic.Pointer[AdvisoryLock]
+	// acquiring is set while AcquireAdvisoryLock or TryAdvisoryLock takes
+	// a lock on this connection, from its lock statement to its last
+	// statement (the token read): the monitor's first look waits for the
+	// acquisition to settle (pinning.acquired).
+	acquiring atomic.Bool
 
 	// mark is the marker the connection leaves on its backend (Postgres;
 	// see sessionQuery), set before its first statement.
