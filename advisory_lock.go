@@ -114,15 +114,20 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		}
 		l = &AdvisoryLock{key: key, db: db, conn: sc, c: c, turn: l}
 	}
-	l.c.acquiring = true
+	// The acquisition is under way until its last statement: its lock
+	// statement takes no turn (it owns it already: pg_turns.go), and the
+	// monitor's first look waits until it is done, since the token read
+	// below runs on the lock's connection (pinning.acquired).
+	l.c.acquiring.Store(true)
 	got, tokened, err := l.lockOnServer(ctx, try)
-	l.c.acquiring = false
 	if err != nil || !got {
+		l.c.acquiring.Store(false) // before the connection goes back
 		l.abandon()
 		l.freeTurn()
 		return nil, false, err
 	}
 	if !l.c.connector.pins.track(l) {
+		l.c.acquiring.Store(false)
 		l.conn.Close() // db.Close ran meanwhile: the lock goes with the connection
 		l.freeTurn()
 		return nil, false, fmt.Errorf("%w: advisory lock %s: the database was closed while it was acquired", ErrLockLost, describeKey(key))
@@ -132,6 +137,7 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 	}
 	l.noteTaken()
 	l.c.advisory.Store(l)
+	l.c.connector.pins.acquired(l.c) // nothing more of the acquisition runs on it
 	if l.Err() != nil {
 		l.freeTurn() // lost before the line above: markLost could not see l
 	}

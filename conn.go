@@ -131,11 +131,13 @@ type conn struct {
 	// advisory is the AdvisoryLock held on this connection, if any: a loss
 	// frees its in-process turn at once.
 	advisory atomic.Pointer[AdvisoryLock]
-
-	// acquiring is set while AcquireAdvisoryLock takes its lock on the
-	// connection, with the key's in-process turn already its own: the lock
-	// statement takes no turn (pg_turns.go).
-	acquiring bool
+	// acquiring is set while AcquireAdvisoryLock or TryAdvisoryLock takes
+	// a lock on this connection, from its lock statement to its last
+	// statement (the token read): the lock statement takes no turn (the
+	// acquisition owns the key's turn already: pg_turns.go), and the
+	// monitor's first look waits for the acquisition to settle
+	// (pinning.acquired).
+	acquiring atomic.Bool
 
 	// mark is the marker the connection leaves on its backend (Postgres;
 	// see sessionQuery), set before its first statement.

@@ -111,12 +111,39 @@ func (p *pinning) register(c *conn) {
 	}
 	p.holders[c] = struct{}{}
 	p.startMonitorLocked()
-	if !p.probed && !p.c.opts.txPooler {
-		// The database's first session lock: the monitor looks at once,
-		// and its side connection, through a transaction pooler, most
-		// likely lands on the backend the lock was just taken on.
-		p.probed = true
-		p.wakeMonitor()
+	if !c.acquiring.Load() {
+		p.firstLookLocked()
+	}
+}
+
+// firstLookLocked has the monitor look at once at the database's first
+// session lock, unless a transaction pooler is declared: through an
+// undeclared one, with the pool idle, its side connection lands on the
+// backend the lock was just taken on, which proves the pooler. It must not
+// look while the holder still runs a statement (the token read of an
+// AdvisoryLock's acquisition): the pooler then hands the side connection
+// another server connection, and with the periodic check far off nothing
+// looks again. p.mu is held.
+func (p *pinning) firstLookLocked() {
+	if p.probed || p.c.opts.txPooler {
+		return
+	}
+	p.probed = true
+	p.wakeMonitor()
+}
+
+// acquired is called when an AdvisoryLock's acquisition on c, begun with
+// c.acquiring set, has taken its lock and run its last statement (the
+// token read): the first look that register held back runs now that
+// nothing of the acquisition runs on c any more (its pooler's server
+// connection is free), if c still holds locks. A failed acquisition only
+// clears c.acquiring: it holds nothing.
+func (p *pinning) acquired(c *conn) {
+	c.acquiring.Store(false)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.holders[c]; ok && p.cancelMonitor != nil {
+		p.firstLookLocked()
 	}
 }
 

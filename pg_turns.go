@@ -64,7 +64,7 @@ func (c *conn) turnKey(plan advisoryPlan) (int64, bool) {
 		return 0, false
 	}
 	k := plan.keys[0]
-	if k.pair || k.shared || c.acquiring || c.holds(k) {
+	if k.pair || k.shared || c.acquiring.Load() || c.holds(k) {
 		return 0, false
 	}
 	c.pin.mu.Lock()
