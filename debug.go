@@ -329,8 +329,14 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 		if v.conn != nil {
 			wt.Conn, wt.PID = v.conn.id, v.conn.pid.Load()
 		}
-		if b := blocked[v.conn]; v.conn != nil && b != nil {
-			wt.PID, wt.WaitEvent = b.pid, b.waitEvent
+		b := blocked[v.conn]
+		if ahead := c.turnAhead(v.conn); b == nil && ahead != nil && blocked[ahead] != nil {
+			b = blocked[ahead].behindInMemory() // it waits in memory behind a connection that waits on the server
+		}
+		if v.conn != nil && b != nil {
+			if b.pid != 0 {
+				wt.PID, wt.WaitEvent = b.pid, b.waitEvent
+			}
 			found := &blockage{holders: wt.Holders, blockers: wt.Blockers, at: now}
 			found.add(b.blockers, v.advKeys)
 			wt.Holders, wt.Blockers, wt.QueuedAhead = found.holders, found.blockers, b.queuedAhead

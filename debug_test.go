@@ -344,6 +344,12 @@ func TestDebugHandlerPostgresBlocker(t *testing.T) {
 // bound argument that must never be shown.
 func rawBlocker(t testing.TB, raw *sql.DB, key int64, secret string) (*sql.Conn, int32) {
 	t.Helper()
+	return rawBlockerOf(t, raw, "pg_advisory_lock($1)", key, secret)
+}
+
+// rawBlockerOf is rawBlocker for the lock that call takes (its $1 is key).
+func rawBlockerOf(t testing.TB, raw *sql.DB, call string, key int64, secret string) (*sql.Conn, int32) {
+	t.Helper()
 	ctx := context.Background()
 	c, err := raw.Conn(ctx)
 	if err != nil {
@@ -354,7 +360,7 @@ func rawBlocker(t testing.TB, raw *sql.DB, key int64, secret string) (*sql.Conn,
 	}
 	var pid int32
 	var got string
-	if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid(), $2::text FROM (SELECT pg_advisory_lock($1)) AS l", key, secret).Scan(&pid, &got); err != nil {
+	if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid(), $2::text FROM (SELECT "+call+") AS l", key, secret).Scan(&pid, &got); err != nil {
 		t.Fatal(err)
 	}
 	return c, pid

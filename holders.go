@@ -638,8 +638,17 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) *blockage {
 	if c.opts.dialect != Postgres || v.conn == nil || v.conn.pid.Load() == 0 {
 		return b
 	}
-	blocked, err := c.blockedConns(ctx, []*conn{v.conn})
-	switch bb := blocked[v.conn]; {
+	ahead := c.turnAhead(v.conn)
+	asked := []*conn{v.conn}
+	if ahead != nil {
+		asked = append(asked, ahead)
+	}
+	blocked, err := c.blockedConns(ctx, asked)
+	bb := blocked[v.conn]
+	if bb == nil && ahead != nil && blocked[ahead] != nil {
+		bb = blocked[ahead].behindInMemory()
+	}
+	switch {
 	case err != nil:
 		b.err = err
 	case bb != nil:
@@ -740,7 +749,12 @@ func (c *connector) inProcessEdges() []inProcessEdge {
 			holder: tableHolderNamed(describeKey(key), h, sym)})
 	}
 	c.named.waits(named)
-	c.turns.waits(named) // AcquireAdvisoryLock's in-process queue (Postgres)
+	c.turns.waits(func(key int64, h holderInfo, w waiterInfo) { // the in-process queue of advisory keys (Postgres)
+		if o, ok := h.owner.(*conn); ok && o.awaitsOnServer(key) {
+			return // the turn's owner waits itself: the key's holder is whom the server names for it (turnAhead)
+		}
+		named(key, h, w)
+	})
 	c.locksets.waits(func(key locksetKey, h holderInfo, w waiterInfo) {
 		out = append(out, inProcessEdge{kind: "lockset", waiter: ownerConn(w.owner), since: w.since, wsite: sym.of(&w.site),
 			holder: tableHolderNamed(lockKeyName(key.namespace, describeID(key.id)), h, sym)})

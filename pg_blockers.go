@@ -320,6 +320,17 @@ func serverChain(pid int32, backends map[int32]*serverBackend) []pgBlocker {
 	return out
 }
 
+// behindInMemory is what a connection that waits in memory behind b's
+// connection (for the turn of the key b's connection waits for on the
+// server) waits for: the same holders, with b's connection queued ahead
+// too.
+func (b *blockedBackend) behindInMemory() *blockedBackend {
+	x := *b
+	x.queuedAhead++
+	x.pid, x.waitEvent = 0, "" // it does not wait on the server itself
+	return &x
+}
+
 // appNamePrefixOfDatabase is how the application_name of every connection
 // of this database begins while it publishes its identity.
 func (c *connector) appNamePrefixOfDatabase() string {

@@ -13,7 +13,11 @@ import (
 
 // queueEnv is a queue of server waiters on one advisory key: an outside
 // session (raw pgx, not lockhooks) holds the key and n connections of a
-// lockhooks pool wait for it in SELECT pg_advisory_lock.
+// lockhooks pool wait for it in SELECT pg_advisory_lock. The key is a pair
+// of int4 keys (queueClass, key): a statement of one bigint key waits for
+// its turn in memory first (pg_turns.go), one connection per key on the
+// server, and a queue on the server is what other processes, or other
+// forms of the call, make.
 type queueEnv struct {
 	db, raw *sql.DB
 	c       *connector
@@ -33,10 +37,10 @@ func queueOnKey(t testing.TB, n int, opts ...Option) *queueEnv {
 	e.db.SetMaxOpenConns(n + 2)
 	e.c = connectorOf(t, e.db)
 	ctx := context.Background()
-	hc, pid := rawBlocker(t, e.raw, e.key, "queue")
+	hc, pid := rawBlockerOf(t, e.raw, queueLock, e.key, "queue")
 	e.holder = pid
 	e.unlock = func() {
-		hc.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", e.key)
+		hc.ExecContext(ctx, "SELECT "+queueUnlock, e.key)
 		hc.Close()
 	}
 	for range n {
@@ -45,7 +49,7 @@ func queueOnKey(t testing.TB, n int, opts ...Option) *queueEnv {
 		}()
 	}
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d backends waiting for key %d", n, e.key), func() bool {
-		rows, err := e.raw.Query(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1 ORDER BY pid`, e.key)
+		rows, err := e.raw.Query(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = `+queueClass+` AND objid = $1 ORDER BY pid`, e.key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,12 +73,19 @@ func lockOnOwnConn(ctx context.Context, db *sql.DB, key int64) error {
 		return err
 	}
 	defer c.Close()
-	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+	if _, err := c.ExecContext(ctx, "SELECT "+queueLock, key); err != nil {
 		return err
 	}
-	_, err = c.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", key)
+	_, err = c.ExecContext(ctx, "SELECT "+queueUnlock, key)
 	return err
 }
+
+// The queue's key: the pair (queueClass, key).
+const (
+	queueClass  = "73"
+	queueLock   = "pg_advisory_lock(" + queueClass + ", $1::int)"
+	queueUnlock = "pg_advisory_unlock(" + queueClass + ", $1::int)"
+)
 
 // finish releases the outside lock, waits for every waiter to take and
 // release the key, closes the pool and checks that no advisory lock is

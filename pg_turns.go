@@ -294,6 +294,36 @@ func (p *pinning) stuckWaits(key int64) (stuck int, holder string) {
 	return len(stuckConn), holder
 }
 
+// awaitsOnServer reports whether c owns key's turn for a lock statement
+// that waits on the server (pending, in flight).
+func (c *conn) awaitsOnServer(key int64) bool {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	return c.pin.hasPendingTurn && c.pin.pendingTurn == key && c.pin.busy > 0
+}
+
+// turnAhead returns the connection whose turn w waits for in memory, where
+// that connection waits on the server for the key itself: w's holder is
+// then whom the server names for it, and it is queued ahead of w (the
+// model never names a waiter as a holder). nil otherwise.
+func (c *connector) turnAhead(w *conn) *conn {
+	if w == nil || c.pins == nil {
+		return nil
+	}
+	for _, e := range c.turns.entriesNow() {
+		o, ok := e.owner.(*conn)
+		if !ok {
+			continue
+		}
+		for _, x := range e.waiters {
+			if x == any(w) && o.awaitsOnServer(e.key) {
+				return o
+			}
+		}
+	}
+	return nil
+}
+
 // settleTurnAfter is afterTracked's part for a statement that took a turn.
 func (c *conn) settleTurnAfter(plan advisoryPlan) {
 	if plan.turn {

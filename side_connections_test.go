@@ -60,7 +60,7 @@ func TestSideConnectionsBounded(t *testing.T) {
 	raw := openRawApp(t, dsn)
 	raw.SetMaxOpenConns(2) // the outside holder, and the sampling below
 	const key = 7302
-	hc, holder := rawBlocker(t, raw, key, "side")
+	hc, holder := rawBlockerOf(t, raw, queueLock, key, "side")
 	ctx := context.Background()
 
 	done := make(chan error, waiters)
@@ -161,7 +161,7 @@ func TestSideConnectionsBounded(t *testing.T) {
 		t.Errorf("the slow-wait lines do not name the holder pid %d:\n%s", holder, buf.String())
 	}
 
-	hc.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", key)
+	hc.ExecContext(ctx, "SELECT "+queueUnlock, key)
 	hc.Close()
 	for range waiters {
 		select {
