@@ -242,6 +242,8 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		// holds or awaits the key (pg_turns.go).
 		if key, ok := c.turnKey(plan); ok {
 			if !c.connector.turns.tryLock(ctx, key, c, nil, nil) {
+				// Counted and traced as a try-lock the server refused.
+				c.startAdvisoryWait(ctx, adv, plan.keys, plan.known, c.siteOf(ctx)).end(ctx, outcomeNotAcquired, nil)
 				return plan, &staticRows{cols: []string{adv.Calls[0].Column}, row: []driver.Value{false}}, nil
 			}
 			c.notePendingTurn(key)
