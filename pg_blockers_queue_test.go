@@ -65,18 +65,24 @@ func queueOnKey(t testing.TB, n int, opts ...Option) *queueEnv {
 	return e
 }
 
-// lockOnOwnConn waits for key in SELECT pg_advisory_lock on a connection
-// of db's pool, then unlocks it there.
+// lockOnOwnConn waits for the queue's key on a connection of db's pool,
+// then unlocks it there.
 func lockOnOwnConn(ctx context.Context, db *sql.DB, key int64) error {
+	return lockUnlockOnConn(ctx, db, queueLock, queueUnlock, key)
+}
+
+// lockUnlockOnConn runs SELECT lock, then SELECT unlock (each with key as
+// $1) on one connection of db's pool.
+func lockUnlockOnConn(ctx context.Context, db *sql.DB, lock, unlock string, key int64) error {
 	c, err := db.Conn(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if _, err := c.ExecContext(ctx, "SELECT "+queueLock, key); err != nil {
+	if _, err := c.ExecContext(ctx, "SELECT "+lock, key); err != nil {
 		return err
 	}
-	_, err = c.ExecContext(ctx, "SELECT "+queueUnlock, key)
+	_, err = c.ExecContext(ctx, "SELECT "+unlock, key)
 	return err
 }
 

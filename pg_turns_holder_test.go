@@ -2,7 +2,6 @@ package lockhooks
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"net/http/httptest"
 	"strings"
@@ -27,7 +26,9 @@ func TestTurnQueueWaitersNameTheRealHolder(t *testing.T) {
 	hc, holder := rawBlocker(t, raw, key, "turns")
 	done := make(chan error, n)
 	for range n {
-		go func() { done <- lockOnConn(context.Background(), db, key) }()
+		go func() {
+			done <- lockUnlockOnConn(context.Background(), db, "pg_advisory_lock($1)", "pg_advisory_unlock($1)", key)
+		}()
 	}
 	c := connectorOf(t, db)
 	waitFor(t, 30*time.Second, fmt.Sprintf("one server waiter and %d in memory", n-1), func() bool {
@@ -74,18 +75,4 @@ func TestTurnQueueWaitersNameTheRealHolder(t *testing.T) {
 			t.Fatal("the waiters did not get the key after the unlock")
 		}
 	}
-}
-
-// lockOnConn takes key and releases it on a connection of db's pool.
-func lockOnConn(ctx context.Context, db *sql.DB, key int64) error {
-	c, err := db.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
-		return err
-	}
-	_, err = c.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", key)
-	return err
 }
