@@ -23,7 +23,9 @@ import (
 //     no pooler is declared or was seen. Through any pooler, session or
 //     transaction mode, declared or not, a backend serves other clients once
 //     lockhooks' client connection is gone (PgBouncer resets it with DISCARD
-//     ALL and hands it on), so nothing is ever ended there.
+//     ALL and hands it on), so nothing is ever ended there. A pooler that
+//     forwards the server's own BackendKeyData (Pgpool-II) cannot be told
+//     from the server this way: it must be declared.
 //   - It is the same incarnation of the pid (its backend_start and its
 //     server's start time): never a reused pid, never another server's.
 //   - It has started no statement since lockhooks' last one could have
