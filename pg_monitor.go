@@ -202,6 +202,13 @@ func (p *pinning) stillHolding(s holderSnapshot) bool {
 	return len(s.c.pin.held) > 0 && s.c.pin.lost == nil && s.c.lockPID() == s.pid
 }
 
+// isParked reports whether c is parked now.
+func (c *conn) isParked() bool {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	return c.pin.parked
+}
+
 // lookForPooler looks at where the side connection's check ran: on a
 // holder's backend (busy or not), or on one where an open connection of
 // this database left its marker, only a transaction-mode pooler puts two
@@ -216,7 +223,7 @@ func (p *pinning) stillHolding(s holderSnapshot) bool {
 func (p *pinning) lookForPooler(ctx context.Context, v sideView, holders []holderSnapshot) {
 	for _, s := range holders {
 		if s.pid == v.ranOn && p.stillHolding(s) {
-			if s.parked {
+			if s.c.isParked() { // now: the snapshot may predate its parking (the first look)
 				s.c.verifyParked(ctx)
 				if !p.stillHolding(s) {
 					p.settle(s.c) // its connection died (verifyParked reported it), or it holds nothing now
