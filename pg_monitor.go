@@ -202,6 +202,14 @@ func (p *pinning) stillHolding(s holderSnapshot) bool {
 	return len(s.c.pin.held) > 0 && s.c.pin.lost == nil && s.c.lockPID() == s.pid
 }
 
+// diedParked reports whether c's locks were lost for a reason other than
+// a transaction-mode pooler (its connection died).
+func (c *conn) diedParked() bool {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	return c.pin.lost != nil && !errors.Is(c.pin.lost, ErrTransactionPooler)
+}
+
 // isParked reports whether c is parked now.
 func (c *conn) isParked() bool {
 	c.pin.mu.Lock()
@@ -225,10 +233,13 @@ func (p *pinning) lookForPooler(ctx context.Context, v sideView, holders []holde
 		if s.pid == v.ranOn && p.stillHolding(s) {
 			if s.c.isParked() { // now: the snapshot may predate its parking (the first look)
 				s.c.verifyParked(ctx)
-				if !p.stillHolding(s) {
-					p.settle(s.c) // its connection died (verifyParked reported it), or it holds nothing now
+				if s.c.diedParked() {
+					p.settle(s.c) // its connection died: verifyParked reported it
 					return
 				}
+				// Alive (or only its locks changed): the check ran on the
+				// backend of a connection still open, which only a
+				// transaction-mode pooler does.
 			}
 			p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check", s.pid)))
 			return
