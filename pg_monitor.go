@@ -100,7 +100,7 @@ func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, err
 		return nil, err
 	}
 	if !p.c.opts.txPooler && !p.c.opts.pinningPooler {
-		p.lookForPooler(ctx, v, all)
+		p.lookForPooler(v, all)
 		if perr := p.poolerSeen(); perr != nil {
 			for _, s := range all {
 				s.c.markLost("may no longer be held: "+perr.Error(), perr, lossReport|lossPooler)
@@ -202,45 +202,13 @@ func (p *pinning) stillHolding(s holderSnapshot) bool {
 	return len(s.c.pin.held) > 0 && s.c.pin.lost == nil && s.c.lockPID() == s.pid
 }
 
-// diedParked reports whether c's locks were lost for a reason other than
-// a transaction-mode pooler (its connection died).
-func (c *conn) diedParked() bool {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	return c.pin.lost != nil && !errors.Is(c.pin.lost, ErrTransactionPooler)
-}
-
-// isParked reports whether c is parked now.
-func (c *conn) isParked() bool {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	return c.pin.parked
-}
-
 // lookForPooler looks at where the side connection's check ran: on a
 // holder's backend (busy or not), or on one where an open connection of
 // this database left its marker, only a transaction-mode pooler puts two
 // clients.
-//
-// A session-mode pooler hands a backend to another client (here, the
-// check) only once its client's connection is gone: a parked holder whose
-// backend the check ran on is first asked on its own connection, and one
-// whose connection died is lost for that reason, not taken for proof of a
-// transaction-mode pooler, which would refuse every session lock of the
-// database from then on.
-func (p *pinning) lookForPooler(ctx context.Context, v sideView, holders []holderSnapshot) {
+func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) {
 	for _, s := range holders {
 		if s.pid == v.ranOn && p.stillHolding(s) {
-			if s.c.isParked() { // now: the snapshot may predate its parking (the first look)
-				s.c.verifyParked(ctx)
-				if s.c.diedParked() {
-					p.settle(s.c) // its connection died: verifyParked reported it
-					return
-				}
-				// Alive (or only its locks changed): the check ran on the
-				// backend of a connection still open, which only a
-				// transaction-mode pooler does.
-			}
 			p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check", s.pid)))
 			return
 		}
