@@ -66,13 +66,8 @@ func (c *conn) loseIfReleased(text string) {
 	cause := errors.New(releasedOnOwnConn + " (" + by + ")")
 	c.pin.lost = fmt.Errorf("%w: advisory lock %s (taken at %s, %v ago) held on %v was %s; the work it protected must stop, as another session may hold the lock now; end the lock with AdvisoryLock.Release, not by unlocking it on its connection (pg_advisory_unlock, pg_advisory_unlock_all, DISCARD ALL)",
 		ErrLockLost, describeKey(l.key), taken.site, ago, c, cause)
-	c.pin.gen++
-	parked := c.pin.parked
-	if c.pin.lostCh == nil {
-		c.pin.lostCh = make(chan struct{})
-	}
-	lostCh, lost := c.pin.lostCh, c.pin.lost
-	c.updateActiveLocked() // statements now fail with lost
+	lostCh, parked := c.setLostLocked()
+	lost := c.pin.lost
 	c.pin.mu.Unlock()
 
 	c.reportLoss(c.lockPID(), k.String(), 1, &taken, parked, lost, cause, "")

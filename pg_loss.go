@@ -172,13 +172,8 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 		c.pin.lost = fmt.Errorf("%w (%w)", c.pin.lost, ErrTransactionPooler)
 	}
 	c.pin.held = nil
-	c.pin.gen++
-	parked := c.pin.parked
-	if c.pin.lostCh == nil {
-		c.pin.lostCh = make(chan struct{})
-	}
-	lostCh, lost := c.pin.lostCh, c.pin.lost
-	c.updateActiveLocked() // statements now fail with lost
+	lostCh, parked := c.setLostLocked()
+	lost := c.pin.lost
 	c.pin.mu.Unlock()
 
 	// What becomes of the backend, for the log line.
@@ -220,6 +215,18 @@ func (c *conn) reportLoss(pid int32, keys string, n int, oldest *heldLock, parke
 	h := connHolder(c)
 	h.Key, h.Site, h.Since, h.SiteKind = keys, oldest.site, oldest.since, siteTook
 	c.connector.tel.lockLostSpan(h.withSpan(oldest.span), cause)
+}
+
+// setLostLocked finishes recording the loss set in c.pin.lost: statements
+// now fail with it; it returns the channel to close once the loss is
+// reported, and whether c was parked. c.pin.mu is held.
+func (c *conn) setLostLocked() (lostCh chan struct{}, parked bool) {
+	c.pin.gen++
+	if c.pin.lostCh == nil {
+		c.pin.lostCh = make(chan struct{})
+	}
+	c.updateActiveLocked() // statements now fail with lost
+	return c.pin.lostCh, c.pin.parked
 }
 
 // lostError combines the lost-lock error with the driver's error; a
