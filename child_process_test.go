@@ -9,9 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/tiedproc"
 )
 
 // Tests that need a second OS process, driven step by step, re-run this
@@ -30,7 +31,7 @@ type child struct {
 	cmd  *exec.Cmd
 	in   io.WriteCloser
 	out  *bufio.Scanner
-	done chan struct{} // closed when the process has exited
+	done <-chan struct{} // closed when the process has exited
 }
 
 // startChild starts this test binary as a child on the database dsn
@@ -44,7 +45,6 @@ func startChild(t *testing.T, dsn string, pooler bool) *child {
 		cmd.Env = append(cmd.Env, envChildPooler+"=transaction")
 	}
 	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -53,14 +53,11 @@ func startChild(t *testing.T, dsn string, pooler bool) *child {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	proc, err := tiedproc.Start(cmd)
+	if err != nil {
 		t.Fatal(err)
 	}
-	h := &child{cmd: cmd, in: in, out: bufio.NewScanner(out), done: make(chan struct{})}
-	go func() {
-		cmd.Wait()
-		close(h.done)
-	}()
+	h := &child{cmd: cmd, in: in, out: bufio.NewScanner(out), done: proc.Exited()}
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		<-h.done

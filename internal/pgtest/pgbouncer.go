@@ -98,6 +98,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/testcaps"
+	"github.com/lockhooks/lockhooks/internal/tiedproc"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -175,8 +176,7 @@ type Pooler struct {
 	version Version
 	mode    string
 	cmd     *exec.Cmd
-	exited  chan struct{} // closed when cmd has been waited for
-	waitErr error
+	proc    *tiedproc.Process // cmd, running
 	stopped sync.Once
 }
 
@@ -231,6 +231,13 @@ func SharedPoolerOf(t testing.TB, v Version) *Pooler {
 	sp.once.Do(func() { sp.p, sp.err = startPooler(PoolerOptions{Version: v}) })
 	if sp.err != nil {
 		poolerUnavailable(t, sp.err)
+	}
+	select {
+	case <-sp.p.proc.Exited():
+		// Every later test of the version would fail to connect: say why.
+		log, _ := os.ReadFile(filepath.Join(sp.p.dir, "pgbouncer.log"))
+		t.Fatalf("pgtest: the shared PgBouncer %s (port %d) exited during the run: %v; its log:\n%s", v, sp.p.port, sp.p.proc.Err(), log)
+	default:
 	}
 	return sp.p
 }
@@ -578,18 +585,15 @@ func (p *Pooler) run(bin string, cred *syscall.Credential, target string, opts P
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{
 		Credential: cred,
-		// Dies with the test binary, even when that is SIGKILLed.
-		Pdeathsig: syscall.SIGKILL,
-		Setpgid:   true, // not hit by the terminal's ^C meant for go test
+		Setpgid:    true, // not hit by the terminal's ^C meant for go test
 	}
-	if err := p.cmd.Start(); err != nil {
+	// Dies with the test binary, even when that is SIGKILLed, and not
+	// before (see tiedproc).
+	proc, err := tiedproc.Start(p.cmd)
+	if err != nil {
 		return fmt.Errorf("starting %s: %w", bin, err)
 	}
-	p.exited = make(chan struct{})
-	go func() {
-		p.waitErr = p.cmd.Wait()
-		close(p.exited)
-	}()
+	p.proc = proc
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)), time.Second)
@@ -598,9 +602,9 @@ func (p *Pooler) run(bin string, cred *syscall.Credential, target string, opts P
 			return nil
 		}
 		select {
-		case <-p.exited:
+		case <-p.proc.Exited():
 			log, _ := os.ReadFile(logPath)
-			return fmt.Errorf("PgBouncer exited: %v\n%s", p.waitErr, log)
+			return fmt.Errorf("PgBouncer exited: %v\n%s", p.proc.Err(), log)
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -613,11 +617,11 @@ func (p *Pooler) run(bin string, cred *syscall.Credential, target string, opts P
 
 // kill stops the PgBouncer process and waits for it.
 func (p *Pooler) kill() {
-	if p.cmd == nil || p.cmd.Process == nil {
+	if p.proc == nil {
 		return
 	}
 	select {
-	case <-p.exited:
+	case <-p.proc.Exited():
 		return
 	default:
 	}
@@ -625,10 +629,10 @@ func (p *Pooler) kill() {
 	// every server connection to be released, i.e. for open transactions).
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-p.exited:
+	case <-p.proc.Exited():
 	case <-time.After(5 * time.Second):
 		_ = p.cmd.Process.Kill()
-		<-p.exited
+		<-p.proc.Exited()
 	}
 }
 
@@ -670,7 +674,7 @@ func removeStalePoolers() {
 			continue
 		}
 		if raw, err := os.ReadFile(filepath.Join(dir, "pgbouncer.pid")); err == nil {
-			if pid, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil && isPgBouncer(pid) {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil && isPgBouncerOf(pid, dir) {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
@@ -678,8 +682,23 @@ func removeStalePoolers() {
 	}
 }
 
-// isPgBouncer reports whether process pid is a pgbouncer (not a reused pid).
-func isPgBouncer(pid int) bool {
+// isPgBouncerOf reports whether process pid is the pgbouncer that runs
+// from dir's configuration: pids are reused within a run (the kernel's
+// pid_max may be 32768), so a stale pid file can name another binary's
+// live pooler, which must not be killed.
+func isPgBouncerOf(pid int, dir string) bool {
 	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-	return err == nil && strings.TrimSpace(string(comm)) == "pgbouncer"
+	if err != nil || strings.TrimSpace(string(comm)) != "pgbouncer" {
+		return false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	for _, arg := range strings.Split(string(cmdline), "\x00") {
+		if arg == filepath.Join(dir, "pgbouncer.ini") {
+			return true
+		}
+	}
+	return false
 }

@@ -17,14 +17,14 @@ import (
 // down (its cleanup does nothing more).
 func (p *Pooler) Crash(t testing.TB) {
 	t.Helper()
-	if p.cmd == nil || p.cmd.Process == nil {
+	if p.proc == nil {
 		t.Fatal("pgtest: Crash: PgBouncer is not running")
 	}
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatalf("pgtest: SIGKILL to PgBouncer: %v", err)
 	}
 	select {
-	case <-p.exited:
+	case <-p.proc.Exited():
 	case <-time.After(30 * time.Second):
 		t.Fatal("pgtest: PgBouncer did not exit after SIGKILL")
 	}

@@ -408,7 +408,7 @@ func TestStalePoolerIsRemoved(t *testing.T) {
 	removeStalePoolers()
 
 	select {
-	case <-p.exited:
+	case <-p.proc.Exited():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the stale PgBouncer still runs")
 	}
