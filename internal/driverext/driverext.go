@@ -1,7 +1,3 @@
-// Package driverext lets lockhooks' driver-specific subpackages give the
-// wrapped driver the driver-level optional interfaces of the inner driver
-// that the root package cannot name without importing that driver (such as
-// modernc.org/sqlite/vtab.ModuleRegisterer).
 package driverext
 
 import (
