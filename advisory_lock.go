@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/lockhooks/lockhooks/internal/dberr"
 )
 
 // AdvisoryLock is a session advisory lock held on one connection of a
@@ -245,7 +247,7 @@ type tokenAfterLockKey struct{}
 func (l *AdvisoryLock) lockedWithToken(ctx context.Context) (got, tokened bool, err error) {
 	row := l.row[:]
 	n, err := l.firstRow(context.WithValue(ctx, tokenAfterLockKey{}, true), "SELECT pg_advisory_lock($1)", row)
-	if state := sqlState(err); tokenRefused(state) && ctx.Err() == nil {
+	if state := dberr.SQLState(err); tokenRefused(state) && ctx.Err() == nil {
 		if strings.HasPrefix(state, "42") && l.c.connector.noTokenInLock.CompareAndSwap(false, true) {
 			l.c.connector.opts.logger.Warn("lockhooks: the server refuses the fencing token (pg_current_xact_id()); AdvisoryLock.Token is 0 on this database",
 				"connection", l.c.String(), "error", err)
@@ -442,7 +444,7 @@ func (l *AdvisoryLock) unlock(ctx context.Context) error {
 	// database/sql's hold of it (Raw), never beside a statement of another
 	// goroutine's.
 	var textTx bool
-	if sqlState(err) == "25P02" {
+	if dberr.SQLState(err) == "25P02" {
 		l.conn.Raw(func(any) error {
 			l.c.pin.mu.Lock()
 			textTx = l.c.pin.textTx && l.c.tx.inner == nil

@@ -16,11 +16,14 @@ import (
 // so a new package is placed in the picture when it is made.
 var importRules = map[string]packageRule{
 	// The public face and the database/sql adapter.
-	".":       {may: []string{"internal/sqlscan", "internal/driverext"}},
+	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/driverext"}},
 	"modernc": {may: []string{".", "internal/driverext"}},
 
-	// The core: one concept each, none of them on database/sql.
-	"internal/sqlscan": {core: true},
+	// The core: one concept each, none of them on database/sql; the pure
+	// ones not on database/sql/driver either (dberr names
+	// driver.ErrBadConn, the error a driver reports a dead connection by).
+	"internal/sqlscan": {core: true, pure: true},
+	"internal/dberr":   {core: true},
 
 	// Driver plumbing shared by the root and its driver subpackages.
 	"internal/driverext": {},
@@ -37,7 +40,8 @@ var importRules = map[string]packageRule{
 // A packageRule says what one package may import.
 type packageRule struct {
 	may     []string // packages of ours (directories) its non-test files may import
-	core    bool     // a core package: imports neither database/sql nor database/sql/driver
+	core    bool     // a core package: does not import database/sql
+	pure    bool     // nor database/sql/driver
 	tooling bool     // test scaffolding or a command: no library package imports it
 }
 
@@ -66,7 +70,7 @@ func TestImportRules(t *testing.T) {
 			continue
 		}
 		for _, imp := range pkg.Imports {
-			if rule.core && (imp == "database/sql" || imp == "database/sql/driver") {
+			if rule.core && imp == "database/sql" || rule.pure && imp == "database/sql/driver" {
 				t.Errorf("%s imports %s: the core does not depend on database/sql (the adapter at the root does)", dir, imp)
 			}
 			ours, isOurs := strings.CutPrefix(imp, modulePath+"/")

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -195,7 +196,7 @@ func BenchmarkFKContention(b *testing.B) {
 						return wait, tx.Commit()
 					}()
 					mu.Lock()
-					if sqlState(err) == "40P01" {
+					if dberr.SQLState(err) == "40P01" {
 						deadlocks++
 					} else if err != nil {
 						b.Error(err)

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -425,7 +426,7 @@ func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []dr
 		c.noteAnswered()
 	}
 	err = plan.wait.selfWaitResult(c, plan.st.text, err)
-	if !(plan.st.locks&sqlscan.NoWait != 0 && sqlState(err) == stateLockNotAvailable) { // NOWAIT did not wait
+	if !(plan.st.locks&sqlscan.NoWait != 0 && dberr.SQLState(err) == dberr.LockNotAvailable) { // NOWAIT did not wait
 		err = c.nameHolder(plan.wait, err)
 	}
 	err = plan.wait.withSelfHint(err)
@@ -686,7 +687,7 @@ func (c *conn) observe(err error) error {
 	}
 	if isServerError(err) {
 		c.connector.tel.countError(context.Background(), err)
-		if sqlState(err) == stateDeadlock {
+		if dberr.SQLState(err) == dberr.Deadlock {
 			return c.deadlockError(err) // names the locks the transaction held
 		}
 	} else {

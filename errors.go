@@ -1,42 +1,12 @@
 package lockhooks
 
 import (
-	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"reflect"
 	"strings"
-	"syscall"
-)
 
-// Postgres SQLSTATEs that lockhooks classifies.
-const (
-	stateDeadlock         = "40P01" // deadlock_detected
-	stateSerialization    = "40001" // serialization_failure
-	stateLockNotAvailable = "55P03" // lock_not_available: lock_timeout, NOWAIT
-	stateIdleInTx         = "25P03" // idle_in_transaction_session_timeout: FATAL, the session ended
+	"github.com/lockhooks/lockhooks/internal/dberr"
 )
-
-// SQLite result codes that lockhooks classifies (extended codes keep the
-// primary code in their low byte).
-const (
-	sqliteBusy         = 5
-	sqliteLocked       = 6
-	sqliteBusySnapshot = sqliteBusy | 2<<8 // 517
-)
-
-// sqliteCode returns err's SQLite result code (the extended one, where the
-// driver reports it, as modernc.org/sqlite does) and whether err has one. It
-// reads the Code() int method, so the root package imports no driver.
-func sqliteCode(err error) (int, bool) {
-	var lite interface{ Code() int }
-	if errors.As(err, &lite) {
-		return lite.Code(), true
-	}
-	return 0, false
-}
 
 // IsDeadlock reports whether err, or an error it wraps, is Postgres's
 // deadlock_detected (SQLSTATE 40P01): the server aborted this transaction
@@ -44,7 +14,7 @@ func sqliteCode(err error) (int, bool) {
 // does); to stop it happening, take locks in one global order (see
 // [WithLockOrderCheck]). It works with pgx, lib/pq and any driver whose
 // errors have a SQLState() string method.
-func IsDeadlock(err error) bool { return sqlState(err) == stateDeadlock }
+func IsDeadlock(err error) bool { return dberr.SQLState(err) == dberr.Deadlock }
 
 // IsSerializationFailure reports whether err, or an error it wraps, says
 // the transaction's snapshot conflicts with a concurrent commit: Postgres's
@@ -52,11 +22,11 @@ func IsDeadlock(err error) bool { return sqlState(err) == stateDeadlock }
 // transactions), or SQLite's SQLITE_BUSY_SNAPSHOT (a WAL transaction that
 // read an older snapshot tried to write). Retry the whole transaction.
 func IsSerializationFailure(err error) bool {
-	if sqlState(err) == stateSerialization {
+	if dberr.SQLState(err) == dberr.SerializationFailure {
 		return true
 	}
-	code, ok := sqliteCode(err)
-	return ok && code == sqliteBusySnapshot
+	code, ok := dberr.SQLiteCode(err)
+	return ok && code == dberr.SQLiteBusySnapshot
 }
 
 // IsLockNotAvailable reports whether err, or an error it wraps, says a lock
@@ -67,11 +37,11 @@ func IsSerializationFailure(err error) bool {
 // usually deliberate, so [RunInTx] retries 55P03 only when asked
 // ([RetryLockNotAvailable]).
 func IsLockNotAvailable(err error) bool {
-	if sqlState(err) == stateLockNotAvailable || errors.Is(err, ErrWriterLockTimeout) {
+	if dberr.SQLState(err) == dberr.LockNotAvailable || errors.Is(err, ErrWriterLockTimeout) {
 		return true
 	}
-	code, ok := sqliteCode(err)
-	return ok && code != sqliteBusySnapshot && (code&0xff == sqliteBusy || code&0xff == sqliteLocked)
+	code, ok := dberr.SQLiteCode(err)
+	return ok && code != dberr.SQLiteBusySnapshot && (code&0xff == dberr.SQLiteBusy || code&0xff == dberr.SQLiteLocked)
 }
 
 // IsRetryable reports whether running the whole transaction again may
@@ -82,39 +52,15 @@ func IsLockNotAvailable(err error) bool {
 // retryable by this definition: lock_timeout and NOWAIT are usually asked
 // for on purpose.
 func IsRetryable(err error) bool {
-	switch sqlState(err) {
-	case stateDeadlock, stateSerialization:
+	switch dberr.SQLState(err) {
+	case dberr.Deadlock, dberr.SerializationFailure:
 		return true
 	}
 	if errors.Is(err, ErrWriterLockTimeout) {
 		return true
 	}
-	code, ok := sqliteCode(err)
-	return ok && (code&0xff == sqliteBusy || code&0xff == sqliteLocked)
-}
-
-// connectionLost reports whether err says the connection to the server
-// broke or the server is going away, rather than that the server rejected
-// the statement: SQLSTATE classes 08 (connection exception) and 57
-// (operator intervention: pg_terminate_backend, shutdown, 57P05
-// idle_session_timeout; 57014, a cancelled statement, is not one), 25P03
-// (idle_in_transaction_session_timeout, a FATAL that ends the session),
-// driver.ErrBadConn, an unexpected EOF, a network error or a reset
-// connection.
-func connectionLost(err error) bool {
-	if err == nil {
-		return false
-	}
-	if s := sqlState(err); s != "" {
-		return strings.HasPrefix(s, "08") || (strings.HasPrefix(s, "57") && s != "57014") || s == stateIdleInTx
-	}
-	if _, ok := sqliteCode(err); ok {
-		return false
-	}
-	var ne net.Error
-	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.As(err, &ne)
+	code, ok := dberr.SQLiteCode(err)
+	return ok && (code&0xff == dberr.SQLiteBusy || code&0xff == dberr.SQLiteLocked)
 }
 
 // DeadlockError is the error a statement run through lockhooks returns
@@ -212,44 +158,12 @@ func (s DeadlockSide) String() string {
 // Unwrap returns the driver's error.
 func (e *DeadlockError) Unwrap() error { return e.Err }
 
-// errDetail returns the DETAIL of a Postgres error. Neither pgx's
-// *pgconn.PgError nor lib/pq's *pq.Error has a method for it, only a
-// string field named Detail, which is read by reflection so that the root
-// package imports no driver.
-func errDetail(err error) string { return errField(err, "Detail") }
-
-// errWhere returns the CONTEXT of a Postgres error (pgx's and lib/pq's
-// Where field): for a deadlock, which row the statement waited for, and
-// the foreign-key check's query when it was one.
-func errWhere(err error) string { return errField(err, "Where") }
-
-// errField returns the string field name of the first error in err's chain
-// that has one, read by reflection.
-func errField(err error, name string) string {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		v := reflect.ValueOf(e)
-		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
-			if v.IsNil() {
-				break
-			}
-			v = v.Elem()
-		}
-		if v.Kind() != reflect.Struct {
-			continue
-		}
-		if f := v.FieldByName(name); f.IsValid() && f.Kind() == reflect.String {
-			return f.String()
-		}
-	}
-	return ""
-}
-
 // deadlockError explains a deadlock victim's error (see DeadlockError and
 // deadlock.go), and puts its whole text among the database's events; other
 // errors are returned unchanged. Reading the other sides takes a side
 // connection: a deadlock already cost deadlock_timeout (1s by default).
 func (c *conn) deadlockError(err error) error {
-	if sqlState(err) != stateDeadlock {
+	if dberr.SQLState(err) != dberr.Deadlock {
 		return err
 	}
 	var de *DeadlockError
@@ -260,8 +174,8 @@ func (c *conn) deadlockError(err error) error {
 	for i := range c.order.session { // known only with the lock-order checker on
 		held = append(held, c.order.session[i].describe()+" (session)")
 	}
-	de = &DeadlockError{Err: err, Detail: errDetail(err), Held: held, Waiting: waiting}
-	c.explainDeadlock(de, errWhere(err))
+	de = &DeadlockError{Err: err, Detail: dberr.Detail(err), Held: held, Waiting: waiting}
+	c.explainDeadlock(de, dberr.Where(err))
 	c.connector.events.add(eventDeadlock, de.Error())
 	args := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", c.pid.Load()}
 	for _, s := range de.Sides {

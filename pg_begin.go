@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/lockhooks/lockhooks/internal/dberr"
 )
 
 // lockhooks' own BEGIN and COMMIT on Postgres.
@@ -311,7 +313,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *caller
 			// block behind.
 			c.execOwn(context.Background(), "ROLLBACK")
 		}
-		if sqlState(err) == "42601" || strings.Contains(err.Error(), "simple protocol") {
+		if dberr.SQLState(err) == "42601" || strings.Contains(err.Error(), "simple protocol") {
 			// The driver prepared the text instead of sending it as it is
 			// ("cannot insert multiple commands into a prepared
 			// statement"), or refused the simple protocol (pgx does
@@ -412,10 +414,10 @@ func (t pgTx) Commit() error {
 		return err
 	}
 	// After the guard the block is still open; after COMMIT, a no-op.
-	if rerr := t.c.execOwn(context.Background(), "ROLLBACK"); rerr != nil && sqlState(err) == "25P02" {
+	if rerr := t.c.execOwn(context.Background(), "ROLLBACK"); rerr != nil && dberr.SQLState(err) == "25P02" {
 		return fmt.Errorf("lockhooks: commit unexpectedly resulted in rollback: a statement of the transaction failed, so Postgres aborted it (%w), and its ROLLBACK failed too: %w", err, rerr)
 	}
-	if sqlState(err) == "25P02" {
+	if dberr.SQLState(err) == "25P02" {
 		return fmt.Errorf("lockhooks: commit unexpectedly resulted in rollback: a statement of the transaction failed, so Postgres aborted it, and it was rolled back instead of committed: %w", err)
 	}
 	return err

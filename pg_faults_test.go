@@ -20,6 +20,7 @@ import (
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/faultproxy"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
@@ -189,7 +190,7 @@ func TestRunInTxRetriesIdleInTransactionTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatalf("RunInTx: %v (retried %v)", err, retried)
 	}
-	if attempts != 2 || len(retried) != 1 || sqlState(retried[0]) != stateIdleInTx {
+	if attempts != 2 || len(retried) != 1 || dberr.SQLState(retried[0]) != dberr.IdleInTransactionTimeout {
 		t.Fatalf("%d attempts, retried %v; want 2 attempts, one retry of 25P03", attempts, retried)
 	}
 	var n int
@@ -243,7 +244,7 @@ func TestRunInTxDoesNotRetryFnsOwnNetworkErrors(t *testing.T) {
 			if err == nil || !errors.As(err, &re) || re.Attempts != 1 || attempts != 1 || hits.Load() != 1 {
 				t.Fatalf("RunInTx: %v after %d attempts, %d external calls; want fn's error after one", err, attempts, hits.Load())
 			}
-			if !connectionLost(re.Err) {
+			if !dberr.ConnectionLost(re.Err) {
 				t.Fatalf("the case does not look like a broken connection, so it tests nothing: %v", re.Err)
 			}
 		})
@@ -376,7 +377,7 @@ func TestFailedAcquireLeavesNoLockBehind(t *testing.T) {
 	pid := waiterOn(t, e.raw, e.app, 82)
 	grantDuringTimeout(t, e.raw, blocker, pid, 82, timeout)
 	err := <-done
-	if sqlState(err) != "57014" {
+	if dberr.SQLState(err) != "57014" {
 		t.Fatalf("AcquireAdvisoryLock: %v, want the statement timeout (57014)", err)
 	}
 	t.Log(err)

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -325,7 +326,7 @@ func TestIdentityBeginCommit(t *testing.T) {
 		t.Fatal("1/0 worked")
 	}
 	err = tx.Commit()
-	if err == nil || !strings.Contains(err.Error(), "rolled back") || sqlState(err) != "25P02" {
+	if err == nil || !strings.Contains(err.Error(), "rolled back") || dberr.SQLState(err) != "25P02" {
 		t.Errorf("COMMIT of an aborted transaction: %v", err)
 	}
 	var n int
@@ -341,7 +342,7 @@ func TestIdentityBeginCommit(t *testing.T) {
 	if _, err := tx.Exec("INSERT INTO u VALUES (1), (1)"); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Commit(); sqlState(err) != "23505" {
+	if err := tx.Commit(); dberr.SQLState(err) != "23505" {
 		t.Errorf("COMMIT with a deferred duplicate: %v, want 23505", err)
 	}
 	// A cancelled context rolls the transaction back (database/sql), and the
@@ -636,7 +637,7 @@ func TestIdentityLibPQ(t *testing.T) {
 	if _, err := tx.Exec("SELECT 1/0"); err == nil {
 		t.Fatal("1/0 worked")
 	}
-	if err := tx.Commit(); sqlState(err) != "25P02" {
+	if err := tx.Commit(); dberr.SQLState(err) != "25P02" {
 		t.Errorf("COMMIT of an aborted transaction through lib/pq: %v", err)
 	}
 	site = here(1)

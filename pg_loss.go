@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/dberr"
 )
 
 // Lost locks: telling a broken connection from a failed statement,
@@ -50,7 +52,7 @@ func (c *conn) connectionBroken(err error) bool {
 	var pg interface{ SQLState() string }
 	if errors.As(err, &pg) {
 		switch code := pg.SQLState(); {
-		case strings.HasPrefix(code, "08"), code == "57P01", code == "57P02", code == "57P03", code == "57P05", code == stateIdleInTx:
+		case strings.HasPrefix(code, "08"), code == "57P01", code == "57P02", code == "57P03", code == "57P05", code == dberr.IdleInTransactionTimeout:
 			return true
 		}
 		return fatal(err)
@@ -68,9 +70,9 @@ func (c *conn) connectionBroken(err error) bool {
 // (SeverityUnlocalized, which does not depend on lc_messages, and
 // Severity), read by reflection so that the root package imports no driver.
 func fatal(err error) bool {
-	s := errField(err, "SeverityUnlocalized")
+	s := dberr.Field(err, "SeverityUnlocalized")
 	if s == "" {
-		s = errField(err, "Severity")
+		s = dberr.Field(err, "Severity")
 	}
 	return s == "FATAL" || s == "PANIC"
 }
@@ -500,7 +502,7 @@ func (p *pinning) endBackends(ctx context.Context, side driver.Conn) error {
 			delete(reqs, pid) // gone already, another's now, or never showed the keys
 		case err == nil:
 			// alive and not (yet) on the keys: look again next round
-		case isServerError(err) && !connectionLost(err):
+		case isServerError(err) && !dberr.ConnectionLost(err):
 			delete(reqs, pid)
 			p.c.opts.logger.Warn("lockhooks: cannot end the backend of a lost advisory lock holder; it keeps the lock until the server notices its connection is gone",
 				"backend_pid", pid, "error", err)

@@ -14,6 +14,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -404,7 +405,7 @@ func (c *conn) refuseUselessXact(ctx context.Context, adv *sqlscan.Advisory) err
 // is released at once. An aborted block (25P02) is a block too.
 func (c *conn) inTransactionBlock(ctx context.Context) (bool, error) {
 	err := c.execOwn(ctx, "SAVEPOINT lockhooks_probe")
-	switch sqlState(err) {
+	switch dberr.SQLState(err) {
 	case "":
 		if err != nil {
 			return false, fmt.Errorf("lockhooks: checking whether %v is in a transaction block: %w", c, err)

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/dberr"
 )
 
 // Reading the truth: pg_locks for one connection's backend, and making
@@ -34,7 +36,7 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 	server, err := c.readAdvisoryLocks(ctx)
 	if err != nil {
 		c.pin.mu.Lock()
-		if sqlState(err) == "25P01" {
+		if dberr.SQLState(err) == "25P01" {
 			c.pin.textTx = false // the block lockhooks believed open is not
 		} else if inTx {
 			c.pin.recheck = true // an aborted transaction: read once it ends

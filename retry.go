@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/dberr"
 )
 
 // ErrAmbiguousCommit is wrapped by the error [RunInTx] returns when COMMIT
@@ -293,10 +295,10 @@ func (r *runner) retryable(err error) bool {
 	if errors.Is(err, ErrWriterLockTimeout) {
 		return r.cfg.lockNotAvailable // the writer waited the busy timeout already
 	}
-	if IsRetryable(err) || r.cfg.lockNotAvailable && sqlState(err) == stateLockNotAvailable {
+	if IsRetryable(err) || r.cfg.lockNotAvailable && dberr.SQLState(err) == dberr.LockNotAvailable {
 		return true
 	}
-	if sqlState(err) == stateIdleInTx {
+	if dberr.SQLState(err) == dberr.IdleInTransactionTimeout {
 		// The server ended the session of a transaction left idle
 		// (idle_in_transaction_session_timeout): it aborted, also when the
 		// FATAL is what COMMIT met.
@@ -311,7 +313,7 @@ func (r *runner) attempt(ctx context.Context) (err error) {
 	r.info = commitInfo{}
 	tx, err := r.db.BeginTx(ctx, r.opts)
 	if err != nil {
-		if sqlState(err) == "42883" { // lockhooks' BEGIN asks for the transaction id
+		if dberr.SQLState(err) == "42883" { // lockhooks' BEGIN asks for the transaction id
 			err = xidError(err)
 		}
 		return r.beforeCommit(ctx, err)
@@ -349,7 +351,7 @@ func (r *runner) attempt(ctx context.Context) (err error) {
 
 // xidError explains why the transaction id could not be read.
 func xidError(err error) error {
-	switch sqlState(err) {
+	switch dberr.SQLState(err) {
 	case "25P02": // in_failed_sql_transaction
 		return fmt.Errorf("lockhooks: RunInTx: fn returned nil, but a statement of the transaction failed and Postgres aborted it; return that statement's error from fn: %w", err)
 	case "42883": // undefined_function
@@ -374,7 +376,7 @@ func (r *runner) fnFailed(ctx context.Context, err, rollbackErr error) error {
 // beforeCommit classifies an error met before COMMIT was sent: a broken
 // connection there means the transaction did not commit.
 func (r *runner) beforeCommit(ctx context.Context, err error) error {
-	if ctx.Err() == nil && connectionLost(err) {
+	if ctx.Err() == nil && dberr.ConnectionLost(err) {
 		return &attemptError{err: err, beforeWrite: true}
 	}
 	return err
@@ -387,7 +389,7 @@ func (r *runner) commitFailed(ctx context.Context, err error) error {
 		// was never sent.
 		return err
 	}
-	if sqlState(err) == "25P02" { // lockhooks' COMMIT (commitGuarded) found the transaction aborted
+	if dberr.SQLState(err) == "25P02" { // lockhooks' COMMIT (commitGuarded) found the transaction aborted
 		return xidError(err)
 	}
 	if !commitOutcomeUnknown(err) {
@@ -421,14 +423,14 @@ func (r *runner) commitFailed(ctx context.Context, err error) error {
 // after the commit record was written. Any other server error is a
 // rejection: the transaction aborted.
 func commitOutcomeUnknown(err error) bool {
-	if s := sqlState(err); s != "" {
+	if s := dberr.SQLState(err); s != "" {
 		switch s[:2] {
 		case "08", "57", "58", "XX":
 			return true
 		}
 		return false
 	}
-	if _, ok := sqliteCode(err); ok {
+	if _, ok := dberr.SQLiteCode(err); ok {
 		return false
 	}
 	return true
@@ -470,7 +472,7 @@ func (r *runner) resolve(ctx context.Context, xid string) (string, error) {
 			last = fmt.Errorf("ending the backend idle in transaction %s without its COMMIT: %w", xid, err)
 		case err == nil:
 			last = fmt.Errorf("pg_xact_status still said %q after %v", status.String, r.cfg.resolveTimeout)
-		case sqlState(err) != "" && !strings.HasPrefix(sqlState(err), "08") && !strings.HasPrefix(sqlState(err), "57"):
+		case dberr.SQLState(err) != "" && !strings.HasPrefix(dberr.SQLState(err), "08") && !strings.HasPrefix(dberr.SQLState(err), "57"):
 			return "", fmt.Errorf("asking pg_xact_status: %w", err) // e.g. the function does not exist
 		default:
 			last = fmt.Errorf("asking pg_xact_status: %w", err)

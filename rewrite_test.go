@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -52,7 +53,7 @@ func childInsertWaits(t *testing.T, raw *sql.DB, timeout string) bool {
 	if err == nil {
 		return false
 	}
-	if sqlState(err) != "55P03" {
+	if dberr.SQLState(err) != "55P03" {
 		t.Fatalf("child insert: %v, want success or a lock timeout", err)
 	}
 	return true
@@ -208,7 +209,7 @@ func TestForeignKeyDeadlockIsAvoided(t *testing.T) {
 				e1, e2 := <-errA, <-errB
 				deadlocks := 0
 				for _, err := range []error{e1, e2} {
-					if sqlState(err) == "40P01" {
+					if dberr.SQLState(err) == "40P01" {
 						deadlocks++
 					} else if err != nil {
 						t.Fatalf("unexpected error: %v", err)
@@ -319,7 +320,7 @@ func fkWorkload(t *testing.T, db *sql.DB, workers, perWorker int) (committed, de
 				switch {
 				case err == nil:
 					committed++
-				case sqlState(err) == "40P01":
+				case dberr.SQLState(err) == "40P01":
 					deadlocks++
 				default:
 					t.Errorf("worker %d: %v", w, err)
@@ -382,7 +383,7 @@ func TestOuterJoinLockErrorNamesTheFix(t *testing.T) {
 	if !errors.As(err, &oj) {
 		t.Fatalf("error %v (%T), want an *OuterJoinLockError", err, err)
 	}
-	if sqlState(err) != "0A000" {
+	if dberr.SQLState(err) != "0A000" {
 		t.Errorf("the driver's error is not reachable with errors.As: %v", err)
 	}
 	if oj.Fix != "FOR NO KEY UPDATE OF p" || !strings.Contains(err.Error(), "FOR NO KEY UPDATE OF p") {

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -335,7 +336,7 @@ func (w *lockWait) selfWaitResult(c *conn, statement string, err error) error {
 	w.self = nil
 	close(p.stop)
 	<-p.done // a cancel in flight must not meet a later statement unexplained
-	if !p.hit.Load() || sqlState(err) != "57014" {
+	if !p.hit.Load() || dberr.SQLState(err) != "57014" {
 		return err
 	}
 	e := fmt.Errorf("%w; Postgres cancelled the waiting statement: %w",

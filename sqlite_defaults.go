@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/dberr"
 )
 
 // sqliteDefaults sets on a new SQLite connection what lockhooks relies on,
@@ -125,7 +127,7 @@ func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
 			return fmt.Errorf("lockhooks: gave up switching a new SQLite connection to WAL after %d attempt%s in %v: %w (the last attempt: %w)",
 				attempt, plural(attempt), time.Since(start).Round(time.Millisecond), context.Cause(ctx), err)
 		}
-		if code, ok := sqliteCode(err); !ok || code&0xff != sqliteBusy {
+		if code, ok := dberr.SQLiteCode(err); !ok || code&0xff != dberr.SQLiteBusy {
 			return fmt.Errorf("lockhooks: PRAGMA journal_mode = WAL on a new SQLite connection failed: %w; set the pragma yourself in the DSN (for example _pragma=journal_mode(delete)) and lockhooks leaves it alone", err)
 		}
 		wait := backoff.backoff(attempt)

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -240,7 +241,7 @@ func (t *telemetry) unlockRefused(ctx context.Context) { t.add(ctx, t.refused, 1
 
 // countError counts the lock-related failures of a statement.
 func (t *telemetry) countError(ctx context.Context, err error) {
-	switch sqlState(err) {
+	switch dberr.SQLState(err) {
 	case "40P01":
 		t.add(ctx, t.deadlocks, 1) // its event, with the whole explanation: conn.deadlockError
 	case "55P03":
@@ -419,7 +420,7 @@ func outcomeOf(err error) string {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrWriterLockTimeout):
 		return outcomeTimeout
 	}
-	switch sqlState(err) {
+	switch dberr.SQLState(err) {
 	case "40P01":
 		return outcomeDeadlock
 	case "55P03":
@@ -433,7 +434,7 @@ func outcomeOf(err error) string {
 // statusCode returns the database's code for err: a SQLSTATE, or an SQLite
 // result code.
 func statusCode(err error) string {
-	if s := sqlState(err); s != "" {
+	if s := dberr.SQLState(err); s != "" {
 		return s
 	}
 	var lite interface{ Code() int }
@@ -449,18 +450,6 @@ func errorType(outcome string, err error) string {
 		return outcome
 	}
 	return fmt.Sprintf("%T", err)
-}
-
-// sqlState returns err's SQLSTATE, if it carries one.
-func sqlState(err error) string {
-	if err == nil {
-		return "" // (errors.As makes pg escape: an allocation)
-	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		return pg.SQLState()
-	}
-	return ""
 }
 
 // lookForBlockers asks, once the wait has lasted the threshold, who
@@ -698,7 +687,7 @@ func (c *conn) endLockWait(ctx context.Context, plan advisoryPlan, err error) {
 	outcome := outcomeOf(err)
 	st := plan.st
 	switch {
-	case err != nil && st.rowLock && st.locks&sqlscan.NoWait != 0 && sqlState(err) == "55P03":
+	case err != nil && st.rowLock && st.locks&sqlscan.NoWait != 0 && dberr.SQLState(err) == "55P03":
 		outcome = outcomeNotAcquired // NOWAIT found the row locked
 	case err == nil && st.advisory != nil && st.advisory.Simple && st.advisory.Calls[0].Func&sqlscan.FnTry != 0:
 		call := st.advisory.Calls[0]

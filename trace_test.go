@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -303,11 +304,11 @@ func TestDeadlockIsTraced(t *testing.T) {
 	go func() { _, err := a.tx.ExecContext(ctx, "SELECT id FROM r WHERE id = 2 FOR UPDATE"); errA <- err }()
 	waitFor(t, 10*time.Second, "A to wait", func() bool { return waiting(t, db, a.pid) })
 	_, errB := b.tx.ExecContext(ctx, "SELECT id FROM r WHERE id = 1 FOR UPDATE")
-	if sqlState(errB) != "40P01" {
+	if dberr.SQLState(errB) != "40P01" {
 		b.tx.Rollback()
 	}
 	err := errors.Join(<-errA, errB)
-	if sqlState(err) != "40P01" {
+	if dberr.SQLState(err) != "40P01" {
 		t.Fatalf("no deadlock: %v", err)
 	}
 	parent.End()
@@ -339,7 +340,7 @@ func TestNoWaitIsAnOutcome(t *testing.T) {
 	defer holder.Rollback()
 	mustExec(t, holder, "SELECT id FROM r WHERE id = 1 FOR UPDATE")
 	ctx, parent := tr.parent("worker")
-	if _, err := db.ExecContext(ctx, "SELECT id FROM r WHERE id = 1 FOR UPDATE NOWAIT"); sqlState(err) != "55P03" {
+	if _, err := db.ExecContext(ctx, "SELECT id FROM r WHERE id = 1 FOR UPDATE NOWAIT"); dberr.SQLState(err) != "55P03" {
 		t.Fatalf("NOWAIT on a locked row: %v", err)
 	}
 	parent.End()

@@ -1,0 +1,68 @@
+package dberr
+
+import (
+	"database/sql/driver"
+	"fmt"
+	"io"
+	"syscall"
+	"testing"
+)
+
+// pgError has the shape of pgx's *pgconn.PgError and lib/pq's *pq.Error
+// as far as this package reads them: a SQLState method and string fields.
+type pgError struct {
+	Code, Detail, Where, Severity string
+}
+
+func (e *pgError) Error() string    { return "ERROR: " + e.Code }
+func (e *pgError) SQLState() string { return e.Code }
+
+// liteError has the shape of modernc.org/sqlite's *sqlite.Error.
+type liteError struct{ code int }
+
+func (e *liteError) Error() string { return fmt.Sprintf("sqlite %d", e.code) }
+func (e *liteError) Code() int     { return e.code }
+
+func TestClassification(t *testing.T) {
+	deadlock := fmt.Errorf("lockhooks: …: %w", &pgError{Code: Deadlock, Detail: "Process 1 waits", Where: "while locking tuple (0,1)"})
+	if got := SQLState(deadlock); got != Deadlock {
+		t.Errorf("SQLState through a wrap = %q", got)
+	}
+	if SQLState(nil) != "" || SQLState(io.EOF) != "" {
+		t.Error("SQLState of an error without one is not empty")
+	}
+	if Detail(deadlock) != "Process 1 waits" || Where(deadlock) != "while locking tuple (0,1)" || Field(deadlock, "Missing") != "" {
+		t.Errorf("fields: Detail %q, Where %q", Detail(deadlock), Where(deadlock))
+	}
+	busy := fmt.Errorf("wrapped: %w", &liteError{SQLiteBusySnapshot})
+	if code, ok := SQLiteCode(busy); !ok || code != SQLiteBusySnapshot || code&0xff != SQLiteBusy {
+		t.Errorf("SQLiteCode = %d, %v", code, ok)
+	}
+	for _, c := range []struct {
+		err  error
+		lost bool
+	}{
+		{&pgError{Code: "08006"}, true},
+		{&pgError{Code: "57P01"}, true},                  // terminated by pg_terminate_backend
+		{&pgError{Code: "57014"}, false},                 // a cancelled statement: the session lives on
+		{&pgError{Code: IdleInTransactionTimeout}, true}, // a FATAL that ends the session
+		{&pgError{Code: Deadlock}, false},                // the server refused the statement
+		{&liteError{SQLiteBusy}, false},                  // SQLite has no connection to lose
+		{driver.ErrBadConn, true},
+		{fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true},
+		{fmt.Errorf("write: %w", syscall.ECONNRESET), true},
+		{nil, false},
+		{fmt.Errorf("no rows"), false},
+	} {
+		if got := ConnectionLost(c.err); got != c.lost {
+			t.Errorf("ConnectionLost(%v) = %v, want %v", c.err, got, c.lost)
+		}
+	}
+}
+
+// SQLState of nil allocates nothing: it is on every statement's path.
+func TestSQLStateOfNilAllocatesNothing(t *testing.T) {
+	if n := testing.AllocsPerRun(100, func() { _ = SQLState(nil) }); n != 0 {
+		t.Errorf("SQLState(nil): %v allocations", n)
+	}
+}
