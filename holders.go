@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/identity"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -502,8 +503,8 @@ func (b *blockage) logArgs() []any {
 // transaction), or of another (as it published itself). ok is false for a
 // backend nobody identified.
 func identify(s pgBlocker, keys []lockKey) (h holder, ok bool) {
-	id := decodeIdentity(s.ApplicationName, s.Query)
-	ownStatement := id != nil && parseAnnotation(s.Query) != nil // lockhooks' own read, not the application's
+	id := identity.Decode(s.ApplicationName, s.Query)
+	ownStatement := id != nil && identity.ParseAnnotation(s.Query) != nil // lockhooks' own read, not the application's
 	switch oc := databases.connOf(s.PID, s.ApplicationName, s.Query, s.seenBy); {
 	case oc != nil:
 		h = oc.asHolder(keys)
@@ -513,14 +514,14 @@ func identify(s pgBlocker, keys []lockKey) (h holder, ok bool) {
 			h.Statement = s.Query
 		}
 	case id != nil:
-		h = id.holder()
+		h = holderOf(id)
 		if h.SiteKind == siteTook && h.Since.IsZero() && ownStatement && s.State != "active" && s.stateSeconds > 0 {
 			// Its last statement is the lock statement that took the lock,
 			// which names no since (annotatedLockText): held since that
 			// statement ended.
 			h.Since = time.Now().Add(-time.Duration(s.stateSeconds * float64(time.Second)))
 		}
-		if id.ofThisProcess() {
+		if id.OfThisProcess() {
 			h.Process = "" // a connection closed since
 		}
 		if h.SiteKind != siteTook && !ownStatement {

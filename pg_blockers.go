@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/lockhooks/lockhooks/internal/identity"
 )
 
 // The Postgres side of the model of holders (holders.go): who blocks whom
@@ -189,7 +191,7 @@ func (c *connector) readBlocked(ctx context.Context, side driver.Conn, conns []*
 		if oc == nil || !wanted[oc] {
 			continue // another client's backend, or a connection not asked about
 		}
-		identified := parseAppName(w.row.ApplicationName) != nil
+		identified := identity.ParseAppName(w.row.ApplicationName) != nil
 		if bb := out[oc]; bb != nil && (bb.pid == wpid || !identified || byIdentity[oc]) {
 			continue // a second backend claims the connection: keep the one found first
 		}
@@ -334,7 +336,7 @@ func (b *blockedBackend) behindInMemory() *blockedBackend {
 // appNamePrefixOfDatabase is how the application_name of every connection
 // of this database begins while it publishes its identity.
 func (c *connector) appNamePrefixOfDatabase() string {
-	return appNamePrefix + shortProcess(processLabel(), appNameProcessLen) + "#" + strconv.FormatUint(c.seq, 10) + "."
+	return identity.AppNamePrefix + identity.ShortProcessLabel() + "#" + strconv.FormatUint(c.seq, 10) + "."
 }
 
 // connIndex is a database's open connections by number, by the backend
@@ -372,8 +374,8 @@ func (c *connector) index() connIndex {
 // the connection had (an undeclared pooler gave it to another client). A
 // pid is matched only on c's server (byPID: pids are per server).
 func (c *connector) backendConn(pid int32, app, query string, x connIndex, byPID bool) *conn {
-	if id := decodeIdentity(app, query); id != nil {
-		if !id.ofThisProcess() || id.Database != c.seq {
+	if id := identity.Decode(app, query); id != nil {
+		if !id.OfThisProcess() || id.Database != c.seq {
 			return nil // another process's, or another database's
 		}
 		return x.byID[id.Conn]

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -44,9 +45,9 @@ func TestSameHostAndPidIsAnotherProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer oc.Close()
-	label, nonce, _ := strings.Cut(processLabel(), ":")
+	label, nonce, _ := strings.Cut(identity.ProcessLabel(), ":")
 	if len(nonce) != 4 {
-		t.Fatalf("the process label %q has no nonce", processLabel())
+		t.Fatalf("the process label %q has no nonce", identity.ProcessLabel())
 	}
 	otherLabel := label + ":" + strings.Map(func(r rune) rune { // another nonce
 		if r == 'z' {
@@ -57,8 +58,8 @@ func TestSameHostAndPidIsAnotherProcess(t *testing.T) {
 		}
 		return r + 1
 	}, nonce)
-	id := &holderIdentity{Process: otherLabel, Database: w.connector.seq, Conn: w.id, Holds: "lock", Site: "leader/elect.go:42", Since: time.Now()}
-	mustExecConn(t, oc, "SET application_name = '"+id.appName()+"'")
+	id := &identity.Holder{Process: otherLabel, Database: w.connector.seq, Conn: w.id, Holds: "lock", Site: "leader/elect.go:42", Since: time.Now()}
+	mustExecConn(t, oc, "SET application_name = '"+id.AppName()+"'")
 	mustExecConn(t, oc, "SELECT pg_advisory_lock(31337)")
 
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)

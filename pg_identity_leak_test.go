@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -54,7 +55,7 @@ func TestUndeclaredPoolerLeaksNoApplicationName(t *testing.T) {
 			if err := other.QueryRow("SELECT current_setting('application_name'), pg_backend_pid()").Scan(&app, &pid); err != nil {
 				t.Fatal(err)
 			}
-			if strings.HasPrefix(app, appNamePrefix) {
+			if strings.HasPrefix(app, identity.AppNamePrefix) {
 				t.Errorf("another client of the pooler (backend %d) runs with lockhooks' application_name %q", pid, app)
 			}
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -39,7 +40,7 @@ func TestPoolerApplicationNameIsTransactionLocal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if app := appOf(tx); !strings.HasPrefix(app, appNamePrefix) || !strings.Contains(app, " tx ") {
+	if app := appOf(tx); !strings.HasPrefix(app, identity.AppNamePrefix) || !strings.Contains(app, " tx ") {
 		t.Errorf("in lockhooks' transaction: application_name %q", app)
 	}
 	if err := tx.Commit(); err != nil {

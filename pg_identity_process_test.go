@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -156,7 +157,7 @@ func TestIdentityChildProcess(t *testing.T) {
 		if _, err := db.ExecContext(ctx, "SELECT pg_advisory_lock($1)", identityKey); err != nil {
 			t.Fatal(err)
 		}
-		say("ready", "label", processLabel(), "site", site, "trace", span.SpanContext().TraceID(), "since", time.Now().UnixMilli())
+		say("ready", "label", identity.ProcessLabel(), "site", site, "trace", span.SpanContext().TraceID(), "since", time.Now().UnixMilli())
 		<-stdinClosed
 	case "rows":
 		// A transaction holds a row lock; another one of this process waits
@@ -174,7 +175,7 @@ func TestIdentityChildProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		say("ready", "label", processLabel(), "site", site, "queued_site", queuedSite, "since", time.Now().UnixMilli())
+		say("ready", "label", identity.ProcessLabel(), "site", site, "queued_site", queuedSite, "since", time.Now().UnixMilli())
 		done := make(chan error, 1)
 		go func() {
 			_, err := queued.ExecContext(ctx, "UPDATE t SET v = v + 10 WHERE id = 1")

@@ -8,11 +8,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Publishing a holder's identity (see pg_identity.go), always inside
+// Publishing a holder's identity (see internal/identity), always inside
 // statements that run anyway, so that no statement path gains a round trip:
 //
 //   - Connect's read of the backend pid also reads the application_name the
@@ -96,7 +97,7 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 	}
 	app := asString(row[1])
 	w.pub.connectApp = app
-	w.pub.on = app == "" || strings.HasPrefix(app, appNamePrefix)
+	w.pub.on = app == "" || strings.HasPrefix(app, identity.AppNamePrefix)
 	if len(row) > 2 {
 		w.incarnation = readIncarnation(row[2])
 		// The server's start time, the incarnation's second half, names
@@ -144,12 +145,12 @@ func (w *conn) connectRow(ctx context.Context, own *ownStatements, marked, serve
 
 // holderIdentityLocked is c's identity as a holder of session locks: its
 // oldest lock; nil when it holds none. c.pin.mu is held.
-func (c *conn) holderIdentityLocked() *holderIdentity { return c.holderIdentityWithoutLocked(nil) }
+func (c *conn) holderIdentityLocked() *identity.Holder { return c.holderIdentityWithoutLocked(nil) }
 
 // holderIdentityWithoutLocked is holderIdentityLocked as it will be once
 // the lock of key skip (if not nil) is released. c.pin.mu is held.
-func (c *conn) holderIdentityWithoutLocked(skip *lockKey) *holderIdentity {
-	id := new(holderIdentity)
+func (c *conn) holderIdentityWithoutLocked(skip *lockKey) *identity.Holder {
+	id := new(identity.Holder)
 	if !c.holderIdentityInto(id, skip) {
 		return nil
 	}
@@ -159,7 +160,7 @@ func (c *conn) holderIdentityWithoutLocked(skip *lockKey) *holderIdentity {
 // holderIdentityInto sets *id to c's identity as a holder of session
 // locks, leaving out the lock of key skip (if not nil), and reports
 // whether it holds any other. c.pin.mu is held.
-func (c *conn) holderIdentityInto(id *holderIdentity, skip *lockKey) bool {
+func (c *conn) holderIdentityInto(id *identity.Holder, skip *lockKey) bool {
 	var oldest *heldLock
 	var key lockKey
 	for k, l := range c.pin.held {
@@ -176,29 +177,29 @@ func (c *conn) holderIdentityInto(id *holderIdentity, skip *lockKey) bool {
 	c.baseIdentityInto(id)
 	var holds [48]byte
 	id.Holds = string(appendKeyToken(append(holds[:0], "lock "...), key))
-	id.Site, id.Since = safeToken(oldest.site, "_"), oldest.since
-	id.TraceID, id.SpanID = traceIDs(oldest.span)
+	id.Site, id.Since = identity.SafeToken(oldest.site, "_"), oldest.since
+	id.TraceID, id.SpanID = identity.TraceIDs(oldest.span)
 	return true
 }
 
 // baseIdentity names c's process, database and connection.
-func (c *conn) baseIdentity() *holderIdentity {
-	id := new(holderIdentity)
+func (c *conn) baseIdentity() *identity.Holder {
+	id := new(identity.Holder)
 	c.baseIdentityInto(id)
 	return id
 }
 
 // baseIdentityInto sets *id to baseIdentity's value.
-func (c *conn) baseIdentityInto(id *holderIdentity) {
-	*id = holderIdentity{Process: processLabel(), Database: c.connector.seq,
-		Pool: safeToken(c.connector.pool, "_"), Conn: c.id}
+func (c *conn) baseIdentityInto(id *identity.Holder) {
+	*id = identity.Holder{Process: identity.ProcessLabel(), Database: c.connector.seq,
+		Pool: identity.SafeToken(c.connector.pool, "_"), Conn: c.id}
 }
 
 // txAppName is the application_name of c's transaction begun at site.
 func (c *conn) txAppName(site string) string {
 	id := c.baseIdentity()
-	id.Holds, id.Site = "tx", safeToken(site, "_")
-	return id.appName()
+	id.Holds, id.Site = "tx", identity.SafeToken(site, "_")
+	return id.AppName()
 }
 
 // keyToken writes k for an identity: 42, 1/2, 42-shared.
@@ -235,7 +236,7 @@ func appendSetAppName[T string | []byte](b []byte, value T, local bool, onPID in
 		b = strconv.AppendInt(append(b, "pg_backend_pid() = "...), int64(onPID), 10)
 		b = append(b, " AND "...)
 	}
-	b = append(b, "(current_setting('application_name') = '' OR current_setting('application_name') LIKE '"+appNamePrefix+"%') THEN '"...)
+	b = append(b, "(current_setting('application_name') = '' OR current_setting('application_name') LIKE '"+identity.AppNamePrefix+"%') THEN '"...)
 	b = append(b, value...)
 	b = append(b, "' ELSE current_setting('application_name') END, "...)
 	b = strconv.AppendBool(b, local)
@@ -258,7 +259,7 @@ func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue)
 	if !own.ok() || c.connector.opts.txPooler {
 		return c.fixedLocksQuery(pid), nil
 	}
-	var id holderIdentity
+	var id identity.Holder
 	c.pin.mu.Lock()
 	holding := c.holderIdentityInto(&id, nil)
 	c.pin.mu.Unlock()
@@ -266,7 +267,7 @@ func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue)
 		return c.fixedLocksQuery(pid), nil
 	}
 	var buf [1024]byte
-	b := id.appendAnnotation(buf[:0])
+	b := id.AppendAnnotation(buf[:0])
 	b = appendLocksQuery(b, "(SELECT 1) one", pid, c.afterDiscard())
 	return string(b), own.args // a text of this hold's: not for pgx's statement cache
 }
@@ -316,7 +317,7 @@ func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 	if id == nil {
 		return "", nil
 	}
-	return id.annotation(), own.args
+	return id.Annotation(), own.args
 }
 
 // annotatedLockText is text, an exact session-lock statement of one call
@@ -338,7 +339,7 @@ func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 // not from its start (a lock may wait), and a text without a time can be
 // the same at every hold.
 func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall, k lockKey, site, text, suffix string) string {
-	var id holderIdentity
+	var id identity.Holder
 	unlock := call.Func&sqlscan.FnUnlock != 0
 	c.pin.mu.Lock()
 	var skip *lockKey
@@ -354,11 +355,11 @@ func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall,
 		c.baseIdentityInto(&id)
 		var holds [48]byte
 		id.Holds = string(appendKeyToken(append(holds[:0], "lock "...), k))
-		id.Site = safeToken(site, "_")
-		id.TraceID, id.SpanID = traceIDs(trace.SpanContextFromContext(ctx))
+		id.Site = identity.SafeToken(site, "_")
+		id.TraceID, id.SpanID = identity.TraceIDs(trace.SpanContextFromContext(ctx))
 	}
 	var buf [512]byte
-	return string(append(append(id.appendAnnotation(buf[:0]), text...), suffix...))
+	return string(append(append(id.AppendAnnotation(buf[:0]), text...), suffix...))
 }
 
 // execSimple runs a statement text of lockhooks' own that may hold
@@ -388,12 +389,12 @@ func (c *conn) releaseLockSavepoint(ctx context.Context, h *holderConn) error {
 	c.pin.mu.Unlock()
 	if id == nil {
 		id = c.baseIdentity()
-		id.Holds, id.Site, id.Since = "lock", safeToken(siteOf(ctx), "_"), time.Now()
-		id.TraceID, id.SpanID = traceIDs(trace.SpanContextFromContext(ctx))
+		id.Holds, id.Site, id.Since = "lock", identity.SafeToken(siteOf(ctx), "_"), time.Now()
+		id.TraceID, id.SpanID = identity.TraceIDs(trace.SpanContextFromContext(ctx))
 	}
-	q := id.annotation() + release
+	q := id.Annotation() + release
 	if c.pub.on {
-		q += "; SELECT " + setAppName(id.appName(), true, 0)
+		q += "; SELECT " + setAppName(id.AppName(), true, 0)
 	}
 	return execSimple(ctx, h.inner, q)
 }

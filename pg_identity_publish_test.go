@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -92,8 +93,8 @@ func TestIdentityTransactionApplicationName(t *testing.T) {
 			t.Fatal(err)
 		}
 		app, _ := activity(t, raw, pid)
-		id := parseAppName(app)
-		if id == nil || id.Holds != "tx" || !siteMatches(id.Site, site) || id.Process != shortProcess(processLabel(), appNameProcessLen) || id.Conn == 0 {
+		id := identity.ParseAppName(app)
+		if id == nil || id.Holds != "tx" || !siteMatches(id.Site, site) || id.Process != identity.ShortProcessLabel() || id.Conn == 0 {
 			t.Errorf("in a transaction begun at %s, application_name = %q (%+v)", site, app, id)
 		}
 		if end == "commit" {
@@ -151,7 +152,7 @@ func TestIdentityKeepsTheUsersApplicationName(t *testing.T) {
 		t.Errorf("holding a session lock, application_name = %q, want billing", app)
 	}
 	// The statement still names the holder.
-	if id := parseAnnotation(query); id == nil || id.Site != site || id.Holds != "lock 5" {
+	if id := identity.ParseAnnotation(query); id == nil || id.Site != site || id.Holds != "lock 5" {
 		t.Errorf("holding a session lock, the last statement is %q, want lockhooks' annotated read naming %s", query, site)
 	}
 	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_unlock(5)"); err != nil {
@@ -189,7 +190,7 @@ func TestIdentitySessionLockAnnotation(t *testing.T) {
 	}
 	c.Close() // parked, holding both
 	app, query := activity(t, raw, pid)
-	id := decodeIdentity(app, query)
+	id := identity.Decode(app, query)
 	if id == nil || id.Holds != "lock 42" || id.Site != site || id.Since.Before(before.Add(-time.Millisecond)) || id.Since.After(time.Now()) ||
 		id.TraceID != span.SpanContext().TraceID().String() || id.SpanID == "" {
 		t.Errorf("parked holder: application_name %q, statement %q: %+v; want lock 42 at %s in trace %s", app, query, id, site, span.SpanContext().TraceID())
@@ -197,7 +198,7 @@ func TestIdentitySessionLockAnnotation(t *testing.T) {
 	if app != "" {
 		t.Errorf("parked holder: application_name %q set at session level", app)
 	}
-	if !strings.HasPrefix(query, annotationPrefix) {
+	if !strings.HasPrefix(query, identity.AnnotationPrefix) {
 		t.Errorf("the parked connection's last statement %q does not begin with the annotation", query)
 	}
 	// Unlocked through the pool (the unlock is rerouted to the parked
@@ -206,7 +207,7 @@ func TestIdentitySessionLockAnnotation(t *testing.T) {
 	if _, err := db.ExecContext(ctx, "SELECT pg_advisory_unlock(42)"); err != nil {
 		t.Fatal(err)
 	}
-	if app, query := activity(t, raw, pid); decodeIdentity(app, query) == nil || decodeIdentity(app, query).Holds != "lock 43" {
+	if app, query := activity(t, raw, pid); identity.Decode(app, query) == nil || identity.Decode(app, query).Holds != "lock 43" {
 		t.Errorf("parked holder after its oldest lock was unlocked: application_name %q, last statement %q; want lock 43 named", app, query)
 	}
 	if _, err := db.ExecContext(ctx, "SELECT pg_advisory_unlock(43)"); err != nil {
@@ -222,7 +223,7 @@ func TestIdentitySessionLockAnnotation(t *testing.T) {
 	}
 	lpid := connPID(t, l.Conn())
 	app, query = activity(t, raw, lpid)
-	if id := decodeIdentity(app, query); app != "" || id == nil || id.Holds != "lock 44" || id.Site != site {
+	if id := identity.Decode(app, query); app != "" || id == nil || id.Holds != "lock 44" || id.Site != site {
 		t.Errorf("AcquireAdvisoryLock's holder: application_name %q, last statement %q; want it named by the annotation", app, query)
 	}
 	if err := l.Release(ctx); err != nil {
@@ -242,7 +243,7 @@ func TestIdentitySessionLockAnnotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if app, query := activity(t, raw, pid2); app != "" || !strings.HasPrefix(query, annotationPrefix) {
+	if app, query := activity(t, raw, pid2); app != "" || !strings.HasPrefix(query, identity.AnnotationPrefix) {
 		t.Errorf("holding: application_name %q, last statement %q", app, query)
 	}
 	unlock()
@@ -297,7 +298,7 @@ func TestIdentityBeginCommit(t *testing.T) {
 		if err := tx.QueryRow("SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only'), current_setting('application_name')").Scan(&iso, &ro, &app); err != nil {
 			t.Fatal(err)
 		}
-		if iso != tc.iso || ro != tc.ro || strings.HasPrefix(app, appNamePrefix) != tc.identity {
+		if iso != tc.iso || ro != tc.ro || strings.HasPrefix(app, identity.AppNamePrefix) != tc.identity {
 			t.Errorf("%+v: isolation %s, read only %s, application_name %q", tc.opts, iso, ro, app)
 		}
 		if err := tx.Commit(); err != nil {
@@ -631,7 +632,7 @@ func TestIdentityLibPQ(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if app, _ := activity(t, raw, pid); parseAppName(app) == nil || !siteMatches(parseAppName(app).Site, site) {
+	if app, _ := activity(t, raw, pid); identity.ParseAppName(app) == nil || !siteMatches(identity.ParseAppName(app).Site, site) {
 		t.Errorf("lib/pq transaction: application_name %q", app)
 	}
 	if _, err := tx.Exec("SELECT 1/0"); err == nil {
@@ -644,7 +645,7 @@ func TestIdentityLibPQ(t *testing.T) {
 	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(9)"); err != nil {
 		t.Fatal(err)
 	}
-	if app, query := activity(t, raw, pid); decodeIdentity(app, query) == nil || decodeIdentity(app, query).Site != site {
+	if app, query := activity(t, raw, pid); identity.Decode(app, query) == nil || identity.Decode(app, query).Site != site {
 		t.Errorf("lib/pq session lock: application_name %q, statement %q", app, query)
 	}
 	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_unlock(9)"); err != nil {
@@ -737,13 +738,13 @@ func sessionLockOutlivesItsTransaction(t *testing.T, raw, db *sql.DB) {
 	named := func(what, site string) {
 		t.Helper()
 		app, query := activity(t, raw, pid)
-		if id := decodeIdentity(app, query); app != "" || id == nil || id.Holds != "lock 61" || !siteMatches(id.Site, site) {
+		if id := identity.Decode(app, query); app != "" || id == nil || id.Holds != "lock 61" || !siteMatches(id.Site, site) {
 			t.Errorf("%s: application_name %q, last statement %q; want the session lock taken at %s named by the annotation", what, app, query, site)
 		}
 	}
 	unlocked := func(what string) {
 		t.Helper()
-		if app, query := activity(t, raw, pid); app != "" || decodeIdentity(app, query) != nil {
+		if app, query := activity(t, raw, pid); app != "" || identity.Decode(app, query) != nil {
 			t.Errorf("%s: after the unlock, application_name %q, last statement %q", what, app, query)
 		}
 	}
