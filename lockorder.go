@@ -1,7 +1,6 @@
 package lockhooks
 
 import (
-	"cmp"
 	"context"
 	"database/sql/driver"
 	"fmt"
@@ -9,8 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
+	"github.com/lockhooks/lockhooks/internal/lockorder"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -26,8 +25,8 @@ const (
 // txLock is one lock a transaction (or, for session advisory locks, a
 // connection) took, as far as lockhooks can see it. Names are resolved
 // lazily from the statement text so that tracking allocates nothing on
-// the path every locking statement takes; the lock-order fields are
-// filled only when the checker is on.
+// the path every locking statement takes; order and count are filled
+// only when the checker is on.
 type txLock struct {
 	kind heldKind
 	text string   // heldRow: the statement as written
@@ -40,12 +39,12 @@ type txLock struct {
 	keyOK bool
 
 	// Lock-order checker only.
-	class  string // the lock class
-	column string // heldRow: the key column of order, "" if none
-	lo, hi string // the smallest and largest id taken, in lock order ("" if none)
-	site   *stack // where it was taken
-	count  int    // session locks: holds of the class (they stack)
+	order lockorder.Lock // the lock as the checker sees it
+	count int            // session locks: holds of the class (they stack)
 }
+
+// Order returns the lock as the lock-order checker sees it.
+func (l *txLock) Order() *lockorder.Lock { return &l.order }
 
 // txLocks is a transaction's tracked locks. list[:mark] were taken
 // before the statement running now.
@@ -169,7 +168,7 @@ func (c *conn) noteLocks(st statement, query string, args []driver.NamedValue) {
 	if g != nil {
 		tg := sqlscan.LockTarget(query, c.connector.rewriter.dialect)
 		if tg.Table != "" { // else an unknown table: no class, only the record
-			l.class = "table " + strings.ToLower(tg.Table)
+			l.order.Class = "table " + strings.ToLower(tg.Table)
 		}
 		if tg.Table != "" && tg.HasKey {
 			v, ok := tg.Literal, true
@@ -177,9 +176,9 @@ func (c *conn) noteLocks(st statement, query string, args []driver.NamedValue) {
 				v, ok = argInt(args, tg.Param)
 			}
 			if ok {
-				l.column = strings.ToLower(tg.Column)
-				l.lo = string(intKey(v))
-				l.hi = l.lo
+				l.order.Column = strings.ToLower(tg.Column)
+				l.order.Lo = string(intKey(v))
+				l.order.Hi = l.order.Lo
 			}
 		}
 	}
@@ -193,8 +192,8 @@ func (c *conn) noteLockset(namespace string, keys []string) {
 	}
 	l := txLock{kind: heldLockset, name: namespace, ids: keys}
 	if c.connector.opts.lockOrder != nil {
-		l.class = "lockset " + strconv.Quote(namespace)
-		l.lo, l.hi = keys[0], keys[len(keys)-1]
+		l.order.Class = "lockset " + strconv.Quote(namespace)
+		l.order.Lo, l.order.Hi = keys[0], keys[len(keys)-1]
 	}
 	c.take(l)
 	c.tx.held.mark = len(c.tx.held.list) // granted: held, not waited for
@@ -219,20 +218,30 @@ func (c *conn) take(l txLock) {
 		n := len(t.held.list) - 1
 		p := &t.held.list[n]
 		if p.kind == heldAdvisory {
-			p.class = p.advisoryClass()
+			p.order.Class = p.advisoryClass()
 		}
-		if p.class == "" {
+		if p.order.Class == "" {
 			return
 		}
-		p.site = new(stack)
-		p.site.capture()
-		c.noteLockOrder(g.taken(p, c.order.session, t.held.list[:n]))
+		site := new(stack)
+		site.capture()
+		p.order.Site = site
+		c.noteLockOrder(g.graph.Taken(&p.order, c.order.session, t.held.list[:n]))
 	}
 }
 
-// noteLockOrder puts lock-order reports among the database's recent events
-// (the /debug/locks page).
-func (c *conn) noteLockOrder(reports []LockOrderReport) {
+// noteLockOrder hands lock-order reports to the handler, then puts them
+// among the database's recent events (the /debug/locks page).
+func (c *conn) noteLockOrder(found []lockorder.Report) {
+	if len(found) == 0 {
+		return
+	}
+	g := c.connector.opts.lockOrder
+	reports := make([]LockOrderReport, len(found))
+	for i := range found {
+		reports[i] = lockOrderReport(&found[i])
+		g.handler(reports[i])
+	}
 	for _, r := range reports {
 		c.connector.events.add(eventLockOrder, r.String())
 	}
@@ -240,21 +249,22 @@ func (c *conn) noteLockOrder(reports []LockOrderReport) {
 
 // takeSession records a session advisory lock for the checker.
 func (c *conn) takeSession(l txLock) {
-	l.class = l.advisoryClass()
+	l.order.Class = l.advisoryClass()
 	for i := range c.order.session {
-		if c.order.session[i].class == l.class {
+		if c.order.session[i].order.Class == l.order.Class {
 			c.order.session[i].count++
 			return
 		}
 	}
-	l.site = new(stack)
-	l.site.capture()
+	site := new(stack)
+	site.capture()
+	l.order.Site = site
 	l.count = 1
 	var tx []txLock
 	if c.tx.inner != nil {
 		tx = c.tx.held.list
 	}
-	c.noteLockOrder(c.connector.opts.lockOrder.taken(&l, c.order.session, tx))
+	c.noteLockOrder(c.connector.opts.lockOrder.graph.Taken(&l.order, c.order.session, tx))
 	c.order.session = append(c.order.session, l)
 }
 
@@ -268,7 +278,7 @@ type connOrder struct {
 // unlock drops one hold of a session lock class.
 func (o *connOrder) unlock(class string) {
 	for i := range o.session {
-		if o.session[i].class == class {
+		if o.session[i].order.Class == class {
 			if o.session[i].count--; o.session[i].count <= 0 {
 				o.session = slices.Delete(o.session, i, i+1)
 			}
@@ -394,166 +404,37 @@ func (r LockOrderReport) String() string {
 func WithLockOrderCheck(handler func(LockOrderReport)) Option {
 	var g *lockOrder
 	if handler != nil {
-		g = &lockOrder{handler: handler, edges: make(map[string]map[string]*orderEdge), reported: make(map[string]bool)}
+		g = &lockOrder{graph: lockorder.New[txLock](describeID), handler: handler}
 	}
 	return func(o *options) { o.lockOrder = g }
 }
 
-// lockOrder is the checker's order graph over lock classes.
+// lockOrder is the lock-order checker of one WithLockOrderCheck Option:
+// the order graph of every database opened with it, and the handler of
+// its reports.
 type lockOrder struct {
+	graph   *lockorder.Graph[txLock, *txLock]
 	handler func(LockOrderReport)
-
-	mu       sync.Mutex
-	edges    map[string]map[string]*orderEdge // from -> to
-	reported map[string]bool                  // cycles and warnings already reported
 }
 
-// orderEdge is the first observation of one order.
-type orderEdge struct {
-	fromSite, toSite *stack
-}
-
-// taken records that l is being taken while the session locks and
-// transaction locks are held, reports what that reveals to the handler,
-// and returns the reports.
-func (g *lockOrder) taken(l *txLock, session, tx []txLock) []LockOrderReport {
-	var reports []LockOrderReport
-	seen, warned := false, false
-	for _, held := range [2][]txLock{session, tx} {
-		for i := range held {
-			h := &held[i]
-			if h.class != l.class { // l.class is never ""
-				continue
-			}
-			seen = true
-			if !warned {
-				if r, ok := g.descending(h, l); ok {
-					reports, warned = append(reports, r), true
-				}
-			}
+// lockOrderReport is the exported form of a report of the graph.
+func lockOrderReport(r *lockorder.Report) LockOrderReport {
+	out := LockOrderReport{Classes: r.Classes, Site: r.Site, Earlier: r.Earlier, Detail: r.Detail}
+	switch r.Kind {
+	case lockorder.Cycle:
+		out.Kind = LockOrderCycle
+	case lockorder.DescendingIDs:
+		out.Kind = DescendingIDs
+	case lockorder.UnorderedRows:
+		out.Kind = UnorderedRowLock
+	}
+	if r.Edges != nil {
+		out.Edges = make([]LockOrderEdge, len(r.Edges))
+		for i, e := range r.Edges {
+			out.Edges[i] = LockOrderEdge{From: e.From, To: e.To, FromSite: e.FromSite, ToSite: e.ToSite}
 		}
 	}
-	if !seen {
-		g.mu.Lock()
-		for _, held := range [2][]txLock{session, tx} {
-			for i := range held {
-				h := &held[i]
-				if h.class == "" || h.class == l.class || slices.ContainsFunc(held[:i], func(x txLock) bool { return x.class == h.class }) {
-					continue
-				}
-				if r, ok := g.addEdgeLocked(h, l); ok {
-					reports = append(reports, r)
-				}
-			}
-		}
-		g.mu.Unlock()
-	}
-	for _, r := range reports {
-		g.handler(r)
-	}
-	return reports
-}
-
-// descending reports l's ids when they go below an id h took earlier in
-// the same class (and key column).
-func (g *lockOrder) descending(h, l *txLock) (LockOrderReport, bool) {
-	if h.hi == "" || l.lo == "" || h.column != l.column || l.lo >= h.hi {
-		return LockOrderReport{}, false
-	}
-	site, earlier := l.site.String(), h.site.String()
-	key := "desc\x00" + l.class + "\x00" + site + "\x00" + earlier
-	g.mu.Lock()
-	done := g.reported[key]
-	g.reported[key] = true
-	g.mu.Unlock()
-	if done {
-		return LockOrderReport{}, false
-	}
-	what := "id"
-	if l.column != "" {
-		what = l.column
-	}
-	return LockOrderReport{
-		Kind: DescendingIDs, Classes: []string{l.class}, Site: site, Earlier: earlier,
-		Detail: fmt.Sprintf("%s %s after %s %s", what, describeID(l.lo), what, describeID(h.hi)),
-	}, true
-}
-
-// addEdgeLocked adds the order from -> to and reports the cycle it closes,
-// if any and not reported before; g.mu is held.
-func (g *lockOrder) addEdgeLocked(from, to *txLock) (LockOrderReport, bool) {
-	out := g.edges[from.class]
-	if out == nil {
-		out = make(map[string]*orderEdge)
-		g.edges[from.class] = out
-	}
-	if _, ok := out[to.class]; ok {
-		return LockOrderReport{}, false
-	}
-	out[to.class] = &orderEdge{fromSite: from.site, toSite: to.site}
-	path := g.pathLocked(to.class, from.class)
-	if path == nil {
-		return LockOrderReport{}, false
-	}
-	// The cycle: from -> to -> … -> from; path runs from to.class to from.class.
-	cycle := append([]string{from.class}, path[:len(path)-1]...)
-	key := canonicalCycle(cycle)
-	if g.reported[key] {
-		return LockOrderReport{}, false
-	}
-	g.reported[key] = true
-	r := LockOrderReport{Kind: LockOrderCycle, Classes: cycle}
-	for i, a := range cycle {
-		b := cycle[(i+1)%len(cycle)]
-		e := g.edges[a][b]
-		r.Edges = append(r.Edges, LockOrderEdge{From: a, To: b, FromSite: e.fromSite.String(), ToSite: e.toSite.String()})
-	}
-	return r, true
-}
-
-// pathLocked returns the classes of a shortest path from -> … -> to in the
-// graph, both ends included, or nil; g.mu is held.
-func (g *lockOrder) pathLocked(from, to string) []string {
-	prev := map[string]string{from: ""}
-	queue := []string{from}
-	for len(queue) > 0 {
-		n := queue[0]
-		queue = queue[1:]
-		if n == to {
-			var path []string
-			for ; n != ""; n = prev[n] {
-				path = append(path, n)
-				if n == from {
-					break
-				}
-			}
-			slices.Reverse(path)
-			return path
-		}
-		next := make([]string, 0, len(g.edges[n]))
-		for m := range g.edges[n] {
-			next = append(next, m)
-		}
-		slices.Sort(next) // deterministic reports
-		for _, m := range next {
-			if _, ok := prev[m]; !ok {
-				prev[m] = n
-				queue = append(queue, m)
-			}
-		}
-	}
-	return nil
-}
-
-// canonicalCycle names a cycle independently of where it starts.
-func canonicalCycle(cycle []string) string {
-	start := 0
-	for i, c := range cycle {
-		if cmp.Less(c, cycle[start]) {
-			start = i
-		}
-	}
-	return "cycle\x00" + strings.Join(append(slices.Clone(cycle[start:]), cycle[:start]...), "\x00")
+	return out
 }
 
 // watchRowLock counts the rows of a FOR UPDATE / FOR NO KEY UPDATE query
@@ -567,7 +448,7 @@ func (c *conn) watchRowLock(ctx context.Context, query string, rows driver.Rows)
 	if tg.OrderBy || tg.Table == "" {
 		return rows
 	}
-	r := &countedRows{Rows: rows, g: c.connector.opts.lockOrder, class: "table " + strings.ToLower(tg.Table), site: new(stack)}
+	r := &countedRows{Rows: rows, check: c.connector.opts.lockOrder, class: "table " + strings.ToLower(tg.Table), site: new(stack)}
 	r.site.capture()
 	return r
 }
@@ -575,7 +456,7 @@ func (c *conn) watchRowLock(ctx context.Context, query string, rows driver.Rows)
 // countedRows counts the rows of a row-locking query.
 type countedRows struct {
 	driver.Rows
-	g     *lockOrder
+	check *lockOrder
 	class string
 	site  *stack
 	n     int
@@ -592,15 +473,8 @@ func (r *countedRows) Next(dest []driver.Value) error {
 func (r *countedRows) Close() error {
 	err := r.Rows.Close()
 	if r.n > 1 {
-		site := r.site.String()
-		key := "unordered\x00" + r.class + "\x00" + site
-		r.g.mu.Lock()
-		done := r.g.reported[key]
-		r.g.reported[key] = true
-		r.g.mu.Unlock()
-		if !done {
-			r.g.handler(LockOrderReport{Kind: UnorderedRowLock, Classes: []string{r.class}, Site: site,
-				Detail: strconv.Itoa(r.n) + " rows locked"})
+		if found, ok := r.check.graph.Unordered(r.class, r.site, r.n); ok {
+			r.check.handler(lockOrderReport(&found))
 		}
 		r.n = 0
 	}
