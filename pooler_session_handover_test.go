@@ -137,3 +137,38 @@ func lostErr(c *conn) error {
 	defer c.pin.mu.Unlock()
 	return c.pin.lost
 }
+
+// The converse, through PgBouncer's transaction mode with an idle pool, on
+// a database opened with no pooler option: a raw session lock's connection
+// goes back to the pool (parked), and the monitor's first look (the
+// periodic check is off) lands on its backend. Reading the parked holder's
+// socket finds it open, so that first look names the pooler: the holder is
+// lost with ErrTransactionPooler, and the database refuses session locks.
+func TestUndeclaredPoolerNamedAtFirstLookOnParkedHolder(t *testing.T) {
+	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{}) // idle: no other test's clients
+	db := e.open(t, WithLockCheckInterval(time.Hour))
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(103)"); err != nil {
+		t.Fatalf("the lock through an idle pool: %v", err)
+	}
+	h := stateOf(t, c)
+	pid := h.lockPID()
+	t.Cleanup(func() { mustExec(t, e.raw, "SELECT pg_terminate_backend($1)", pid) }) // the stranded lock
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the parked holder to be reported lost", func() bool { return lostErr(h) != nil })
+	if lost := lostErr(h); !errors.Is(lost, ErrLockLost) || !errors.Is(lost, ErrTransactionPooler) {
+		t.Fatalf("the holder's loss = %v, want ErrLockLost and ErrTransactionPooler", lost)
+	}
+	if _, err := db.ExecContext(ctx, "SELECT pg_advisory_lock(104)"); !errors.Is(err, ErrTransactionPooler) {
+		t.Fatalf("a new session lock: %v, want ErrTransactionPooler", err)
+	}
+	if n := heldCount(t, e.raw, 104); n != 0 {
+		t.Fatalf("the refused lock was taken (%d holders)", n)
+	}
+}
