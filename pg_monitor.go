@@ -206,12 +206,33 @@ func (p *pinning) stillHolding(s holderSnapshot) bool {
 // holder's backend (busy or not), or on one where an open connection of
 // this database left its marker, only a transaction-mode pooler puts two
 // clients.
+//
+// But a session-mode pooler gives a server connection to the next client
+// once the client connection on it is closed, and a parked holder whose
+// socket the pooler closed (or the network reset) still looks like a
+// holder until something reads that socket. So before naming a
+// transaction-mode pooler, a parked holder's socket is read without a
+// statement (closedSocket): one that reads closed is lost by its own
+// connection's death, and its backend is no proof. One that reads open is
+// a client connection the pooler still serves, on a backend it gave to
+// the check meanwhile: the pooler is named in the same check. A holder in
+// use is not read (the application owns its connection), nor the socket
+// of a driver that cannot read it so (it is named as before).
 func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) {
 	for _, s := range holders {
-		if s.pid == v.ranOn && p.stillHolding(s) {
-			p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check", s.pid)))
-			return
+		if s.pid != v.ranOn || !p.stillHolding(s) {
+			continue
 		}
+		if err := s.c.closedSocket(); err != nil {
+			s.c.loseLocks(fmt.Errorf("%w; lockhooks' monitor ran its check on its former backend pid %d, which a session-mode pooler gives to the next client once the client connection is closed", err, s.pid))
+			p.settle(s.c)
+			continue
+		}
+		if !p.stillHolding(s) {
+			continue // released and closed while its socket was read
+		}
+		p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check", s.pid)))
+		return
 	}
 	if o := p.ownerOf(v.marker); o != nil {
 		p.sawPooler(o.poolerDetected(fmt.Sprintf("was opened on backend pid %d, where lockhooks' monitor, another client, ran its check", v.ranOn)))
@@ -262,6 +283,43 @@ func (c *conn) verifyParked(ctx context.Context) {
 	if err := c.reconcile(ctx, "unknown", nil, false); err != nil && (!isServerError(err) || c.connectionBroken(err)) {
 		c.loseLocks(err)
 	}
+}
+
+// socketChecker is a driver connection that can tell whether its socket
+// is closed without writing to it: pgx's PgConn, whose CheckConn reads with
+// a deadline of a millisecond (a socket the peer closed reads EOF, one it
+// reset an error, a FATAL message the server or pooler sent before closing
+// is read as the error it is; an open idle one times out, which is no
+// error).
+type socketChecker interface{ CheckConn() error }
+
+// closedSocket returns why the socket of c, parked, reads closed, or nil:
+// open, not parked (the application owns it), closed by lockhooks, or a
+// driver that cannot tell without a statement. Nothing is sent, so no
+// backend a pooler put behind it runs anything; it waits for what
+// lockhooks runs on c (bounded by the check timeout) and reads for a
+// millisecond.
+func (c *conn) closedSocket() error {
+	chk, ok := callMethods(c.inner, "Conn", "PgConn")
+	if !ok {
+		return nil
+	}
+	sc, ok := chk.Interface().(socketChecker)
+	if !ok {
+		return nil
+	}
+	c.pin.exec.Lock()
+	defer c.pin.exec.Unlock()
+	c.pin.mu.Lock()
+	parked, closed := c.pin.parked, c.pin.closed
+	c.pin.mu.Unlock()
+	if !parked || closed {
+		return nil
+	}
+	if err := sc.CheckConn(); err != nil {
+		return fmt.Errorf("the parked connection's socket reads closed (%w)", err)
+	}
+	return nil
 }
 
 // warnParked logs locks parked longer than the threshold, once each.
