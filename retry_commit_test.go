@@ -5,7 +5,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"io"
 	"net"
 	"net/url"
 	"strings"
@@ -130,7 +129,8 @@ func TestRunInTxAmbiguousWithoutCommitCheck(t *testing.T) {
 
 // cuttingProxy relays TCP connections to a Postgres server and, once
 // armed, cuts the first connection whose client sends COMMIT: the COMMIT
-// reaches the server (which commits), the reply never reaches the client.
+// reaches the server, which commits and answers, and then the client's
+// connection breaks; the answer never reaches the client.
 // With drop set, the COMMIT is lost instead of forwarded, and the server's
 // side stays open: the backend waits, idle in the transaction, for a
 // COMMIT that never comes (a black-holed network). The database is real;
@@ -177,9 +177,28 @@ func (p *cuttingProxy) serve() {
 		p.mu.Lock()
 		p.conns = append(p.conns, client, server)
 		p.mu.Unlock()
+		// From the cut on, the server's bytes are swallowed: the first of
+		// them is COMMIT's answer, which closes replied.
+		var swallow atomic.Bool
+		replied := make(chan struct{})
+		var once sync.Once
 		go func() { // server -> client
-			io.Copy(client, server)
-			client.Close()
+			defer once.Do(func() { close(replied) })
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := server.Read(buf)
+				if n > 0 && swallow.Load() {
+					once.Do(func() { close(replied) })
+				} else if n > 0 {
+					if _, werr := client.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					client.Close()
+					return
+				}
+			}
 		}()
 		go func() { // client -> server, watching for COMMIT
 			buf := make([]byte, 32<<10)
@@ -187,10 +206,20 @@ func (p *cuttingProxy) serve() {
 				n, err := client.Read(buf)
 				if n > 0 {
 					if p.armed.Load() && bytes.Contains(bytes.ToLower(buf[:n]), []byte("commit\x00")) && p.cut.CompareAndSwap(false, true) {
-						client.Close() // first, so that no reply can reach the client
-						if !p.drop.Load() {
-							server.Write(buf[:n]) // the server still has COMMIT, and commits
+						if p.drop.Load() {
+							client.Close()
+							return
 						}
+						// The server commits and answers before the client's
+						// connection breaks, so the outcome is decided when
+						// RunInTx asks; the answer never reaches the client.
+						swallow.Store(true)
+						server.Write(buf[:n])
+						select {
+						case <-replied:
+						case <-time.After(30 * time.Second):
+						}
+						client.Close()
 						return
 					}
 					if _, werr := server.Write(buf[:n]); werr != nil {
