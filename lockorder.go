@@ -5,12 +5,12 @@ import (
 	"context"
 	"database/sql/driver"
 	"fmt"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -40,11 +40,11 @@ type txLock struct {
 	keyOK bool
 
 	// Lock-order checker only.
-	class  string // the lock class
-	column string // heldRow: the key column of order, "" if none
-	lo, hi string // the smallest and largest id taken, in lock order ("" if none)
-	site   *stack // where it was taken
-	count  int    // session locks: holds of the class (they stack)
+	class  string          // the lock class
+	column string          // heldRow: the key column of order, "" if none
+	lo, hi string          // the smallest and largest id taken, in lock order ("" if none)
+	site   *callsite.Trail // where it was taken
+	count  int             // session locks: holds of the class (they stack)
 }
 
 // txLocks is a transaction's tracked locks. list[:mark] were taken
@@ -224,8 +224,8 @@ func (c *conn) take(l txLock) {
 		if p.class == "" {
 			return
 		}
-		p.site = new(stack)
-		p.site.capture()
+		p.site = new(callsite.Trail)
+		p.site.Capture()
 		c.noteLockOrder(g.taken(p, c.order.session, t.held.list[:n]))
 	}
 }
@@ -247,8 +247,8 @@ func (c *conn) takeSession(l txLock) {
 			return
 		}
 	}
-	l.site = new(stack)
-	l.site.capture()
+	l.site = new(callsite.Trail)
+	l.site.Capture()
 	l.count = 1
 	var tx []txLock
 	if c.tx.inner != nil {
@@ -410,7 +410,7 @@ type lockOrder struct {
 
 // orderEdge is the first observation of one order.
 type orderEdge struct {
-	fromSite, toSite *stack
+	fromSite, toSite *callsite.Trail
 }
 
 // taken records that l is being taken while the session locks and
@@ -567,8 +567,8 @@ func (c *conn) watchRowLock(ctx context.Context, query string, rows driver.Rows)
 	if tg.OrderBy || tg.Table == "" {
 		return rows
 	}
-	r := &countedRows{Rows: rows, g: c.connector.opts.lockOrder, class: "table " + strings.ToLower(tg.Table), site: new(stack)}
-	r.site.capture()
+	r := &countedRows{Rows: rows, g: c.connector.opts.lockOrder, class: "table " + strings.ToLower(tg.Table), site: new(callsite.Trail)}
+	r.site.Capture()
 	return r
 }
 
@@ -577,7 +577,7 @@ type countedRows struct {
 	driver.Rows
 	g     *lockOrder
 	class string
-	site  *stack
+	site  *callsite.Trail
 	n     int
 }
 
@@ -605,42 +605,4 @@ func (r *countedRows) Close() error {
 		r.n = 0
 	}
 	return err
-}
-
-// stack is a call stack captured for the lock-order checker, deeper than
-// callers: the checker names the application's frames above helpers, and
-// database/sql alone adds several frames.
-type stack struct {
-	pcs [48]uintptr
-	n   int
-}
-
-func (s *stack) capture() { s.n = runtime.Callers(3, s.pcs[:]) }
-
-// siteFrames is how many of the application's frames a call site names.
-const siteFrames = 3
-
-// String returns file:line of the first frames outside database/sql and
-// lockhooks: "a.go:10, called from b.go:20, called from c.go:30".
-func (s *stack) String() string {
-	if s == nil || s.n == 0 {
-		return "unknown"
-	}
-	var parts []string
-	frames := runtime.CallersFrames(s.pcs[:s.n])
-	for len(parts) < siteFrames {
-		f, more := frames.Next()
-		internal := strings.HasPrefix(f.Function, "database/sql.") ||
-			(strings.HasPrefix(f.Function, "github.com/lockhooks/lockhooks.") && !strings.HasSuffix(f.File, "_test.go"))
-		if !internal && f.Function != "" && !strings.HasPrefix(f.Function, "runtime.") && !strings.HasPrefix(f.Function, "testing.") {
-			parts = append(parts, shortFile(f.File)+":"+strconv.Itoa(f.Line))
-		}
-		if !more {
-			break
-		}
-	}
-	if len(parts) == 0 {
-		return "unknown"
-	}
-	return strings.Join(parts, ", called from ")
 }

@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
 )
 
 // ErrAmbiguousCommit is wrapped by the error [RunInTx] returns when COMMIT
@@ -191,7 +193,7 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 			o(cfg)
 		}
 	}
-	r.run.g = currentG()
+	r.run.g = callsite.CurrentGoroutine()
 	r.mark = runInTxContext{Context: ctx, run: &r.run} // see retry_commit.go
 	if r.postgres && cfg.commitCheck {
 		r.mark.info = &r.info
