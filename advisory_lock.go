@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 )
 
@@ -76,15 +77,15 @@ func TryAdvisoryLock(ctx context.Context, db *sql.DB, key int64) (l *AdvisoryLoc
 // processes the server decides, as before. user is the caller's own
 // context, by which self-waits are recognised; the statements run with a
 // context that also carries the caller's call site (named through the
-// database's siteCache: no symbolising per acquisition).
+// database's callsite.Names: no symbolising per acquisition).
 func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLock, bool, error) {
-	var site callers
-	site.captureFast()
+	var site callsite.Stack
+	site.CaptureFast()
 	sc, c, err := lockhooksConn(user, db)
 	if err != nil {
 		return nil, false, err
 	}
-	ctx := context.WithValue(user, callSiteKey{}, c.connector.sites.of(&site))
+	ctx := context.WithValue(user, callSiteKey{}, c.connector.sites.Of(&site))
 	l := &AdvisoryLock{key: key, db: db, conn: sc, c: c}
 	l.turn = l
 	if c.connector.opts.dialect == SQLite {
@@ -314,8 +315,8 @@ func (l *AdvisoryLock) firstRow(ctx context.Context, query string, dest []driver
 // acquireInProcess takes the SQLite stand-in: an in-process named lock.
 func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*AdvisoryLock, bool, error) {
 	names := &l.c.connector.named
-	var site callers
-	site.capture()
+	var site callsite.Stack
+	site.Capture()
 	if try {
 		if !names.tryLock(user, l.key, l, nil, &site) {
 			l.conn.Close()

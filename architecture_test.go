@@ -16,7 +16,7 @@ import (
 // so a new package is placed in the picture when it is made.
 var importRules = map[string]packageRule{
 	// The public face and the database/sql adapter.
-	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/identity", "internal/lockorder", "internal/driverext"}},
+	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/driverext"}},
 	"modernc": {may: []string{".", "internal/driverext"}},
 
 	// The core: one concept each, none of them on database/sql; the pure
@@ -24,6 +24,7 @@ var importRules = map[string]packageRule{
 	// driver.ErrBadConn, the error a driver reports a dead connection by).
 	"internal/sqlscan":   {core: true, pure: true},
 	"internal/dberr":     {core: true},
+	"internal/callsite":  {core: true, pure: true},
 	"internal/identity":  {core: true, pure: true},
 	"internal/lockorder": {core: true, pure: true},
 

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
@@ -476,10 +477,10 @@ func (c *conn) Begin() (driver.Tx, error) {
 	if c.beginsImmediate(driver.TxOptions{}) {
 		return c.beginImmediate(context.Background(), driver.TxOptions{})
 	}
-	var site *callers
+	var site *callsite.Stack
 	if c.connector.pins != nil {
-		site = new(callers)
-		site.captureFast()
+		site = new(callsite.Stack)
+		site.CaptureFast()
 	}
 	inner, err := c.inner.Begin() //nolint:staticcheck // the inner driver has no BeginTx
 	if err != nil {
@@ -507,8 +508,8 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	// Postgres: where the transaction begins, which waiters of other
 	// connections are told, here and in other processes (a frame-pointer
 	// walk of a few nanoseconds on amd64 and arm64).
-	var site callers
-	site.captureFast()
+	var site callsite.Stack
+	site.CaptureFast()
 	if t, ok, err := c.beginOwn(ctx, opts, &site); ok {
 		return t, err
 	}

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
 )
 
 // DebugHandler returns an http.Handler that shows, for each of dbs (opened
@@ -622,7 +624,7 @@ func (t *lockTable[K]) held(fn func(key K, h holderInfo, count int)) {
 type waiterInfo struct {
 	owner any
 	since time.Time
-	site  callers
+	site  callsite.Stack
 }
 
 // waits calls fn for each waiter and the holder it waits for, after

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
 )
 
 // The debug page's gathering is bounded at any scale: a transaction that
@@ -45,7 +47,7 @@ type heldCandidate struct {
 	pid                      int32
 	since                    time.Time
 	site                     string
-	pcs                      *callers // when site is "": the stack, copied and symbolised only if the row is kept
+	pcs                      *callsite.Stack // when site is "": the stack, copied and symbolised only if the row is kept
 	stmt                     string
 	count                    int
 	waiters                  int // waits in progress for this lock
@@ -157,7 +159,7 @@ func inKeyOrder(a, b *heldCandidate) bool { return comparePos(a.pos(), b.pos()) 
 // keptHeld is a candidate kept as a row, with its own copy of the stack.
 type keptHeld struct {
 	heldCandidate
-	stack callers
+	stack callsite.Stack
 }
 
 // heldTop keeps the n best candidates offered, in O(n) memory: a heap
@@ -370,7 +372,7 @@ func (c *keptHeld) row(now time.Time, sym siteNames) debugHeld {
 	h := debugHeld{Kind: c.kind, Mode: c.mode, Scope: c.scope, Namespace: c.namespace, Conn: c.connID, PID: c.pid,
 		State: c.state, Since: c.since, HeldSeconds: secondsSince(now, c.since), Site: c.site,
 		Statement: truncate(c.stmt, 500), Count: c.count, Waiters: c.waiters}
-	if h.Site == "" && c.stack.n > 0 {
+	if h.Site == "" && c.stack.Recorded() {
 		h.Site = sym.of(&c.stack)
 	}
 	switch {
@@ -409,10 +411,10 @@ func advisoryCandidate(c *heldCandidate, k lockKey) {
 
 // siteNames symbolises call sites once per page load: the waiters of one
 // hot lock were mostly asked for at the same place.
-type siteNames map[callers]string
+type siteNames map[callsite.Stack]string
 
-func (s siteNames) of(c *callers) string {
-	if c.n == 0 {
+func (s siteNames) of(c *callsite.Stack) string {
+	if !c.Recorded() {
 		return "unknown"
 	}
 	if name, ok := s[*c]; ok {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
 )
 
 // getDebug fetches url and returns the body, failing on a non-200.
@@ -346,8 +348,8 @@ func TestWaitTrackingAllocatesNothing(t *testing.T) {
 	c := trackedConn(t, sc)
 	tel := c.connector.tel
 	ctx := context.Background()
-	var site callers
-	site.capture()
+	var site callsite.Stack
+	site.Capture()
 	wait := func() {
 		_, w := tel.startWait(ctx, "lockset", "exclusive", "transaction")
 		w.setWaiter(c, "", &site, "", nil)

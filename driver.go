@@ -31,6 +31,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/driverext"
 )
 
@@ -302,7 +303,7 @@ type connector struct {
 	turns    lockTable[int64]       // Postgres: AcquireAdvisoryLock's in-process queue per key
 	tokens   tokenClock             // SQLite: the in-process advisory locks' fencing tokens
 	own      ownStatements          // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
-	sites    siteCache              // Postgres: call sites of transactions' identities, by return address (callsite.go)
+	sites    callsite.Names         // Postgres: call sites of transactions' identities, by return address (internal/callsite)
 	locksets lockTable[locksetKey]  // SQLite's in-process Lock/TryLock
 	writer   writerLock             // SQLite's in-process writer lock
 	walGate  chan struct{}          // SQLite: one connection at a time switches the file to WAL (sqlite_defaults.go)

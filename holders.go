@@ -15,6 +15,8 @@ import (
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
 )
 
 // The model of holders and waiters, one per process.
@@ -545,26 +547,26 @@ func identify(s pgBlocker, keys []lockKey) (h holder, ok bool) {
 // transaction's own state (tx) belongs to the connection's goroutine; this
 // copy is guarded by mu.
 type txIdent struct {
-	g     atomic.Uintptr // the goroutine that began it (currentG), for self-waits
+	g     atomic.Uintptr // the goroutine that began it (callsite.CurrentGoroutine), for self-waits
 	mu    sync.Mutex
 	open  bool
 	since time.Time
-	site  callers
+	site  callsite.Stack
 	span  trace.SpanContext
 	ctx   context.Context
 }
 
 // set records that a transaction began with ctx at site (nil: not
 // recorded).
-func (t *txIdent) set(ctx context.Context, since time.Time, site *callers) {
-	t.g.Store(currentG())
+func (t *txIdent) set(ctx context.Context, since time.Time, site *callsite.Stack) {
+	t.g.Store(callsite.CurrentGoroutine())
 	t.mu.Lock()
 	t.open, t.since, t.ctx = true, since, ctx
 	t.span = trace.SpanContextFromContext(ctx)
 	if site != nil {
 		t.site = *site
 	} else {
-		t.site.n = 0
+		t.site.Reset()
 	}
 	t.mu.Unlock()
 }
@@ -573,12 +575,13 @@ func (t *txIdent) set(ctx context.Context, since time.Time, site *callers) {
 func (t *txIdent) clear() {
 	t.g.Store(0)
 	t.mu.Lock()
-	t.open, t.ctx, t.site.n = false, nil, 0
+	t.open, t.ctx = false, nil
+	t.site.Reset()
 	t.mu.Unlock()
 }
 
 // snapshot returns the transaction's identity, if one is open.
-func (t *txIdent) snapshot() (since time.Time, site callers, span trace.SpanContext, ctx context.Context, open bool) {
+func (t *txIdent) snapshot() (since time.Time, site callsite.Stack, span trace.SpanContext, ctx context.Context, open bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.since, t.site, t.span, t.ctx, t.open
@@ -607,7 +610,7 @@ func (oc *conn) asHolder(keys []lockKey) holder {
 	since, site, span, _, open := oc.ident.snapshot()
 	if open {
 		h.Since, h.SiteKind = since, siteBegan
-		if site.n > 0 {
+		if site.Recorded() {
 			h.Site = site.String()
 		}
 		h = h.withSpan(span)
@@ -729,7 +732,7 @@ func tableHolder(key string, h holderInfo) holder { return tableHolderNamed(key,
 func tableHolderNamed(key string, h holderInfo, sym siteNames) holder {
 	x := connHolder(ownerConn(h.owner))
 	x.Key, x.Since, x.SiteKind = key, h.since, siteTook
-	if h.site.n > 0 {
+	if h.site.Recorded() {
 		if sym != nil {
 			x.Site = sym.of(&h.site)
 		} else {
@@ -786,7 +789,7 @@ type writerHolder struct {
 	owner    any
 	since    time.Time
 	stmt     string            // the autocommit statement holding it, or
-	site     callers           // where its transaction began (n == 0: not recorded)
+	site     callsite.Stack    // where its transaction began (empty: not recorded)
 	siteLate bool              // site is that of a later statement of the transaction
 	span     trace.SpanContext // the span it took the lock in
 }
@@ -798,7 +801,7 @@ func (h *writerHolder) identity() holder {
 	switch {
 	case h.stmt != "":
 		x.Statement, x.running = h.stmt, true
-	case h.site.n == 0:
+	case !h.site.Recorded():
 	case h.siteLate:
 		x.Site, x.SiteKind = h.site.String(), siteLater
 	default:
@@ -822,7 +825,7 @@ func (h *writerHolder) location() string {
 	switch {
 	case h.stmt != "":
 		return describeWriter(h.stmt, nil)
-	case h.site.n == 0:
+	case !h.site.Recorded():
 		return "not recorded"
 	case h.siteLate:
 		return h.site.String() + " (a later statement)"
@@ -831,7 +834,7 @@ func (h *writerHolder) location() string {
 }
 
 // describeWriter returns the statement, or symbolises the call site.
-func describeWriter(stmt string, site *callers) string {
+func describeWriter(stmt string, site *callsite.Stack) string {
 	if stmt != "" {
 		return "statement " + strconv.Quote(truncate(stmt, 120))
 	}
@@ -843,7 +846,7 @@ type writerWaiterInfo struct {
 	owner any
 	since time.Time
 	stmt  string
-	site  callers
+	site  callsite.Stack
 	where string // the statement, or where its transaction begins
 }
 

@@ -4,11 +4,11 @@ import (
 	"context"
 	"database/sql/driver"
 	"fmt"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/lockorder"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
@@ -223,8 +223,8 @@ func (c *conn) take(l txLock) {
 		if p.order.Class == "" {
 			return
 		}
-		site := new(stack)
-		site.capture()
+		site := new(callsite.Trail)
+		site.Capture()
 		p.order.Site = site
 		c.noteLockOrder(g.graph.Taken(&p.order, c.order.session, t.held.list[:n]))
 	}
@@ -256,8 +256,8 @@ func (c *conn) takeSession(l txLock) {
 			return
 		}
 	}
-	site := new(stack)
-	site.capture()
+	site := new(callsite.Trail)
+	site.Capture()
 	l.order.Site = site
 	l.count = 1
 	var tx []txLock
@@ -448,8 +448,8 @@ func (c *conn) watchRowLock(ctx context.Context, query string, rows driver.Rows)
 	if tg.OrderBy || tg.Table == "" {
 		return rows
 	}
-	r := &countedRows{Rows: rows, check: c.connector.opts.lockOrder, class: "table " + strings.ToLower(tg.Table), site: new(stack)}
-	r.site.capture()
+	r := &countedRows{Rows: rows, check: c.connector.opts.lockOrder, class: "table " + strings.ToLower(tg.Table), site: new(callsite.Trail)}
+	r.site.Capture()
 	return r
 }
 
@@ -458,7 +458,7 @@ type countedRows struct {
 	driver.Rows
 	check *lockOrder
 	class string
-	site  *stack
+	site  *callsite.Trail
 	n     int
 }
 
@@ -479,42 +479,4 @@ func (r *countedRows) Close() error {
 		r.n = 0
 	}
 	return err
-}
-
-// stack is a call stack captured for the lock-order checker, deeper than
-// callers: the checker names the application's frames above helpers, and
-// database/sql alone adds several frames.
-type stack struct {
-	pcs [48]uintptr
-	n   int
-}
-
-func (s *stack) capture() { s.n = runtime.Callers(3, s.pcs[:]) }
-
-// siteFrames is how many of the application's frames a call site names.
-const siteFrames = 3
-
-// String returns file:line of the first frames outside database/sql and
-// lockhooks: "a.go:10, called from b.go:20, called from c.go:30".
-func (s *stack) String() string {
-	if s == nil || s.n == 0 {
-		return "unknown"
-	}
-	var parts []string
-	frames := runtime.CallersFrames(s.pcs[:s.n])
-	for len(parts) < siteFrames {
-		f, more := frames.Next()
-		internal := strings.HasPrefix(f.Function, "database/sql.") ||
-			(strings.HasPrefix(f.Function, "github.com/lockhooks/lockhooks.") && !strings.HasSuffix(f.File, "_test.go"))
-		if !internal && f.Function != "" && !strings.HasPrefix(f.Function, "runtime.") && !strings.HasPrefix(f.Function, "testing.") {
-			parts = append(parts, shortFile(f.File)+":"+strconv.Itoa(f.Line))
-		}
-		if !more {
-			break
-		}
-	}
-	if len(parts) == 0 {
-		return "unknown"
-	}
-	return strings.Join(parts, ", called from ")
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 )
 
@@ -265,7 +266,7 @@ func (m *beginMessage) compose(begin string, idFirst bool, appName string) {
 // publishes one; transaction-local, it ends with the transaction). site is
 // where the transaction began. ok is false where the driver's BeginTx
 // begins it instead.
-func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callers) (t driver.Tx, ok bool, err error) {
+func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsite.Stack) (t driver.Tx, ok bool, err error) {
 	own := c.connector.own.of(c.inner)
 	if !own.ok() || c.queryer == nil || c.execer == nil {
 		return nil, false, nil
@@ -285,7 +286,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *caller
 	m := &c.tx.msg
 	var where string
 	if publish {
-		where = c.connector.sites.of(site)
+		where = c.connector.sites.Of(site)
 	}
 	if m.text == "" || m.site != where || m.opts != opts || m.id != id || m.publish != publish {
 		*m = beginMessage{site: where, opts: opts, id: id, publish: publish}

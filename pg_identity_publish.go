@@ -27,7 +27,7 @@ import (
 //     sees it (PgBouncer 1.18 does not reset application_name for clients
 //     that set none, so a session-level SET would leak there; 1.25 does).
 //     The site is where the transaction began, from the stack tx.begin
-//     records anyway, named through the database's siteCache.
+//     records anyway, named through the database's callsite.Names.
 //   - A session advisory lock's identity rides on the statement that
 //     leaves it held: on a connection to the server itself, the exact
 //     session-lock or unlock statement of one call (annotatedLockText);

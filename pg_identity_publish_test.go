@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
@@ -25,7 +26,7 @@ import (
 // names call sites.
 func here(delta int) string {
 	_, file, line, _ := runtime.Caller(1)
-	return shortFile(file) + ":" + strconv.Itoa(line+delta)
+	return callsite.ShortFile(file) + ":" + strconv.Itoa(line+delta)
 }
 
 // activity reads a backend's application_name and last statement.

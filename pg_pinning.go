@@ -14,6 +14,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
@@ -82,9 +83,9 @@ type pinState struct {
 	// lock, for /debug/locks (xact is empty: unset).
 	xactSince time.Time
 	xactSite  string
-	xactPCs   callers // when xactSite is "": symbolised only when shown
-	textTx    bool    // in a transaction block opened by statement text (BEGIN), not by database/sql
-	parked    bool    // withdrawn from the pool; owned by the pinning registry
+	xactPCs   callsite.Stack // when xactSite is "": symbolised only when shown
+	textTx    bool           // in a transaction block opened by statement text (BEGIN), not by database/sql
+	parked    bool           // withdrawn from the pool; owned by the pinning registry
 	parkedAt  time.Time
 	closed    bool // the physical connection was closed by lockhooks
 	warned    bool
@@ -627,7 +628,8 @@ func (c *conn) apply(span trace.SpanContext, plan advisoryPlan, results []driver
 			if inTx {
 				if c.pin.xact == nil {
 					c.pin.xact = make(map[lockKey]int)
-					c.pin.xactSince, c.pin.xactSite, c.pin.xactPCs.n = time.Now(), plan.site, 0
+					c.pin.xactSince, c.pin.xactSite = time.Now(), plan.site
+					c.pin.xactPCs.Reset()
 				}
 				c.pin.xact[k]++
 			}
@@ -784,7 +786,7 @@ func (c *conn) clearLocks() {
 
 // addXact records transaction-level keys the transaction took through
 // lockhooks' own statements (Lock on Postgres).
-func (c *conn) addXact(keys []int64, site *callers) {
+func (c *conn) addXact(keys []int64, site *callsite.Stack) {
 	c.pin.mu.Lock()
 	defer c.pin.mu.Unlock()
 	if c.pin.xact == nil {

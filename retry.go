@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 )
 
@@ -193,7 +194,7 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 			o(cfg)
 		}
 	}
-	r.run.g = currentG()
+	r.run.g = callsite.CurrentGoroutine()
 	r.mark = runInTxContext{Context: ctx, run: &r.run} // see retry_commit.go
 	if r.postgres && cfg.commitCheck {
 		r.mark.info = &r.info

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
@@ -63,7 +64,7 @@ type fnRun struct {
 
 // onThisStack reports whether fn is running on the current goroutine.
 func (r *fnRun) onThisStack() bool {
-	return r != nil && r.g != 0 && r.running.Load() && r.g == currentG()
+	return r != nil && r.g != 0 && r.running.Load() && r.g == callsite.CurrentGoroutine()
 }
 
 // runOf returns the fn of RunInTx whose BeginTx context ctx is, or nil.
@@ -90,7 +91,7 @@ func chainOf(ctx context.Context, run *fnRun) callChain {
 	if rc, ok := ctx.(*runInTxContext); ok {
 		ctx = rc.Context
 	}
-	return callChain{ctx: ctx, g: currentG(), run: run}
+	return callChain{ctx: ctx, g: callsite.CurrentGoroutine(), run: run}
 }
 
 // selfWait classifies a wait with ctx for what h holds: certain when h's
@@ -128,13 +129,13 @@ func sameContext(a, b context.Context) (same bool) {
 
 // sameCallChain reports whether work run with ctx on the current goroutine
 // looks like the call chain that took a lock (or began a transaction) with
-// holderCtx on goroutine holderG (currentG): the same goroutine, with the
+// holderCtx on goroutine holderG (callsite.CurrentGoroutine): the same goroutine, with the
 // same context. It is only a hint: the lock or transaction may have been
 // handed to another goroutine, the holder's goroutine may have exited and
 // its descriptor been reused, and context.Background() values all compare
 // equal.
 func sameCallChain(ctx, holderCtx context.Context, holderG uintptr) bool {
-	g := currentG()
+	g := callsite.CurrentGoroutine()
 	return g != 0 && g == holderG && sameContext(ctx, holderCtx)
 }
 
@@ -184,7 +185,7 @@ func (w *lockWait) withSelfHint(err error) error {
 // began with ctx (likely), or nil. It looks at every open connection of
 // the database, so it is called only on the way to a wait that may be one.
 func selfWaitHolder(ctx context.Context, c *conn) (h *conn, certain bool) {
-	g := currentG()
+	g := callsite.CurrentGoroutine()
 	if g == 0 {
 		return nil, false
 	}

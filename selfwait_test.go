@@ -10,13 +10,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
 )
 
 // skipWithoutGoroutineIdentity skips, loudly, where lockhooks recognises
 // no self-wait.
 func skipWithoutGoroutineIdentity(t *testing.T) {
 	t.Helper()
-	if currentG() == 0 {
+	if callsite.CurrentGoroutine() == 0 {
 		t.Skipf("SKIP: no goroutine identity on %s: self-waits are not recognised there", runtime.GOARCH)
 	}
 }
@@ -239,7 +241,7 @@ func TestSelfWaitNotForTxHandedToCommitter(t *testing.T) {
 
 // A transaction begun on a goroutine that then exits (handing the *sql.Tx
 // to its caller) must not pass for the transaction of a later goroutine
-// that the runtime gives the exited one's descriptor (currentG), with the
+// that the runtime gives the exited one's descriptor (callsite.CurrentGoroutine), with the
 // same context (context.Background() values all compare equal): that
 // writer waits for the caller's COMMIT. Repeated until the descriptor was
 // reused a few times (most rounds at GOMAXPROCS 1); the test passes
@@ -261,7 +263,7 @@ func TestSelfWaitNotAfterGoroutineReuse(t *testing.T) {
 			if err != nil {
 				panic(err)
 			}
-			txs <- begun{tx, currentG()}
+			txs <- begun{tx, callsite.CurrentGoroutine()}
 		}()
 		a := <-txs
 		time.Sleep(time.Millisecond) // goroutine A has most likely exited
@@ -272,7 +274,7 @@ func TestSelfWaitNotAfterGoroutineReuse(t *testing.T) {
 		done := make(chan wrote, 1)
 		go func() {
 			_, err := db.Exec("INSERT INTO t DEFAULT VALUES") // waits for a.tx, which the test commits
-			done <- wrote{err, currentG()}
+			done <- wrote{err, callsite.CurrentGoroutine()}
 		}()
 		time.Sleep(20 * time.Millisecond)
 		if _, err := a.tx.Exec("INSERT INTO t DEFAULT VALUES"); err != nil {

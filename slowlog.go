@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
 )
 
 // defaultSlowLockLog is WithSlowLockLog's default threshold.
@@ -49,14 +51,14 @@ type waitInfo struct {
 	listed     bool
 	ended      bool // ended while its "still waiting" line was being written (next to listed: the record stays 416 bytes)
 
-	conn      *conn     // the waiting connection, when known
-	site      string    // where the wait was asked for, or
-	pcs       callers   // the stack, symbolised only when shown
-	query     string    // the statement that waits (row locks, SQLite writes); never its arguments
-	keys      string    // the keys or ids, as text
-	namespace string    // Lock's namespace
-	advKeys   []lockKey // Postgres advisory keys, for the in-process holder
-	selfHint  string    // why the wait is likely a self-wait (selfwait.go), or ""
+	conn      *conn          // the waiting connection, when known
+	site      string         // where the wait was asked for, or
+	pcs       callsite.Stack // the stack, symbolised only when shown
+	query     string         // the statement that waits (row locks, SQLite writes); never its arguments
+	keys      string         // the keys or ids, as text
+	namespace string         // Lock's namespace
+	advKeys   []lockKey      // Postgres advisory keys, for the in-process holder
+	selfHint  string         // why the wait is likely a self-wait (selfwait.go), or ""
 
 	slow       int
 	holderText string        // the holder as the "still waiting" line named it
@@ -163,7 +165,7 @@ func (ww *waitWatch) add(ctx context.Context, w *lockWait, attrs []attribute.Key
 // setWaiter records who waits: the connection, where (site, or the stack
 // in pcs), the statement, and the Postgres advisory keys. Nil arguments
 // leave the field alone.
-func (w *lockWait) setWaiter(c *conn, site string, pcs *callers, query string, keys []lockKey) {
+func (w *lockWait) setWaiter(c *conn, site string, pcs *callsite.Stack, query string, keys []lockKey) {
 	if w == nil || w.t == nil || w.t.watch == nil {
 		return
 	}
@@ -249,7 +251,7 @@ type waitView struct {
 	keys      string
 	namespace string
 	advKeys   []lockKey
-	pcs       callers
+	pcs       callsite.Stack
 	selfHint  string
 }
 
@@ -262,7 +264,7 @@ func viewLocked(w *lockWait) waitView {
 
 // symbolise fills site from the stack; ww.mu is not held.
 func (v *waitView) symbolise() {
-	if v.site == "" && v.pcs.n > 0 {
+	if v.site == "" && v.pcs.Recorded() {
 		v.site = v.pcs.String()
 	}
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
 )
 
 // lockTable is a set of in-process exclusive locks, one per key, created
@@ -32,7 +34,7 @@ type lockEntry struct {
 	owner   any
 	count   int
 	since   time.Time
-	site    callers           // where the holder took it
+	site    callsite.Stack    // where the holder took it
 	span    trace.SpanContext // the holder's span, for waiters' links
 	chain   callChain         // the holder's call chain, for self-waits
 	waiters []*lockWaiter
@@ -42,7 +44,7 @@ type lockEntry struct {
 type lockWaiter struct {
 	owner   any
 	since   time.Time // when it began waiting
-	site    callers
+	site    callsite.Stack
 	span    trace.SpanContext
 	chain   callChain     // its call chain, recorded by the key when handed over
 	granted chan struct{} // closed when the lock is handed to this waiter
@@ -52,7 +54,7 @@ type lockWaiter struct {
 type holderInfo struct {
 	owner any
 	since time.Time
-	site  callers
+	site  callsite.Stack
 	span  trace.SpanContext
 }
 
@@ -62,7 +64,7 @@ type holderInfo struct {
 // wait for a holder certainly of the caller's own call chain (see
 // callChain.selfWait) is refused at once with a *tableWaitError; a likely
 // one waits, with the hint noted on wait (may be nil) and in the error.
-func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, run *fnRun, site *callers, wait *lockWait) error {
+func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, run *fnRun, site *callsite.Stack, wait *lockWait) error {
 	span := trace.SpanContextFromContext(ctx)
 	chain := chainOf(ctx, run)
 	t.mu.Lock()
@@ -168,7 +170,7 @@ func (e *lockEntry) holderInfo() holderInfo {
 // tryLock takes key for owner (of run, as lock) if nobody else holds it;
 // ctx is the caller's (its span for the links of later waiters, itself
 // for their self-wait check).
-func (t *lockTable[K]) tryLock(ctx context.Context, key K, owner any, run *fnRun, site *callers) bool {
+func (t *lockTable[K]) tryLock(ctx context.Context, key K, owner any, run *fnRun, site *callsite.Stack) bool {
 	chain := chainOf(ctx, run)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -281,13 +283,13 @@ func (t *lockTable[K]) release(key K, e *lockEntry) {
 	close(w.granted)
 }
 
-func (e *lockEntry) take(owner any, site *callers, span trace.SpanContext, chain callChain) {
+func (e *lockEntry) take(owner any, site *callsite.Stack, span trace.SpanContext, chain callChain) {
 	if e.count == 0 {
 		e.owner, e.since, e.span, e.chain = owner, time.Now(), span, chain
 		if site != nil {
 			e.site = *site
 		} else {
-			e.site = callers{}
+			e.site = callsite.Stack{}
 		}
 	}
 	e.count++
@@ -531,8 +533,8 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 		_, w := c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
 			AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
 		w.noteSelfHint(hint)
-		var site callers
-		site.captureFast()
+		var site callsite.Stack
+		site.CaptureFast()
 		w.setWaiter(c, "", &site, "", ks)
 		c.watchBlockers(ctx, w)
 		ok, err = c.locksetPostgres(ctx, namespace, keys, try, &site)
@@ -581,8 +583,8 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 	owner := txOwner{t.c, t.gen}
 	_, w := t.c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
 		AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
-	var site callers
-	site.captureFast()
+	var site callsite.Stack
+	site.CaptureFast()
 	w.setWaiter(t.c, "", &site, "", nil)
 	taken := 0
 	for _, k := range keys {
@@ -652,7 +654,7 @@ func advisoryKeys(namespace string, keys []string) []int64 {
 // savepoint back unless it got them all (transaction-level locks taken in a
 // subtransaction are released with it), so it holds all or none and never
 // a session lock.
-func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []string, try bool, site *callers) (bool, error) {
+func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []string, try bool, site *callsite.Stack) (bool, error) {
 	ks := advisoryKeys(namespace, keys)
 	if !try {
 		if _, err := c.queryRow(ctx, lockAll("pg_advisory_xact_lock", "count", ks), nil); err != nil {
@@ -752,7 +754,7 @@ type writerLock struct {
 	owner    any
 	since    time.Time
 	stmt     string            // the autocommit statement holding it, or
-	site     callers           // where the transaction holding it began (n == 0: not recorded)
+	site     callsite.Stack    // where the transaction holding it began (empty: not recorded)
 	siteLate bool              // site is that of a later statement of the transaction
 	span     trace.SpanContext // the holder's span
 	chain    callChain         // the holder's call chain (its BeginTx's, or its statement's), for self-waits
@@ -773,7 +775,7 @@ type writerWaiter struct {
 	since   time.Time // when it began waiting
 	granted chan struct{}
 	stmt    string
-	site    callers
+	site    callsite.Stack
 	span    trace.SpanContext
 	chain   callChain
 }
@@ -789,9 +791,10 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 	now := time.Now()
 	if !w.held {
 		w.held, w.owner, w.since, w.stmt, w.span, w.chain = true, owner, now, stmt, span, chain
-		w.site.n, w.siteLate = 0, false
-		if stmt == "" && (fastCallers || now.Sub(w.contended) < siteWindow) {
-			w.site.captureFast()
+		w.site.Reset()
+		w.siteLate = false
+		if stmt == "" && (callsite.FastCapture || now.Sub(w.contended) < siteWindow) {
+			w.site.CaptureFast()
 		}
 		w.mu.Unlock()
 		return nil
@@ -819,11 +822,11 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 	}
 	wt := &writerWaiter{owner: owner, since: now, granted: make(chan struct{}), stmt: stmt, span: span, chain: chain}
 	if stmt == "" {
-		wt.site.captureFast()
+		wt.site.CaptureFast()
 	}
 	w.waiters = append(w.waiters, wt)
 	w.contended = now
-	if w.stmt == "" && w.site.n == 0 {
+	if w.stmt == "" && !w.site.Recorded() {
 		w.siteWanted.Store(true)
 	}
 	holder := w.holderLocked()
@@ -893,10 +896,10 @@ func (w *writerLock) noteStatementInTx(owner any) {
 	if !w.siteWanted.Load() {
 		return
 	}
-	var site callers
-	site.capture()
+	var site callsite.Stack
+	site.Capture()
 	w.mu.Lock()
-	if w.held && w.owner == owner && w.stmt == "" && w.site.n == 0 {
+	if w.held && w.owner == owner && w.stmt == "" && !w.site.Recorded() {
 		w.site, w.siteLate = site, true
 		w.siteWanted.Store(false)
 	}
@@ -916,7 +919,8 @@ func (w *writerLock) handOff() {
 	w.siteWanted.Store(false)
 	w.siteLate = false
 	if len(w.waiters) == 0 {
-		w.held, w.owner, w.stmt, w.site.n, w.chain = false, nil, "", 0, callChain{}
+		w.held, w.owner, w.stmt, w.chain = false, nil, "", callChain{}
+		w.site.Reset()
 		return
 	}
 	next := w.waiters[0]

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
 )
 
 // isBusy reports an SQLITE_BUSY (or SQLITE_LOCKED) from modernc.
@@ -98,9 +100,9 @@ func TestWriterLock(t *testing.T) {
 	if !errors.Is(err, ErrWriterLockTimeout) || !strings.Contains(err.Error(), "connection #") {
 		t.Fatalf("a second writer: %v, want ErrWriterLockTimeout naming the holder's connection", err)
 	}
-	if want := "not recorded"; !fastCallers && !strings.Contains(err.Error(), want) {
+	if want := "not recorded"; !callsite.FastCapture && !strings.Contains(err.Error(), want) {
 		t.Errorf("a second writer: %v, want %q", err, want)
-	} else if want := "transaction begun at"; fastCallers && !strings.Contains(err.Error(), want) {
+	} else if want := "transaction begun at"; callsite.FastCapture && !strings.Contains(err.Error(), want) {
 		t.Errorf("a second writer: %v, want %q", err, want)
 	}
 	first.Rollback()
@@ -171,7 +173,7 @@ func TestWriterLockRecordsSitesAfterRecentWaits(t *testing.T) {
 		{"just now", time.Now(), true},
 	} {
 		where := whereAfterLock(c.lastWait)
-		if recorded := strings.Contains(where, "_test.go:"); recorded != (c.recorded || fastCallers) {
+		if recorded := strings.Contains(where, "_test.go:"); recorded != (c.recorded || callsite.FastCapture) {
 			t.Errorf("last wait %s: the holder's site is %q, recorded %v, want %v", c.name, where, recorded, c.recorded)
 		}
 	}
@@ -180,7 +182,7 @@ func TestWriterLockRecordsSitesAfterRecentWaits(t *testing.T) {
 // A writer that waits for a transaction whose site was not recorded asks
 // for it; the holder's next statement records where it runs.
 func TestWriterLockHolderSiteAtNextStatement(t *testing.T) {
-	if fastCallers {
+	if callsite.FastCapture {
 		t.Skip("SKIP: with frame-pointer captures (amd64, arm64) every write transaction records where it began; the next-statement fallback serves other architectures")
 	}
 	db, _ := openSQLiteFile(t, WithBusyTimeout(time.Minute))

@@ -9,6 +9,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
 )
 
 // immediateTx is an SQLite write transaction begun with BEGIN IMMEDIATE
@@ -87,7 +89,7 @@ var _ driver.Tx = (*tx)(nil)
 
 // begin starts tracking the transaction inner, begun at site (Postgres;
 // nil: not recorded), and returns it wrapped.
-func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions, site *callers) *tx {
+func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions, site *callsite.Stack) *tx {
 	t.inner, t.opts, t.ctx = inner, opts, ctx
 	t.gen++
 	t.read = false

@@ -1,4 +1,4 @@
-package lockhooks
+package callsite
 
 import (
 	"reflect"
@@ -7,15 +7,15 @@ import (
 	"testing"
 )
 
-// currentG is stable within a goroutine and different between goroutines
-// alive at the same time.
+// CurrentGoroutine is stable within a goroutine and different between
+// goroutines alive at the same time.
 func TestCurrentGoroutine(t *testing.T) {
 	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
 		t.Skipf("no goroutine identity on %s", runtime.GOARCH)
 	}
-	me := currentG()
-	if me == 0 || currentG() != me {
-		t.Fatalf("currentG: %#x then %#x", me, currentG())
+	me := CurrentGoroutine()
+	if me == 0 || CurrentGoroutine() != me {
+		t.Fatalf("CurrentGoroutine: %#x then %#x", me, CurrentGoroutine())
 	}
 	const n = 50
 	got := make(chan uintptr)
@@ -23,9 +23,9 @@ func TestCurrentGoroutine(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			id := currentG()
+			id := CurrentGoroutine()
 			runtime.Gosched()
-			if currentG() != id {
+			if CurrentGoroutine() != id {
 				t.Errorf("goroutine %d: its identity changed", i)
 			}
 			got <- id
@@ -45,23 +45,23 @@ func TestCurrentGoroutine(t *testing.T) {
 }
 
 //go:noinline
-func nestedCapture(depth int, fast bool) (c callers) {
+func nestedCapture(depth int, fast bool) (c Stack) {
 	if depth > 0 {
 		return nestedCapture(depth-1, fast)
 	}
 	if fast {
-		c.captureFast()
+		c.CaptureFast()
 	} else {
-		c.n = runtime.Callers(1, c.pcs[:]) // from this function, as captureFast
+		c.n = runtime.Callers(1, c.pcs[:]) // from this function, as CaptureFast
 	}
 	return c
 }
 
-// captureFast records the frames runtime.Callers records.
+// CaptureFast records the frames runtime.Callers records.
 func TestCaptureFastMatchesCallers(t *testing.T) {
 	for _, depth := range []int{0, 3, 20} {
 		fast, slow := nestedCapture(depth, true), nestedCapture(depth, false)
-		frames := func(c callers) []string {
+		frames := func(c Stack) []string {
 			var out []string
 			fs := runtime.CallersFrames(c.pcs[:c.n])
 			for {
@@ -77,7 +77,7 @@ func TestCaptureFastMatchesCallers(t *testing.T) {
 			t.Fatalf("depth %d: fast %v, runtime.Callers %v", depth, ff, sf)
 		}
 		for i := range min(len(ff), len(sf), depth+2) { // up to the test (the runtime elides wrappers below it)
-			if ff[i] != sf[i] && fastCallers {
+			if ff[i] != sf[i] && FastCapture {
 				t.Errorf("depth %d, frame %d: fast %s, runtime.Callers %s", depth, i, ff[i], sf[i])
 			}
 		}
@@ -91,12 +91,12 @@ func BenchmarkCapture(b *testing.B) {
 			name = "frame pointers"
 		}
 		b.Run(name, func(b *testing.B) {
-			var c callers
+			var c Stack
 			for b.Loop() {
 				if fast {
-					c.captureFast()
+					c.CaptureFast()
 				} else {
-					c.capture()
+					c.Capture()
 				}
 			}
 		})
@@ -134,8 +134,8 @@ func TestCaptureFastUnderStackGrowthAndGC(t *testing.T) {
 		wg.Go(func() {
 			for i := range 300 {
 				depth := (i*13 + w) % 200
-				var c callers
-				capture := func() { c.captureFast() }
+				var c Stack
+				capture := func() { c.CaptureFast() }
 				switch i % 3 {
 				case 0:
 					deepCapture(depth, [64]byte{}, capture)

@@ -1,24 +1,25 @@
 //go:build amd64 || arm64
 
-package lockhooks
+package callsite
 
 import "unsafe"
 
-// currentG returns the address of the running goroutine's runtime
+// CurrentGoroutine returns the address of the running goroutine's runtime
 // descriptor, read from the thread's g register (amd64: thread-local
 // storage; arm64: R28), as an opaque identity: it is never dereferenced,
 // and stays the same for the goroutine's whole life (the runtime reuses a
-// descriptor only after its goroutine exited). It costs a nanosecond. The
-// model of holders uses it to tell whether a waiter is the goroutine that
-// took the lock it would wait for (a self-wait); see selfwait.go.
-func currentG() uintptr
+// descriptor only after its goroutine exited). It costs a nanosecond.
+// lockhooks' model of holders uses it to tell whether a waiter is the
+// goroutine that took the lock it would wait for (a self-wait).
+func CurrentGoroutine() uintptr
 
 // callerFP returns the frame pointer of its caller's frame.
 func callerFP() unsafe.Pointer
 
-// fastCallers says that captureFast walks frame pointers: a stack capture
-// costs a few nanoseconds per frame instead of runtime.Callers' tens.
-const fastCallers = true
+// FastCapture says that Stack.CaptureFast walks frame pointers: a stack
+// capture costs a few nanoseconds per frame instead of runtime.Callers'
+// tens.
+const FastCapture = true
 
 // stackBounds returns the bounds [lo, hi) of the running goroutine's
 // stack, read from its runtime descriptor (g.stack, the descriptor's first
@@ -28,7 +29,7 @@ const fastCallers = true
 // points), never in the middle of a NOSPLIT-free loop without calls.
 func stackBounds() (lo, hi uintptr)
 
-// captureFast records the call stack by walking the frame pointers of the
+// CaptureFast records the call stack by walking the frame pointers of the
 // current goroutine's stack, as the runtime's execution tracer does on
 // amd64 and arm64 (the return address sits one word above each frame
 // pointer). It reads only the goroutine's own stack, in its own frames,
@@ -40,10 +41,10 @@ func stackBounds() (lo, hi uintptr)
 // (inlined frames included).
 //
 //go:noinline
-func (c *callers) captureFast() {
-	fp := callerFP() // captureFast's own frame
+func (s *Stack) CaptureFast() {
+	fp := callerFP() // CaptureFast's own frame
 	_, hi := stackBounds()
-	c.n = walkFrames(&c.pcs, fp, hi)
+	s.n = walkFrames(&s.pcs, fp, hi)
 }
 
 // walkFrames records in pcs the return addresses of the frame-pointer

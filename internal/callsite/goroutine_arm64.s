@@ -1,7 +1,7 @@
 #include "textflag.h"
 
-// func currentG() uintptr
-TEXT ·currentG(SB),NOSPLIT,$0-8
+// func CurrentGoroutine() uintptr
+TEXT ·CurrentGoroutine(SB),NOSPLIT,$0-8
 	MOVD g, R0
 	MOVD R0, ret+0(FP)
 	RET
