@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -138,3 +139,43 @@ func modulePackages(t *testing.T) []string {
 	}
 	return dirs
 }
+
+// maxFileLines is the size past which a Go file has outgrown one concept.
+const maxFileLines = 600
+
+// TestNoFileOutgrowsItsConcept fails for a Go file of the repository (the
+// nested modules' included, generated files not) over maxFileLines: split
+// it by concept, as ARCHITECTURE.md places them.
+func TestNoFileOutgrowsItsConcept(t *testing.T) {
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if generated.Match(b) {
+			return nil
+		}
+		if n := strings.Count(string(b), "\n"); n > maxFileLines {
+			t.Errorf("%s has %d lines (at most %d): split it by concept", path, n, maxFileLines)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// generated matches the comment that marks a generated Go file.
+var generated = regexp.MustCompile(`(?m)^// Code generated .* DO NOT EDIT\.$`)

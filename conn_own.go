@@ -1,0 +1,237 @@
+package lockhooks
+
+// lockhooks' own statements on a connection: BEGIN IMMEDIATE for SQLite
+// writers, statements lockhooks runs for itself (its own BEGIN, ROLLBACK,
+// the backend's pid, pg_locks reads) and the helpers that read their single
+// row, plus the adapters for legacy drivers without the context methods.
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// beginsImmediate reports whether a transaction with opts is an SQLite
+// write transaction that lockhooks begins itself. On a read-only open
+// nothing can write, and BEGIN IMMEDIATE would fail under query_only, so
+// every transaction there begins as the driver begins it.
+func (c *conn) beginsImmediate(opts driver.TxOptions) bool {
+	return c.connector.opts.dialect == SQLite && !opts.ReadOnly && c.connector.sqlite.readOnly == ""
+}
+
+// beginImmediate begins an SQLite write transaction under the writer lock:
+// BEGIN IMMEDIATE, or BEGIN EXCLUSIVE when the DSN says _txlock=exclusive
+// (a deferred BEGIN would let a read-then-write transaction meet
+// SQLITE_BUSY; taking the write lock at BEGIN is lockhooks' purpose).
+// Where the driver begins that way itself (modernc, see
+// planModerncBegin), its BeginTx runs the BEGIN; otherwise lockhooks does.
+func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, ""); err != nil {
+		return nil, err
+	}
+	begun := false
+	defer func() {
+		if !begun { // BEGIN failed, or the driver panicked
+			c.connector.writer.unlock()
+		}
+	}()
+	var inner driver.Tx = immediateTx{c}
+	if c.driverBegins {
+		var err error
+		if inner, err = c.beginner.BeginTx(ctx, opts); err != nil {
+			return nil, c.observe(err)
+		}
+	} else {
+		begin := "BEGIN IMMEDIATE"
+		if c.connector.sqlite.txlock == "exclusive" {
+			begin = "BEGIN EXCLUSIVE"
+		}
+		if err := c.execOwn(ctx, begin); err != nil {
+			return nil, c.observe(err)
+		}
+	}
+	begun = true
+	t := c.tx.begin(ctx, inner, opts, nil)
+	t.writer = true
+	t.took(&t.writerSince)
+	return t, nil
+}
+
+// execOwn runs a statement of lockhooks' own (BEGIN, COMMIT, ROLLBACK) on
+// the inner connection, bypassing the hooks, through its Execer or, for
+// drivers without one, through Prepare.
+func (c *conn) execOwn(ctx context.Context, query string) error {
+	run := func() error {
+		if c.execer != nil {
+			_, err := c.execer.ExecContext(ctx, query, nil)
+			return err
+		}
+		return c.execPrepared(ctx, query)
+	}
+	if c.connector.pins == nil {
+		return run()
+	}
+	return c.noteRoundTrip(query, run) // Postgres: the backend's last statement (pg_loss.go)
+}
+
+// execPrepared runs a statement of lockhooks' own through Prepare, for
+// drivers without an Execer.
+func (c *conn) execPrepared(ctx context.Context, query string) error {
+	s, err := c.inner.Prepare(query)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if e, ok := s.(driver.StmtExecContext); ok {
+		_, err = e.ExecContext(ctx, nil)
+	} else {
+		_, err = s.Exec(nil) //nolint:staticcheck // no ExecContext
+	}
+	return err
+}
+
+// backendPID returns the Postgres backend pid of the connection, asking the
+// server once, the first time a feature needs it. The same statement leaves
+// the connection's marker on its backend (see sessionQuery).
+func (c *conn) backendPID(ctx context.Context) (int32, error) {
+	if pid := c.pid.Load(); pid != 0 {
+		return pid, nil
+	}
+	if c.connector.pins == nil {
+		return 0, errors.New("lockhooks: a backend pid is a Postgres notion")
+	}
+	var row []driver.Value
+	var err error
+	if c.connector.opts.txPooler || c.connector.opts.pinningPooler {
+		// A declared pooler: no guard, so no marker (RDS Proxy would pin
+		// the connection for a setting).
+		row, err = c.queryRow(ctx, "SELECT pg_backend_pid()", nil)
+	} else {
+		row, err = c.queryRow(ctx, sessionQuery, []driver.NamedValue{{Ordinal: 1, Value: c.marker()}})
+	}
+	if err != nil && c.mark != "" && isServerError(err) && !c.connectionBroken(err) {
+		// A server that refuses the marker (one that speaks Postgres's
+		// protocol but has no custom settings): the pid alone, and the
+		// pooler guard without markers.
+		c.mark = ""
+		row, err = c.queryRow(ctx, "SELECT pg_backend_pid()", nil)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("lockhooks: reading the backend pid of %v: %w", c, err)
+	}
+	switch pid := row[0].(type) {
+	case int64:
+		c.pid.Store(int32(pid))
+	case int32:
+		c.pid.Store(pid)
+	default:
+		return 0, fmt.Errorf("lockhooks: pg_backend_pid() returned %T, want an integer", row[0])
+	}
+	if len(row) > 3 {
+		c.incarnation = readIncarnation(row[3])
+	}
+	if len(row) > 1 {
+		c.sawMarker(asString(row[1]), strconv.Itoa(int(c.pid.Load())))
+	}
+	return c.pid.Load(), nil
+}
+
+// queryValue runs a statement of lockhooks' own on the inner connection,
+// bypassing the hooks, and returns the first column of its first row.
+func (c *conn) queryValue(ctx context.Context, query string, args ...driver.NamedValue) (driver.Value, error) {
+	row, err := c.queryRow(ctx, query, args)
+	if err != nil {
+		return nil, err
+	}
+	return row[0], nil
+}
+
+// queryRow runs a statement of lockhooks' own on the inner connection,
+// bypassing the hooks, and returns its first row.
+func (c *conn) queryRow(ctx context.Context, query string, args []driver.NamedValue) (row []driver.Value, err error) {
+	err = c.noteRoundTrip(query, func() error {
+		row, err = c.queryFirstRow(ctx, query, args)
+		return err
+	})
+	return row, err
+}
+
+// queryFirstRow is queryRow's round trip.
+func (c *conn) queryFirstRow(ctx context.Context, query string, args []driver.NamedValue) ([]driver.Value, error) {
+	var rows driver.Rows
+	var err error
+	if c.queryer != nil {
+		rows, err = c.queryer.QueryContext(ctx, query, args)
+	} else {
+		rows, err = queryDirect(ctx, c.inner, query, args)
+	}
+	if err != nil {
+		return nil, c.observe(err)
+	}
+	defer rows.Close()
+	dest := make([]driver.Value, len(rows.Columns()))
+	if err := rows.Next(dest); err != nil {
+		return nil, c.observe(err)
+	}
+	if len(dest) == 0 {
+		return nil, fmt.Errorf("lockhooks: %q returned no columns", query)
+	}
+	return dest, nil
+}
+
+// closingRows closes its statement after its rows.
+type closingRows struct {
+	driver.Rows
+	stmt driver.Stmt
+}
+
+func (r closingRows) Close() error {
+	err := r.Rows.Close()
+	if cerr := r.stmt.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// legacyExecer gives a driver.Execer the ExecerContext form.
+type legacyExecer struct{ driver.Execer } //nolint:staticcheck // legacy drivers
+
+func (e legacyExecer) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	values, err := namedValuesToValues(args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return e.Exec(query, values)
+}
+
+// legacyQueryer gives a driver.Queryer the QueryerContext form.
+type legacyQueryer struct{ driver.Queryer } //nolint:staticcheck // legacy drivers
+
+func (q legacyQueryer) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	values, err := namedValuesToValues(args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return q.Query(query, values)
+}
+
+// namedValuesToValues converts arguments for legacy driver methods, which
+// cannot take named arguments.
+func namedValuesToValues(named []driver.NamedValue) ([]driver.Value, error) {
+	values := make([]driver.Value, len(named))
+	for i, nv := range named {
+		if nv.Name != "" {
+			return nil, fmt.Errorf("lockhooks: the inner driver does not support named arguments (got %q)", nv.Name)
+		}
+		values[i] = nv.Value
+	}
+	return values, nil
+}

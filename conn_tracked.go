@@ -1,0 +1,159 @@
+package lockhooks
+
+// Statements whose effect lockhooks tracks: advisory-lock calls, row locks and
+// writes that take the SQLite writer lock, run under their plan (the text
+// sent, the wait traced, the keys the result grants or releases) and
+// accounted for once the driver answered.
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"slices"
+
+	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
+)
+
+// needsWriterLock notes that a statement ran in the current transaction,
+// and reports whether the statement is an SQLite write outside a
+// transaction (or a SELECT that asked for row locks), which must hold the
+// writer lock while it runs.
+func (c *conn) needsWriterLock(st statement) bool {
+	if c.tx.inner != nil {
+		c.tx.read = true
+		if c.tx.writer {
+			c.connector.writer.noteStatementInTx(c)
+		}
+		return false
+	}
+	return c.connector.opts.dialect == SQLite && (st.locks.Locks() || st.writes())
+}
+
+// queryWriting runs an SQLite query that writes under the writer lock,
+// held until its rows are closed.
+func (c *conn) queryWriting(ctx context.Context, st statement, query string, run func() (driver.Rows, error)) (driver.Rows, error) {
+	if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, query); err != nil {
+		return nil, err
+	}
+	rows, err := run()
+	if err != nil {
+		c.connector.writer.unlock()
+		return nil, st.explain(c.observe(err))
+	}
+	return newRows(ctx, c, rows, advisoryPlan{}, true), nil
+}
+
+// execTracked runs a statement that calls advisory-lock functions, or runs
+// on a connection holding session locks, with the lock tracking around it.
+// run runs the statement with a text and arguments, which are st's unless
+// lockhooks changed them (advisoryPlan.sent), where retext allows it (a
+// statement that is not prepared).
+func (c *conn) execTracked(ctx context.Context, st statement, args []driver.NamedValue, retext bool, run func(text string, args []driver.NamedValue) (driver.Result, error)) (driver.Result, error) {
+	plan, answer, err := c.beforeAdvisory(ctx, st, args, retext)
+	if answer != nil && err == nil {
+		return driver.RowsAffected(1), nil // a rerouted unlock: SELECT returned one row
+	}
+	if err != nil {
+		return nil, err
+	}
+	if plan.onHolder {
+		answer, err := c.runPlanOnHolder(ctx, plan, st.text, args)
+		if err = c.afterTracked(ctx, plan, answer.values(), err); err != nil {
+			return nil, err
+		}
+		return driver.RowsAffected(1), nil
+	}
+	res, err := run(c.sentWith(plan, args))
+	err = c.afterTracked(ctx, plan, nil, st.explain(c.observe(err)))
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// queryTracked is execTracked for queries: the tracking is brought up to
+// date when the rows are closed.
+func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.NamedValue, retext bool, run func(text string, args []driver.NamedValue) (driver.Rows, error)) (driver.Rows, error) {
+	plan, answer, err := c.beforeAdvisory(ctx, st, args, retext)
+	if answer != nil && err == nil {
+		return answer, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if plan.onHolder {
+		answer, err := c.runPlanOnHolder(ctx, plan, st.text, args)
+		if err = c.afterTracked(ctx, plan, answer.values(), err); err != nil {
+			return nil, err
+		}
+		return answer, nil
+	}
+	rows, err := run(c.sentWith(plan, args))
+	if err != nil {
+		return nil, c.afterTracked(ctx, plan, nil, st.explain(c.observe(err)))
+	}
+	if st.advisory == nil {
+		// A row-lock query: the driver has run it (pgx reads the first row
+		// in QueryContext), so the wait is over.
+		if err := c.afterTracked(ctx, plan, nil, nil); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		return rows, nil
+	}
+	return newRows(ctx, c, rows, plan, false), nil
+}
+
+// sentWith returns the text and arguments a tracked statement runs with:
+// its own, or, where lockhooks annotated it (advisoryPlan.sent), that text,
+// noted as the statement the backend runs. An annotated text this
+// connection sent among its last few goes as the user's statements go (in
+// pgx's default mode, prepared once and cached): a holder that takes one
+// key at one call site, with no trace recorded, sends the same text every
+// time. Any other goes behind pgx's QueryExecModeExec, which caches
+// nothing, so that texts that change with every hold never fill the
+// driver's statement cache.
+func (c *conn) sentWith(plan advisoryPlan, args []driver.NamedValue) (string, []driver.NamedValue) {
+	if plan.sent == "" {
+		return plan.st.text, args
+	}
+	c.noteSent(plan.sent)
+	if slices.Contains(c.sentTexts[:], plan.sent) && c.discards.Load() == 0 { // (DISCARD ALL forgot the driver's prepared statements)
+		return plan.sent, args
+	}
+	c.sentTexts[c.sentNext] = plan.sent
+	c.sentNext = (c.sentNext + 1) % len(c.sentTexts)
+	// The driver reads the arguments during the call only, and a
+	// connection runs one statement at a time: one slice serves them all.
+	c.sentArgs = append(append(c.sentArgs[:0], c.connector.own.exec...), args...)
+	return plan.sent, c.sentArgs
+}
+
+// afterTracked brings the lock tracking up to date and ends the lock wait.
+func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
+	if err == nil || isServerError(err) {
+		c.noteAnswered()
+		c.noteSent("") // lockhooks' own reads of pg_locks may follow
+	}
+	err = c.afterAdvisory(ctx, plan, results, err)
+	c.settleTurnAfter(plan)
+	if err == nil || isServerError(err) {
+		c.noteAnswered()
+	}
+	err = plan.wait.selfWaitResult(c, plan.st.text, err)
+	if !(plan.st.locks&sqlscan.NoWait != 0 && dberr.SQLState(err) == dberr.LockNotAvailable) { // NOWAIT did not wait
+		err = c.nameHolder(plan.wait, err)
+	}
+	err = plan.wait.withSelfHint(err)
+	if err != nil {
+		var de *DeadlockError // (declared here: errors.As makes it escape, an allocation per statement)
+		if errors.As(err, &de) {
+			for _, h := range de.others { // the wait span links to the other side of the cycle
+				plan.wait.heldBy(h)
+			}
+		}
+	}
+	c.endLockWait(ctx, plan, err)
+	return err
+}

@@ -1,0 +1,289 @@
+package lockhooks
+
+// Publishing identity costs no round trip: a proxy counts the client's
+// messages per backend; the statement cache and lib/pq keep working.
+
+import (
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/identity"
+	"github.com/lockhooks/lockhooks/internal/pgtest"
+)
+
+// roundTrips is a TCP proxy in front of Postgres that counts the round
+// trips clients start: simple Query messages and Syncs.
+type roundTrips struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	links  []*atomic.Int64 // per proxied connection: its round trips
+	wg     sync.WaitGroup
+}
+
+// counts returns each proxied connection's round trips so far.
+func (p *roundTrips) counts() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]int64, len(p.links))
+	for i, n := range p.links {
+		out[i] = n.Load()
+	}
+	return out
+}
+
+// busiest is the most round trips one connection made between before and
+// after: the connection under test (lockhooks' monitor checks on a side
+// connection of its own, which a total would count too).
+func busiest(before, after []int64) int64 {
+	var most int64
+	for i, n := range after {
+		if i < len(before) {
+			n -= before[i]
+		}
+		most = max(most, n)
+	}
+	return most
+}
+
+func startRoundTrips(t *testing.T, dsn string) (*roundTrips, string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &roundTrips{ln: ln, target: u.Host}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() { ln.Close(); p.wg.Wait() })
+	u.Host = ln.Addr().String()
+	return p, u.String()
+}
+
+func (p *roundTrips) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		n := &atomic.Int64{}
+		p.mu.Lock()
+		p.links = append(p.links, n)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); io.Copy(client, server); client.Close() }()
+		go func() { defer p.wg.Done(); p.count(server, client, n); server.Close() }()
+	}
+}
+
+// count copies client messages to server, counting 'Q' and 'S'.
+func (p *roundTrips) count(server, client net.Conn, trips *atomic.Int64) {
+	var head [5]byte
+	// The startup message has no type byte.
+	if _, err := io.ReadFull(client, head[:4]); err != nil {
+		return
+	}
+	n := binary.BigEndian.Uint32(head[:4])
+	body := make([]byte, n-4)
+	if _, err := io.ReadFull(client, body); err != nil {
+		return
+	}
+	server.Write(head[:4])
+	server.Write(body)
+	for {
+		if _, err := io.ReadFull(client, head[:]); err != nil {
+			return
+		}
+		if head[0] == 'Q' || head[0] == 'S' {
+			trips.Add(1)
+		}
+		n := binary.BigEndian.Uint32(head[1:])
+		body := make([]byte, n-4)
+		if _, err := io.ReadFull(client, body); err != nil {
+			return
+		}
+		if _, err := server.Write(append(head[:], body...)); err != nil {
+			return
+		}
+	}
+}
+
+// Publishing identities and tracking locks cost no round trip on a
+// connection to the server itself: a transaction through lockhooks makes
+// as many as through pgx alone (its BEGIN carries the identity), plain
+// statements too, and so do a session lock and its unlock (the statements
+// carry the identity, and no pg_locks read follows them), and
+// AcquireAdvisoryLock with Release (no fencing token is taken unless
+// Token is called).
+func TestIdentityNoExtraRoundTrip(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	p, proxied := startRoundTrips(t, dsn)
+	mustExec(t, openRaw(t, dsn), "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0)")
+	ctx := context.Background()
+	count := func(db *sql.DB, work func(*sql.Conn)) int64 {
+		t.Helper()
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		work(c) // warm: pgx prepares each statement once, lockhooks'
+		work(c) // annotated ones at their second sighting (sentWith)
+		before := p.counts()
+		for range 10 {
+			work(c)
+		}
+		return busiest(before, p.counts())
+	}
+	tx := func(c *sql.Conn) {
+		tx, err := c.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE t SET v = v + 1 WHERE id = $1", 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plain := func(c *sql.Conn) {
+		var v int
+		if err := c.QueryRowContext(ctx, "SELECT v FROM t WHERE id = $1", 1).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lock := func(c *sql.Conn) {
+		for _, q := range []string{"SELECT pg_advisory_lock($1)", "SELECT pg_advisory_unlock($1)"} {
+			if _, err := c.ExecContext(ctx, q, 7); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	raw, wrapped := openRaw(t, proxied), openDSN(t, proxied)
+	for _, tc := range []struct {
+		name  string
+		work  func(*sql.Conn)
+		extra int64
+	}{{"transaction", tx, 0}, {"plain statement", plain, 0}, {"session lock and unlock", lock, 0}} {
+		r, w := count(raw, tc.work), count(wrapped, tc.work)
+		t.Logf("%s: %d round trips through pgx, %d through lockhooks", tc.name, r, w)
+		if w != r+tc.extra {
+			t.Errorf("%s: %d round trips through lockhooks, want %d (pgx alone: %d)", tc.name, w, r+tc.extra, r)
+		}
+	}
+	acquire := func() {
+		l, err := AcquireAdvisoryLock(ctx, wrapped, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acquire() // warm, twice (see count)
+	acquire()
+	before := p.counts()
+	for range 10 {
+		acquire()
+	}
+	if n := busiest(before, p.counts()); n != 20 {
+		t.Errorf("AcquireAdvisoryLock and Release: %d round trips for 10, want 20 (the lock and the unlock)", n)
+	}
+}
+
+// Identities vary with every hold, yet pgx's statement cache does not
+// grow: lockhooks' own reads run in the simple protocol.
+func TestIdentityStatementCache(t *testing.T) {
+	db := openDSN(t, pgtest.DSN(t))
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	prepared := func() int {
+		var n int
+		if err := c.QueryRowContext(ctx, "SELECT count(*) FROM pg_prepared_statements").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	lockAt := func(k int) { // a different key and time each call
+		for _, q := range []string{"SELECT pg_advisory_lock($1)", "SELECT pg_advisory_unlock($1)"} {
+			if _, err := c.ExecContext(ctx, q, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	lockAt(0)
+	before := prepared()
+	for k := 1; k < 50; k++ {
+		lockAt(k)
+	}
+	if after := prepared(); after != before {
+		t.Errorf("pg_prepared_statements grew from %d to %d over 49 holds", before, after)
+	}
+}
+
+// lib/pq runs queries without arguments in the simple protocol, so
+// lockhooks publishes identities through it too, with the same BEGIN and
+// COMMIT.
+func TestIdentityLibPQ(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	raw := openRaw(t, dsn)
+	db, err := Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pid := connPID(t, c)
+	site := here(1)
+	tx, err := c.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if app, _ := activity(t, raw, pid); identity.ParseAppName(app) == nil || !siteMatches(identity.ParseAppName(app).Site, site) {
+		t.Errorf("lib/pq transaction: application_name %q", app)
+	}
+	if _, err := tx.Exec("SELECT 1/0"); err == nil {
+		t.Fatal("1/0 worked")
+	}
+	if err := tx.Commit(); dberr.SQLState(err) != "25P02" {
+		t.Errorf("COMMIT of an aborted transaction through lib/pq: %v", err)
+	}
+	site = here(1)
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(9)"); err != nil {
+		t.Fatal(err)
+	}
+	if app, query := activity(t, raw, pid); identity.Decode(app, query) == nil || identity.Decode(app, query).Site != site {
+		t.Errorf("lib/pq session lock: application_name %q, statement %q", app, query)
+	}
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_unlock(9)"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,323 @@
+package lockhooks
+
+// What an advisory-lock statement's answer does to a connection's tracking:
+// the keys it granted or released applied to the held set, transaction-level
+// locks and transaction control followed, and the breaks that end a
+// statement's certainty.
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
+)
+
+// afterAdvisory runs after the statement (for queries: after its rows were
+// closed) and brings the connection's lock tracking up to date. results
+// holds the first row of a target list, when the statement was a query
+// whose row lockhooks saw; nil otherwise.
+func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
+	adv := plan.st.advisory
+	if adv == nil {
+		if err != nil && c.connectionBroken(err) {
+			lost := c.loseLocks(err)
+			c.connector.pins.settle(c) // the monitor ends its backend
+			return c.lostError(lost, err)
+		}
+		c.followTxControl(plan.st.text, false, err != nil)
+		return err
+	}
+	defer func() {
+		c.pin.mu.Lock()
+		c.pin.busy--
+		c.pin.gen++
+		c.pin.mu.Unlock()
+	}()
+	span := trace.SpanContextFromContext(ctx)
+	// lockhooks' own statements below run whether or not ctx ended
+	// (context.WithoutCancel, made where one runs: it costs an
+	// allocation).
+	if err != nil {
+		if c.connectionBroken(err) {
+			c.endAfterBreak(plan)
+			lost := c.loseLocks(err)
+			c.connector.pins.settle(c) // the monitor ends its backend
+			return c.lostError(lost, err)
+		}
+		// Any error on a statement that may have taken or released a lock
+		// makes the server say what the backend holds now: a lock_timeout
+		// (55P03), statement_timeout or cancel (57014) or deadlock (40P01)
+		// racing the grant leaves the lock granted; a statement of several
+		// calls may have run some of them. One read, on the error path
+		// only. (Inside a transaction the error aborted it, the read fails,
+		// and the connection is read once the transaction ends.)
+		if len(adv.Calls) > 0 {
+			inTx := c.inTx()
+			switch rerr := c.reconcile(context.WithoutCancel(ctx), plan.site, nil, !adv.Simple || !plan.exact); {
+			case rerr == nil:
+			case c.connectionBroken(rerr):
+				if lost := c.loseLocks(rerr); lost != nil {
+					err = c.lostError(lost, err)
+				}
+			case !inTx:
+				// (inside a transaction the read is made once it ends)
+				c.markUnverified()
+			}
+		}
+		c.loseIfReleased(plan.st.text) // (a statement of several calls may have run its unlock)
+		c.connector.pins.settle(c)
+		if c.connector.opts.txPooler {
+			c.releaseHolder(context.WithoutCancel(ctx))
+		}
+		return err
+	}
+	if adv.DiscardAll {
+		c.clearLocks()
+		// DISCARD ALL also deallocates the server's prepared statements
+		// behind the driver's back (pgx caches them): the connection is
+		// closed instead of pooled once it is returned, and lockhooks' own
+		// queries change their text so the driver prepares them anew.
+		c.discards.Add(1)
+	}
+	var pending map[lockKey]int
+	if plan.exact {
+		pending = c.apply(span, plan, results)
+	}
+	if adv.Statements > 1 {
+		c.followTxControl(plan.st.text, true, false)
+	}
+	var verr error
+	if plan.verify || len(pending) > 0 {
+		switch verr = c.reconcile(context.WithoutCancel(ctx), plan.site, pending, !plan.exact); {
+		case errors.Is(verr, ErrTransactionPooler):
+			// The statement ran on another backend than the connection's:
+			// its locks cannot be trusted.
+			c.markLost(verr.Error(), verr, lossReport|lossPooler) // not ours to end: other clients use that backend
+		case verr != nil && c.connectionBroken(verr):
+			verr = c.lostError(c.loseLocks(verr), verr)
+		default:
+			verr = nil // a failed read was logged; the next one catches up
+		}
+	}
+	c.loseIfReleased(plan.st.text) // an AdvisoryLock's key released on its own connection
+	c.connector.pins.settle(c)
+	if c.connector.opts.txPooler {
+		c.releaseHolder(context.WithoutCancel(ctx))
+	}
+	return verr
+}
+
+// endAfterBreak has the backend of a connection that broke during a
+// statement taking locks ended, where it holds or awaits one of the keys the
+// statement asked for: the server may have granted the lock as the
+// connection broke, or grant it later to a backend whose client's side is
+// gone (half-open), and nobody could unlock it. Only keys the statement
+// named (a call whose key lockhooks could not resolve, in a DO block or a
+// function, is left alone), and not through a pooler: there the holder's
+// own failure does it (holderFailed), and an undeclared pooler's backend
+// serves others.
+func (c *conn) endAfterBreak(plan advisoryPlan) {
+	if !c.endable() {
+		return // (a pinning pooler may have run the statement on another backend than c.pid)
+	}
+	var keys []lockKey
+	for i, call := range plan.st.advisory.Calls {
+		if call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) == 0 && i < len(plan.known) && plan.known[i] {
+			keys = append(keys, plan.keys[i])
+		}
+	}
+	if t := c.endTarget(); t.pid != 0 && len(keys) > 0 {
+		c.connector.pins.ends.add(t, keys, false)
+	}
+}
+
+// apply records the effect of a target list whose keys are all known, call
+// by call, left to right (span: the statement's). It returns the try-locks
+// whose outcome only pg_locks can tell (negative counts: transaction-level
+// ones).
+func (c *conn) apply(span trace.SpanContext, plan advisoryPlan, results []driver.Value) (pending map[lockKey]int) {
+	adv := plan.st.advisory
+	inTx := c.inTx()
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	for i, call := range adv.Calls {
+		k := plan.keys[i]
+		fn := call.Func
+		if fn&sqlscan.FnTry != 0 {
+			var got, sure bool
+			if i < len(results) {
+				got, sure = results[i].(bool)
+			}
+			if !sure && c.tryCertainLocked(k) {
+				got, sure = true, true
+			}
+			if !sure {
+				if pending == nil {
+					pending = map[lockKey]int{}
+				}
+				if fn&sqlscan.FnXact != 0 {
+					pending[k]--
+				} else {
+					pending[k]++
+				}
+				continue
+			}
+			if !got {
+				continue
+			}
+		}
+		switch {
+		case fn&sqlscan.FnUnlockAll != 0:
+			for h, l := range c.pin.held {
+				c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
+				delete(c.pin.held, h)
+			}
+		case fn&sqlscan.FnXact != 0:
+			if inTx {
+				if c.pin.xact == nil {
+					c.pin.xact = make(map[lockKey]int)
+					c.pin.xactSince, c.pin.xactSite = time.Now(), plan.site
+					c.pin.xactPCs.Reset()
+				}
+				c.pin.xact[k]++
+			}
+		case fn&sqlscan.FnUnlock != 0:
+			c.forgetLocked(k)
+		default:
+			c.addLocked(k, plan.site, span, 1)
+		}
+	}
+	c.pin.gen++
+	c.updateActiveLocked()
+	return pending
+}
+
+// tryCertainLocked reports whether a try-lock of k on this connection
+// certainly succeeds: the backend already holds k in that mode, or holds it
+// exclusively (a backend's own locks never conflict with its requests, and
+// nobody else can hold a key it holds exclusively); c.pin.mu is held.
+func (c *conn) tryCertainLocked(k lockKey) bool {
+	return c.pin.held[k] != nil || c.pin.held[k.exclusive()] != nil || c.pin.xact[k] > 0 || c.pin.xact[k.exclusive()] > 0
+}
+
+// addLocked records n more acquisitions of k; c.pin.mu is held.
+func (c *conn) addLocked(k lockKey, site string, span trace.SpanContext, n int) {
+	if c.pin.held == nil {
+		c.pin.held = make(map[lockKey]*heldLock)
+	}
+	l := c.pin.held[k]
+	if l == nil {
+		l = &heldLock{since: time.Now(), site: site, span: span}
+		c.pin.held[k] = l
+	}
+	l.count += n
+}
+
+// forgetLocked records one release of k; c.pin.mu is held.
+func (c *conn) forgetLocked(k lockKey) {
+	if l := c.pin.held[k]; l != nil {
+		if l.count--; l.count <= 0 {
+			delete(c.pin.held, k)
+			c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
+		}
+	}
+}
+
+// followTxControl follows the transaction blocks that statement text opens
+// and closes, outside database/sql transactions: the transaction-level locks
+// of a block end with it. It reads the text of statements on connections
+// lockhooks follows (active), or always for advisory texts. A failed
+// statement opens no block, but a failed COMMIT still ends one.
+func (c *conn) followTxControl(text string, always, failed bool) {
+	if c.tx.inner != nil {
+		return
+	}
+	c.pin.mu.Lock()
+	if !always && !c.pin.active.Load() && !c.pin.textTx {
+		c.pin.mu.Unlock()
+		return
+	}
+	effect := sqlscan.TxControl(text)
+	if failed && effect != sqlscan.TxEnd {
+		effect = sqlscan.TxNone
+	}
+	switch effect {
+	case sqlscan.TxNone:
+		c.pin.mu.Unlock()
+		return
+	case sqlscan.TxBegin:
+		c.pin.textTx = true
+		c.updateActiveLocked()
+		c.pin.mu.Unlock()
+		return
+	}
+	c.pin.textTx = effect == sqlscan.TxChain
+	c.pin.mu.Unlock()
+	c.transactionEnded() // COMMIT or ROLLBACK: the text does not say which took effect
+}
+
+// transactionEnded forgets the transaction-level locks of the transaction
+// that just ended and, if a statement in it changed session locks in ways
+// only pg_locks can tell, reads pg_locks now that the transaction's own
+// locks are gone.
+func (c *conn) transactionEnded() {
+	c.pin.mu.Lock()
+	c.pin.xact = nil
+	recheck := c.pin.recheck
+	c.pin.recheck = false
+	c.updateActiveLocked()
+	c.pin.mu.Unlock()
+	if recheck {
+		c.reconcile(context.Background(), "unknown", nil, true)
+		c.loseIfReleased("")
+		c.connector.pins.settle(c)
+	}
+}
+
+// holds reports whether c holds the session lock k.
+func (c *conn) holds(k lockKey) bool {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	return c.pin.held[k] != nil
+}
+
+// forgetLock records one release of k found by the monitor or a reroute.
+func (c *conn) forgetLock(k lockKey) {
+	c.pin.mu.Lock()
+	c.forgetLocked(k)
+	c.pin.gen++
+	c.updateActiveLocked()
+	c.pin.mu.Unlock()
+}
+
+// clearLocks records that c holds no session lock.
+func (c *conn) clearLocks() {
+	c.pin.mu.Lock()
+	for _, l := range c.pin.held {
+		c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
+	}
+	c.pin.held = nil
+	c.pin.gen++
+	c.updateActiveLocked()
+	c.pin.mu.Unlock()
+}
+
+// addXact records transaction-level keys the transaction took through
+// lockhooks' own statements (Lock on Postgres).
+func (c *conn) addXact(keys []int64, site *callsite.Stack) {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	if c.pin.xact == nil {
+		c.pin.xact = make(map[lockKey]int)
+		c.pin.xactSince, c.pin.xactSite, c.pin.xactPCs = time.Now(), "", *site
+	}
+	for _, k := range keys {
+		c.pin.xact[lockKey{k1: k}]++
+	}
+	c.updateActiveLocked()
+}
