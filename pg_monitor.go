@@ -91,7 +91,7 @@ func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, err
 
 	cctx, cancel := context.WithTimeout(ctx, p.c.opts.lockCheckTimeout)
 	defer cancel()
-	v, side, err := p.ask(cctx, side, snaps)
+	v, side, err := p.ask(cctx, side, all) // all: a busy holder's backend, too, may be where the check runs (lookForPooler)
 	if err != nil {
 		var ue unreachableError
 		if ctx.Err() == nil && errors.As(err, &ue) {
@@ -138,14 +138,14 @@ func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, err
 	return side, nil
 }
 
-// ask reads the holders' backends (alive, and their advisory locks) on the
-// side connection, opening it if needed. A side connection kept from an
+// ask reads the backends of holders (alive, and their advisory locks) on
+// the side connection, opening it if needed. A side connection kept from an
 // earlier check may have been ended meanwhile (idle_session_timeout, a
 // pooler's server_lifetime): its failure is tried again once on a fresh
 // one, so that only the server's own unreachability counts.
-func (p *pinning) ask(ctx context.Context, side driver.Conn, snaps []holderSnapshot) (v sideView, _ driver.Conn, err error) {
-	pids := make([]string, len(snaps))
-	for i, s := range snaps {
+func (p *pinning) ask(ctx context.Context, side driver.Conn, holders []holderSnapshot) (v sideView, _ driver.Conn, err error) {
+	pids := make([]string, len(holders))
+	for i, s := range holders {
 		pids[i] = strconv.Itoa(int(s.pid))
 	}
 	where := "false"
@@ -203,40 +203,45 @@ func (p *pinning) stillHolding(s holderSnapshot) bool {
 }
 
 // lookForPooler looks at where the side connection's check ran: on a
-// holder's backend (busy or not), or on one where an open connection of
-// this database left its marker, only a transaction-mode pooler puts two
-// clients.
+// holder's backend that still holds one of the holder's locks (busy or
+// not), or on one where an open connection of this database left its
+// marker, only a transaction-mode pooler puts two clients.
 //
-// But a session-mode pooler gives a server connection to the next client
-// once the client connection on it is closed, and a parked holder whose
-// socket the pooler closed (or the network reset) still looks like a
-// holder until something reads that socket. So before naming a
-// transaction-mode pooler, a parked holder's socket is read without a
-// statement (closedSocket): one that reads closed is lost by its own
-// connection's death, and its backend is no proof. One that reads open is
-// a client connection the pooler still serves, on a backend it gave to
-// the check meanwhile: the pooler is named in the same check. A holder in
-// use is not read (the application owns its connection), nor the socket
-// of a driver that cannot read it so (it is named as before).
+// A session-mode pooler also gives a holder's backend to another client
+// (here, the check), but only once the holder's client connection is
+// closed, and only after resetting it: DISCARD ALL, its default
+// server_reset_query, frees the session's advisory locks. So a backend
+// that holds none of the holder's locks is no proof of a transaction
+// pooler: the holder's locks are gone either way, and a parked holder is
+// then read on its own connection by the check (which finds it dead, and
+// loses it with that cause), an in-use one by its next statement. The
+// evidence is what the check itself read: nothing more is sent anywhere.
+// (A session pooler that does not reset its server connections leaves
+// the locks on the backend it hands over, and is named a transaction
+// pooler: lockhooks cannot keep session locks through it either.)
 func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) {
 	for _, s := range holders {
-		if s.pid != v.ranOn || !p.stillHolding(s) {
-			continue
+		if s.pid == v.ranOn && p.stillHolding(s) && s.c.holdsOn(v, s.pid) {
+			p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check", s.pid)))
+			return
 		}
-		if err := s.c.closedSocket(); err != nil {
-			s.c.loseLocks(fmt.Errorf("%w; lockhooks' monitor ran its check on its former backend pid %d, which a session-mode pooler gives to the next client once the client connection is closed", err, s.pid))
-			p.settle(s.c)
-			continue
-		}
-		if !p.stillHolding(s) {
-			continue // released and closed while its socket was read
-		}
-		p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check", s.pid)))
-		return
 	}
 	if o := p.ownerOf(v.marker); o != nil {
 		p.sawPooler(o.poolerDetected(fmt.Sprintf("was opened on backend pid %d, where lockhooks' monitor, another client, ran its check", v.ranOn)))
 	}
+}
+
+// holdsOn reports whether backend pid held, when the check read it, one
+// of the session locks lockhooks tracks on c.
+func (c *conn) holdsOn(v sideView, pid int32) bool {
+	c.pin.mu.Lock()
+	defer c.pin.mu.Unlock()
+	for k := range c.pin.held {
+		if v.held[pid][k] {
+			return true
+		}
+	}
+	return false
 }
 
 // unreachable handles a check that got no answer from the server (it
@@ -283,43 +288,6 @@ func (c *conn) verifyParked(ctx context.Context) {
 	if err := c.reconcile(ctx, "unknown", nil, false); err != nil && (!isServerError(err) || c.connectionBroken(err)) {
 		c.loseLocks(err)
 	}
-}
-
-// socketChecker is a driver connection that can tell whether its socket
-// is closed without writing to it: pgx's PgConn, whose CheckConn reads with
-// a deadline of a millisecond (a socket the peer closed reads EOF, one it
-// reset an error, a FATAL message the server or pooler sent before closing
-// is read as the error it is; an open idle one times out, which is no
-// error).
-type socketChecker interface{ CheckConn() error }
-
-// closedSocket returns why the socket of c, parked, reads closed, or nil:
-// open, not parked (the application owns it), closed by lockhooks, or a
-// driver that cannot tell without a statement. Nothing is sent, so no
-// backend a pooler put behind it runs anything; it waits for what
-// lockhooks runs on c (bounded by the check timeout) and reads for a
-// millisecond.
-func (c *conn) closedSocket() error {
-	chk, ok := callMethods(c.inner, "Conn", "PgConn")
-	if !ok {
-		return nil
-	}
-	sc, ok := chk.Interface().(socketChecker)
-	if !ok {
-		return nil
-	}
-	c.pin.exec.Lock()
-	defer c.pin.exec.Unlock()
-	c.pin.mu.Lock()
-	parked, closed := c.pin.parked, c.pin.closed
-	c.pin.mu.Unlock()
-	if !parked || closed {
-		return nil
-	}
-	if err := sc.CheckConn(); err != nil {
-		return fmt.Errorf("the parked connection's socket reads closed (%w)", err)
-	}
-	return nil
 }
 
 // warnParked logs locks parked longer than the threshold, once each.

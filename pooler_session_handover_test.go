@@ -22,87 +22,98 @@ import (
 // lockhooks' own monitor, its check waiting for a server connection. The
 // check thus runs on the backend of a connection lockhooks still counts as
 // a holder: that is no transaction-mode pooler, but a holder whose
-// connection died. The holder is reported lost with that cause (the reset
-// socket), not with ErrTransactionPooler; the database keeps no pooler
+// connection died. The holder is reported lost with that cause (its reset
+// socket, or the timeout reading it), not with ErrTransactionPooler; the database keeps no pooler
 // verdict, so AcquireAdvisoryLock works afterwards, on that very backend;
 // nothing ended it; and no advisory lock stays behind.
+//
+// Two ways the holder's client connection dies: reset on both sides (the
+// holder's socket reads closed), and half-open (only PgBouncer's side is
+// cut: the holder's socket stays open and silent, and reading the holder
+// on it times out).
 func TestSessionPoolerHandsParkedHoldersBackendToTheCheck(t *testing.T) {
+	cuts := []struct {
+		name string
+		cut  func(*faultproxy.Link)
+	}{
+		{"reset", (*faultproxy.Link).Cut},
+		{"half-open", (*faultproxy.Link).CutServer},
+	}
 	for _, v := range pgtest.Versions {
-		t.Run(v.String(), func(t *testing.T) {
-			ctx := context.Background()
-			e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{Version: v, Mode: "session", PoolSize: 1})
-			proxied, proxy := throughFaultProxy(t, e.pooled)
-			db, err := Open("pgx", withApp(proxied, e.app), WithLockCheckInterval(50*time.Millisecond),
-				withCheckTimeout(time.Second), WithLogger(slog.New(slog.NewTextHandler(e.log, nil))))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { db.Close() })
-			const key = 4343
+		for _, cut := range cuts {
+			t.Run(v.String()+"/"+cut.name, func(t *testing.T) {
+				ctx := context.Background()
+				e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{Version: v, Mode: "session", PoolSize: 1})
+				proxied, proxy := throughFaultProxy(t, e.pooled)
+				db, err := Open("pgx", withApp(proxied, e.app), WithLockCheckInterval(50*time.Millisecond),
+					withCheckTimeout(time.Second), WithLogger(slog.New(slog.NewTextHandler(e.log, nil))))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { db.Close() })
+				const key = 4343
 
-			c, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(4343)"); err != nil {
-				t.Fatal(err)
-			}
-			h := stateOf(t, c)
-			s1 := h.lockPID()
-			link := linkOfConn(t, proxy, h)
-			if err := c.Close(); err != nil { // parked: it holds the lock
-				t.Fatal(err)
-			}
-			if !isParked(h) {
-				t.Fatal("the holder was not parked")
-			}
-			if n := advisoryHeldBy(t, e.raw, s1, key); n != 1 {
-				t.Fatalf("backend %d holds key %d %d times, want 1", s1, key, n)
-			}
+				c, err := db.Conn(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(4343)"); err != nil {
+					t.Fatal(err)
+				}
+				h := stateOf(t, c)
+				s1 := h.lockPID()
+				link := linkOfConn(t, proxy, h)
+				if err := c.Close(); err != nil { // parked: it holds the lock
+					t.Fatal(err)
+				}
+				if !isParked(h) {
+					t.Fatal("the holder was not parked")
+				}
+				if n := advisoryHeldBy(t, e.raw, s1, key); n != 1 {
+					t.Fatalf("backend %d holds key %d %d times, want 1", s1, key, n)
+				}
 
-			link.Cut()
-			waitFor(t, 20*time.Second, "the parked holder to be reported lost", func() bool { return lostErr(h) != nil })
-			lost := lostErr(h)
-			if !errors.Is(lost, ErrLockLost) || errors.Is(lost, ErrTransactionPooler) {
-				t.Fatalf("the holder's loss = %v, want ErrLockLost for its dead connection, not ErrTransactionPooler\nlog:\n%s", lost, e.log)
-			}
-			if !strings.Contains(lost.Error(), "reads closed") || !strings.Contains(lost.Error(), "former backend pid") {
-				t.Fatalf("the holder's loss does not name its closed socket and the check on its former backend: %v\nlog:\n%s", lost, e.log)
-			}
-			t.Logf("reported: %v", lost)
-			if perr := h.connector.pins.poolerSeen(); perr != nil {
-				t.Fatalf("a transaction-mode pooler was named: %v", perr)
-			}
-			if n := advisoryHeldBy(t, e.raw, s1, key); n != 0 {
-				t.Fatalf("backend %d still holds key %d (%d times) after PgBouncer reset it", s1, key, n)
-			}
+				cut.cut(link)
+				waitFor(t, 20*time.Second, "the parked holder to be reported lost", func() bool { return lostErr(h) != nil })
+				lost := lostErr(h)
+				if !errors.Is(lost, ErrLockLost) || errors.Is(lost, ErrTransactionPooler) {
+					t.Fatalf("the holder's loss = %v, want ErrLockLost for its dead connection, not ErrTransactionPooler\nlog:\n%s", lost, e.log)
+				}
+				t.Logf("reported: %v", lost)
+				if perr := h.connector.pins.poolerSeen(); perr != nil {
+					t.Fatalf("a transaction-mode pooler was named: %v", perr)
+				}
+				if n := advisoryHeldBy(t, e.raw, s1, key); n != 0 {
+					t.Fatalf("backend %d still holds key %d (%d times) after PgBouncer reset it", s1, key, n)
+				}
 
-			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			l, err := AcquireAdvisoryLock(actx, db, key)
-			if err != nil {
-				t.Fatalf("AcquireAdvisoryLock after the loss: %v\nlog:\n%s", err, e.log)
-			}
-			if got := l.c.lockPID(); got != s1 {
-				t.Fatalf("the new lock is on backend %d, want %d (the pool's only server connection)", got, s1)
-			}
-			if n := advisoryHeldBy(t, e.raw, s1, key); n != 1 {
-				t.Fatalf("backend %d holds key %d %d times under the new lock, want 1", s1, key, n)
-			}
-			if err := l.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if n := advisoryHeldBy(t, e.raw, s1, key); n != 0 {
-				t.Fatalf("backend %d holds key %d %d times after Release, want 0", s1, key, n)
-			}
-			log := e.log.String()
-			if strings.Contains(log, "transaction-mode pooler") || strings.Contains(log, "ended the backend") {
-				t.Errorf("the log names a transaction-mode pooler or ends a backend:\n%s", log)
-			}
-			if !strings.Contains(log, "advisory lock lost") {
-				t.Errorf("the log does not report the loss:\n%s", log)
-			}
-		})
+				actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				l, err := AcquireAdvisoryLock(actx, db, key)
+				if err != nil {
+					t.Fatalf("AcquireAdvisoryLock after the loss: %v\nlog:\n%s", err, e.log)
+				}
+				if got := l.c.lockPID(); got != s1 {
+					t.Fatalf("the new lock is on backend %d, want %d (the pool's only server connection)", got, s1)
+				}
+				if n := advisoryHeldBy(t, e.raw, s1, key); n != 1 {
+					t.Fatalf("backend %d holds key %d %d times under the new lock, want 1", s1, key, n)
+				}
+				if err := l.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if n := advisoryHeldBy(t, e.raw, s1, key); n != 0 {
+					t.Fatalf("backend %d holds key %d %d times after Release, want 0", s1, key, n)
+				}
+				log := e.log.String()
+				if strings.Contains(log, "transaction-mode pooler") || strings.Contains(log, "ended the backend") {
+					t.Errorf("the log names a transaction-mode pooler or ends a backend:\n%s", log)
+				}
+				if !strings.Contains(log, "advisory lock lost") {
+					t.Errorf("the log does not report the loss:\n%s", log)
+				}
+			})
+		}
 	}
 }
 
@@ -141,9 +152,9 @@ func lostErr(c *conn) error {
 // The converse, through PgBouncer's transaction mode with an idle pool, on
 // a database opened with no pooler option: a raw session lock's connection
 // goes back to the pool (parked), and the monitor's first look (the
-// periodic check is off) lands on its backend. Reading the parked holder's
-// socket finds it open, so that first look names the pooler: the holder is
-// lost with ErrTransactionPooler, and the database refuses session locks.
+// periodic check is off) lands on its backend, which still holds the
+// holder's lock, so that first look names the pooler: the holder is lost
+// with ErrTransactionPooler, and the database refuses session locks.
 func TestUndeclaredPoolerNamedAtFirstLookOnParkedHolder(t *testing.T) {
 	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{}) // idle: no other test's clients
 	db := e.open(t, WithLockCheckInterval(time.Hour))
