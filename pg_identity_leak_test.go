@@ -40,7 +40,10 @@ func TestUndeclaredPoolerLeaksNoApplicationName(t *testing.T) {
 			defer c.Close()
 			mustExecConn(t, c, "SELECT pg_advisory_lock(7)")
 			// The guard may or may not have caught the pooler by now; either
-			// way the lock (and the setting) stay on the only server connection.
+			// way the lock (and the setting) stay on the only server
+			// connection, and the waiter below is not told the holder is
+			// this connection: found by the backend's pid alone, it holds
+			// none of the waiter's keys and has no transaction.
 			c.ExecContext(ctx, "SELECT 1")
 			c.Close()
 
