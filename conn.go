@@ -226,7 +226,7 @@ func (c *conn) state() *conn { return c }
 
 // String names the connection in errors and logs as the model of holders
 // does: `connection #3 of "orders" (backend pid 812)`.
-func (c *conn) String() string { return connHolder(c).who() }
+func (c *conn) String() string { return connHolder(c).Who() }
 
 // ExecContext runs query through the statement hooks.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {

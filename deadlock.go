@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // Explaining a deadlock (SQLSTATE 40P01): Postgres's DETAIL names the
@@ -151,7 +153,7 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 				s.Ran = time.Duration(b.xactAge * float64(time.Second)).Round(time.Millisecond)
 			}
 		}
-		var h holder
+		var h holders.Holder
 		seen := pgBlocker{seenBy: c.connector, PID: e.pid, ApplicationName: b.app, State: b.state, XactSeconds: b.xactAge, Query: b.statement}
 		if !known {
 			seen.XactSeconds = -1
@@ -173,7 +175,7 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 			de.others = append(de.others, h) // for the wait span's link
 		}
 		if h.Conn != 0 {
-			if h.SiteKind == siteBegan {
+			if h.SiteKind == holders.SiteBegan {
 				s.Site = h.Site
 			}
 			if !h.Since.IsZero() {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // renderDebugHTML writes the debug page. Everything it prints goes through
@@ -74,7 +76,7 @@ var debugTemplate = template.Must(template.New("locks").Funcs(template.FuncMap{
 		}
 		return many
 	},
-	"holderLabel": func(h holder, pool string) string {
+	"holderLabel": func(h holders.Holder, pool string) string {
 		if h.Process == "" && (h.Database == "" || h.Database == pool) {
 			return connLabel(h.Conn, h.PID)
 		}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // Postgres: a lock held by another process; the waiter's row names the
@@ -266,7 +268,7 @@ func TestDebugHandlerPostgresRowWaits(t *testing.T) {
 	// their identity (database, connection, pid), not outside pids; the
 	// transaction that locked the row first is named with where it began.
 	// (Which waiter queues behind which is the server's choice.)
-	var root holder
+	var root holders.Holder
 	for _, w := range []debugWaiter{row, server} {
 		if len(w.Blockers) != 0 {
 			t.Errorf("waiter with outside blockers: %+v", w)
@@ -280,7 +282,7 @@ func TestDebugHandlerPostgresRowWaits(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(root.Site, "debug_postgres_test.go:") || root.SiteKind != siteBegan || root.Since.IsZero() {
+	if !strings.Contains(root.Site, "debug_postgres_test.go:") || root.SiteKind != holders.SiteBegan || root.Since.IsZero() {
 		t.Errorf("the transaction holding the row: %+v", root)
 	}
 	if row.Mode != "for_no_key_update" || !strings.Contains(row.Statement, "FOR NO KEY UPDATE") {

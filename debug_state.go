@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // debugState reads one database's locks, waits, events and counters,
@@ -82,7 +83,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 			if len(d.Waiters) >= debugMaxWaiters {
 				continue
 			}
-			found := &blockage{holders: []holder{}, blockers: []pgBlocker{}, at: now}
+			found := &blockage{holders: []holders.Holder{}, blockers: []pgBlocker{}, at: now}
 			found.add(b.blockers, nil)
 			w := debugWaiter{Kind: "server", Conn: oc.id, PID: b.pid, Statement: truncate(b.query, 500),
 				WaitEvent: b.waitEvent, Holders: found.holders, Blockers: found.blockers, QueuedAhead: b.queuedAhead}
@@ -197,10 +198,10 @@ func secondsSince(now, t time.Time) float64 {
 
 // holderNodeID names the graph node of a holder that is not a connection
 // of the database the graph is of.
-func holderNodeID(h holder) string {
+func holderNodeID(h holders.Holder) string {
 	id := "db-" + h.Database
 	if h.Database == "" {
-		id = "db#" + strconv.FormatUint(h.dbNum, 10)
+		id = "db#" + strconv.FormatUint(h.DatabaseNumber, 10)
 	}
 	if h.Process != "" {
 		id = "proc-" + h.Process + "-" + id
@@ -261,7 +262,7 @@ func buildGraph(waiters []debugWaiter, conns []*conn, pool string) debugGraph {
 			default: // a connection of another lockhooks database, of this process or another
 				id, detail := holderNodeID(h), h.Database
 				if detail == "" {
-					detail = "database " + strconv.FormatUint(h.dbNum, 10)
+					detail = "database " + strconv.FormatUint(h.DatabaseNumber, 10)
 				}
 				if h.Process != "" {
 					detail += ", process " + h.Process

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // What the debug page shows, made from a debugReport: a summary for the
@@ -378,13 +380,13 @@ func holdersOf(w debugWaiter, pool string) []holderRef {
 
 // holderLabel names a holder that is not a connection of the database
 // shown: `conn #3 of "orders" · pid 812`, with its process when another.
-func holderLabel(h holder) string {
+func holderLabel(h holders.Holder) string {
 	s := "conn #" + strconv.FormatUint(h.Conn, 10)
 	switch {
 	case h.Database != "":
 		s += fmt.Sprintf(" of %q", h.Database)
-	case h.dbNum != 0:
-		s += " of database " + strconv.FormatUint(h.dbNum, 10)
+	case h.DatabaseNumber != 0:
+		s += " of database " + strconv.FormatUint(h.DatabaseNumber, 10)
 	}
 	if h.Process != "" {
 		s += " · " + h.Process

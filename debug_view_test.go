@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // The view of a synthetic incident: 120 waiters of one holder, a chain,
@@ -19,7 +21,7 @@ func TestDebugViewSummaryAndGraph(t *testing.T) {
 	waiter := func(conn, holder uint64, key string, secs float64) debugWaiter {
 		return debugWaiter{Kind: "lockset", Namespace: "invoices", Keys: key, Conn: conn, WaitSeconds: secs,
 			Since: now.Add(-time.Duration(secs * float64(time.Second))), Site: "app/pay.go:12",
-			Holders: []debugHolder{{Conn: holder, Site: "app/batch.go:40", Since: now.Add(-time.Minute)}}}
+			Holders: []holders.Holder{{Conn: holder, Site: "app/batch.go:40", Since: now.Add(-time.Minute)}}}
 	}
 	for i := range 120 {
 		busy.Waiters = append(busy.Waiters, waiter(uint64(100+i), 1, fmt.Sprint(i%7), float64(i)/10))

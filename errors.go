@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // IsDeadlock reports whether err, or an error it wraps, is Postgres's
@@ -86,7 +87,7 @@ type DeadlockError struct {
 	Advice  string         // what to change, for the deadlock's pattern
 	Note    string         // what could not be read about the other sides
 
-	others []holder // the other sides that are connections of this process
+	others []holders.Holder // the other sides that are connections of this process
 }
 
 // Error is the driver's message, Postgres's DETAIL, each side of the cycle

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/identity"
 )
 
@@ -20,12 +21,12 @@ import (
 // processes), the backends nobody identified, and what the server showed.
 // The slow-wait log, errors, spans and the page only format it.
 type blockage struct {
-	holders  []holder    // the holders at the root first, then those queued ahead of the wait
-	blockers []pgBlocker // backends no lockhooks identified, the root first
-	server   []pgBlocker // every backend of the chain, as Postgres showed it (nil: not read)
-	queued   int         // how many backends block the wait directly while waiting themselves, listed in server or not (maxQueuedListed)
-	err      error       // reading the server failed
-	at       time.Time   // when it was read
+	holders  []holders.Holder // the holders at the root first, then those queued ahead of the wait
+	blockers []pgBlocker      // backends no lockhooks identified, the root first
+	server   []pgBlocker      // every backend of the chain, as Postgres showed it (nil: not read)
+	queued   int              // how many backends block the wait directly while waiting themselves, listed in server or not (maxQueuedListed)
+	err      error            // reading the server failed
+	at       time.Time        // when it was read
 }
 
 // empty reports whether nobody was found.
@@ -43,7 +44,7 @@ func (b *blockage) add(server []pgBlocker, keys []lockKey) {
 			b.blockers = append(b.blockers, s)
 			continue
 		}
-		if !slices.ContainsFunc(b.holders, h.same) {
+		if !slices.ContainsFunc(b.holders, h.SameConnection) {
 			b.holders = append(b.holders, h)
 		}
 	}
@@ -52,13 +53,13 @@ func (b *blockage) add(server []pgBlocker, keys []lockKey) {
 }
 
 // root is the holder at the root, the first one not queued.
-func (b *blockage) root() (holder, bool) {
+func (b *blockage) root() (holders.Holder, bool) {
 	for _, h := range b.holders {
 		if !h.Queued {
 			return h, true
 		}
 	}
-	return holder{}, false
+	return holders.Holder{}, false
 }
 
 // rootBlocker is the first blocker not waiting itself.
@@ -141,7 +142,7 @@ func (b *blockage) logArgs() []any {
 	text := b.String()
 	var args []any
 	if h, ok := b.root(); ok {
-		args = h.logArgs()
+		args = h.LogArgs()
 		if len(b.holders) > 1 || len(b.blockers) > 0 {
 			args = append(args, "holders", text)
 		}
@@ -179,27 +180,27 @@ func (b *blockage) logArgs() []any {
 // the lock among keys it holds, where and when it took it, or its
 // transaction), or of another (as it published itself). ok is false for a
 // backend nobody identified.
-func identify(s pgBlocker, keys []lockKey) (h holder, ok bool) {
+func identify(s pgBlocker, keys []lockKey) (h holders.Holder, ok bool) {
 	id := identity.Decode(s.ApplicationName, s.Query)
 	ownStatement := id != nil && identity.ParseAnnotation(s.Query) != nil // lockhooks' own read, not the application's
 	switch oc := databases.connOf(s.PID, s.ApplicationName, s.Query, s.seenBy); {
 	case oc != nil:
 		h = oc.asHolder(keys)
-		if id == nil && h.SiteKind == siteNone && len(keys) > 0 && s.Depth <= 1 && !s.Waiting {
+		if id == nil && h.SiteKind == holders.SiteNone && len(keys) > 0 && s.Depth <= 1 && !s.Waiting {
 			// Found by its backend pid alone, yet by lockhooks' own
 			// tracking it holds none of the keys and has no transaction:
 			// it cannot be what blocks this wait, so the backend serves
 			// another client now (a transaction pooler not yet seen).
-			return holder{}, false
+			return holders.Holder{}, false
 		}
-		if h.SiteKind != siteTook && !ownStatement {
+		if h.SiteKind != holders.SiteTook && !ownStatement {
 			// The last statement of a transaction tells where it is; that of
 			// a session-lock holder is often lockhooks' own pg_locks read.
 			h.Statement = s.Query
 		}
 	case id != nil:
 		h = holderOf(id)
-		if h.SiteKind == siteTook && h.Since.IsZero() && ownStatement && s.State != "active" && s.stateSeconds > 0 {
+		if h.SiteKind == holders.SiteTook && h.Since.IsZero() && ownStatement && s.State != "active" && s.stateSeconds > 0 {
 			// Its last statement is the lock statement that took the lock,
 			// which names no since (annotatedLockText): held since that
 			// statement ended.
@@ -208,11 +209,11 @@ func identify(s pgBlocker, keys []lockKey) (h holder, ok bool) {
 		if id.OfThisProcess() {
 			h.Process = "" // a connection closed since
 		}
-		if h.SiteKind != siteTook && !ownStatement {
+		if h.SiteKind != holders.SiteTook && !ownStatement {
 			h.Statement = s.Query
 		}
 	default:
-		return holder{}, false
+		return holders.Holder{}, false
 	}
 	h.PID, h.State, h.Depth = s.PID, s.State, s.Depth
 	if s.Waiting {

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // txIdent is a connection's open transaction as other goroutines see it:
@@ -67,30 +68,30 @@ func (t *txIdent) snapshot() (since time.Time, site callsite.Stack, span trace.S
 // asHolder is connection oc as the holder of what a waiter for keys waits
 // for: the session lock it holds among keys (where and when it took it),
 // else its open transaction (where and when it began).
-func (oc *conn) asHolder(keys []lockKey) holder {
+func (oc *conn) asHolder(keys []lockKey) holders.Holder {
 	h := connHolder(oc)
 	if oc.connector.pins != nil {
 		oc.pin.mu.Lock()
 		for _, k := range keys {
 			for _, hk := range conflicting(k) {
-				if l := oc.pin.held[hk]; l != nil && h.SiteKind == siteNone {
-					h.Key, h.Site, h.Since, h.SiteKind = hk.String(), l.site, l.since, siteTook
-					h = h.withSpan(l.span)
+				if l := oc.pin.held[hk]; l != nil && h.SiteKind == holders.SiteNone {
+					h.Key, h.Site, h.Since, h.SiteKind = hk.String(), l.site, l.since, holders.SiteTook
+					h = h.WithSpan(l.span)
 				}
 			}
 		}
 		oc.pin.mu.Unlock()
-		if h.SiteKind != siteNone {
+		if h.SiteKind != holders.SiteNone {
 			return h
 		}
 	}
 	since, site, span, _, open := oc.ident.snapshot()
 	if open {
-		h.Since, h.SiteKind = since, siteBegan
+		h.Since, h.SiteKind = since, holders.SiteBegan
 		if site.Recorded() {
 			h.Site = site.String()
 		}
-		h = h.withSpan(span)
+		h = h.WithSpan(span)
 	}
 	return h
 }
@@ -143,8 +144,8 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) *blockage {
 
 // inProcessHolders returns the holders in this process of what v waits
 // for: from the lock tables' edges, and from the advisory-lock tracking.
-func (c *connector) inProcessHolders(v waitView, edges []inProcessEdge) []holder {
-	holders := []holder{}
+func (c *connector) inProcessHolders(v waitView, edges []inProcessEdge) []holders.Holder {
+	holders := []holders.Holder{}
 	if v.conn == nil {
 		return holders
 	}
@@ -163,8 +164,8 @@ func (c *connector) inProcessHolders(v waitView, edges []inProcessEdge) []holder
 
 // pinHolders returns the connections other than except that hold k or a
 // session lock that conflicts with it.
-func (c *connector) pinHolders(k lockKey, except *conn) []holder {
-	var out []holder
+func (c *connector) pinHolders(k lockKey, except *conn) []holders.Holder {
+	var out []holders.Holder
 	for _, h := range c.pins.snapshot() {
 		if h == except {
 			continue
@@ -173,8 +174,8 @@ func (c *connector) pinHolders(k lockKey, except *conn) []holder {
 		for _, hk := range conflicting(k) {
 			if l := h.pin.held[hk]; l != nil {
 				x := connHolder(h)
-				x.Key, x.Site, x.Since, x.SiteKind = hk.String(), l.site, l.since, siteTook
-				out = append(out, x.withSpan(l.span))
+				x.Key, x.Site, x.Since, x.SiteKind = hk.String(), l.site, l.since, holders.SiteTook
+				out = append(out, x.WithSpan(l.span))
 			}
 		}
 		h.pin.mu.Unlock()
@@ -189,7 +190,7 @@ type inProcessEdge struct {
 	waiter *conn
 	since  time.Time // when the waiter began waiting
 	wsite  string    // where the waiter asked
-	holder holder
+	holder holders.Holder
 }
 
 // lockKeyName names a key for messages: a lockset id as namespace / id,
@@ -202,13 +203,13 @@ func lockKeyName(namespace, key string) string {
 }
 
 // tableHolder is the identity of a lockTable entry's holder.
-func tableHolder(key string, h holderInfo) holder { return tableHolderNamed(key, h, nil) }
+func tableHolder(key string, h holderInfo) holders.Holder { return tableHolderNamed(key, h, nil) }
 
 // tableHolderNamed is tableHolder with the call sites symbolised through
 // sym, when not nil (a page or a list of many waiters shares sites).
-func tableHolderNamed(key string, h holderInfo, sym siteNames) holder {
+func tableHolderNamed(key string, h holderInfo, sym siteNames) holders.Holder {
 	x := connHolder(ownerConn(h.owner))
-	x.Key, x.Since, x.SiteKind = key, h.since, siteTook
+	x.Key, x.Since, x.SiteKind = key, h.since, holders.SiteTook
 	if h.site.Recorded() {
 		if sym != nil {
 			x.Site = sym.of(&h.site)
@@ -216,7 +217,7 @@ func tableHolderNamed(key string, h holderInfo, sym siteNames) holder {
 			x.Site = h.site.String()
 		}
 	}
-	return x.withSpan(h.span)
+	return x.WithSpan(h.span)
 }
 
 // inProcessEdges lists who waits for whom in the in-process lock tables:
@@ -272,25 +273,25 @@ type writerHolder struct {
 }
 
 // identity is the writer lock's holder as every message names it.
-func (h *writerHolder) identity() holder {
+func (h *writerHolder) identity() holders.Holder {
 	x := connHolder(ownerConn(h.owner))
 	x.Key, x.Since = "writer", h.since
 	switch {
 	case h.stmt != "":
-		x.Statement, x.running = h.stmt, true
+		x.Statement, x.Running = h.stmt, true
 	case !h.site.Recorded():
 	case h.siteLate:
-		x.Site, x.SiteKind = h.site.String(), siteLater
+		x.Site, x.SiteKind = h.site.String(), holders.SiteLater
 	default:
-		x.Site, x.SiteKind = h.site.String(), siteBegan
+		x.Site, x.SiteKind = h.site.String(), holders.SiteBegan
 	}
-	return x.withSpan(h.span)
+	return x.WithSpan(h.span)
 }
 
 // describe says what holds the writer lock, for errors.
 func (h *writerHolder) describe() string {
 	x := h.identity()
-	if x.where() == "" {
+	if x.Where() == "" {
 		x.Site = "" // "connection #3 …, in a transaction whose call site was not recorded"
 		return x.String() + ", in a transaction whose call site was not recorded (lockhooks records where write transactions begin while writers have waited for each other within the last minute, and a waited-for transaction's next statement)"
 	}

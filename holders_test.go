@@ -16,6 +16,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -124,7 +125,7 @@ func testHolderInAnotherDatabaseIsNamed(t *testing.T, pooler bool, opts ...Optio
 		}
 		return false
 	})
-	if h := w.Holders[0]; h.Database != pa || !strings.HasSuffix(h.Site, began) || h.SiteKind != siteBegan || len(w.Blockers) != 0 ||
+	if h := w.Holders[0]; h.Database != pa || !strings.HasSuffix(h.Site, began) || h.SiteKind != holders.SiteBegan || len(w.Blockers) != 0 ||
 		h.TraceID != parent.SpanContext().TraceID().String() {
 		t.Errorf("the page's waiter: %+v", w)
 	}

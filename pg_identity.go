@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/identity"
 )
 
@@ -14,26 +15,26 @@ import (
 // (see pg_blockers.go). What stays here turns a decoded identity into the
 // model's holder and its key.
 
-// holderOf is identity id as a holder of the model (holders.go): the
+// holderOf is identity id as a holder of the model (internal/holders): the
 // process, database and connection it names, where and since when it took
 // its session lock, or where its transaction began (whose start the
 // server's xact_start says), and its trace.
-func holderOf(id *identity.Holder) holder {
-	h := holder{Process: id.Process, Database: id.Pool, Conn: id.Conn, Site: id.Site, TraceID: id.TraceID, span: id.SpanContext()}
+func holderOf(id *identity.Holder) holders.Holder {
+	h := holders.Holder{Process: id.Process, Database: id.Pool, Conn: id.Conn, Site: id.Site, TraceID: id.TraceID, Span: id.SpanContext()}
 	if id.Pool == "" {
-		h.dbNum = id.Database
+		h.DatabaseNumber = id.Database
 	}
 	switch {
 	case id.Holds == "tx":
-		h.SiteKind = siteBegan
+		h.SiteKind = holders.SiteBegan
 	case strings.HasPrefix(id.Holds, "lock"):
-		h.SiteKind, h.Since = siteTook, id.Since
+		h.SiteKind, h.Since = holders.SiteTook, id.Since
 		if k, ok := parseKeyToken(strings.TrimSpace(strings.TrimPrefix(id.Holds, "lock"))); ok {
 			h.Key = k.String()
 		}
 	}
 	if h.Site == "" {
-		h.SiteKind = siteNone
+		h.SiteKind = holders.SiteNone
 	}
 	return h
 }

@@ -25,11 +25,11 @@ func TestIdentityAsHolder(t *testing.T) {
 			t.Errorf("%q does not say %q", got, s)
 		}
 	}
-	if h.Key != "42" || !h.span.IsValid() || !h.span.IsRemote() {
-		t.Errorf("key %q, span %v: want 42 and the holder's span, remote", h.Key, h.span)
+	if h.Key != "42" || !h.Span.IsValid() || !h.Span.IsRemote() {
+		t.Errorf("key %q, span %v: want 42 and the holder's span, remote", h.Key, h.Span)
 	}
 	tx := &identity.Holder{Process: "web-1/4711", Database: 1, Pool: "jobs", Conn: 3, Holds: "tx", Site: "jobs/run.go:7"}
-	if got, want := holderOf(tx).who(), `connection #3 of "jobs" in process web-1/4711`; got != want {
+	if got, want := holderOf(tx).Who(), `connection #3 of "jobs" in process web-1/4711`; got != want {
 		t.Errorf("who:\n got %s\nwant %s", got, want)
 	}
 

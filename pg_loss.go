@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // Lost locks: telling a broken connection from a failed statement,
@@ -215,8 +216,8 @@ func (c *conn) reportLoss(pid int32, keys string, n int, oldest *heldLock, parke
 	// A span of its own (issue 20: the model of holders), linked to the
 	// span the lock was taken in.
 	h := connHolder(c)
-	h.Key, h.Site, h.Since, h.SiteKind = keys, oldest.site, oldest.since, siteTook
-	c.connector.tel.lockLostSpan(h.withSpan(oldest.span), cause)
+	h.Key, h.Site, h.Since, h.SiteKind = keys, oldest.site, oldest.since, holders.SiteTook
+	c.connector.tel.lockLostSpan(h.WithSpan(oldest.span), cause)
 }
 
 // setLostLocked finishes recording the loss set in c.pin.lost: statements

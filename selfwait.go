@@ -11,6 +11,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -141,7 +142,7 @@ func sameCallChain(ctx, holderCtx context.Context, holderG uintptr) bool {
 
 // selfWaitError is the error of a wait (by waiter) for what, which h
 // holds for the waiter's own call chain.
-func selfWaitError(waiter, what string, h holder) error {
+func selfWaitError(waiter, what string, h holders.Holder) error {
 	return fmt.Errorf("%w: %s would wait for %s, which %s holds: that transaction was begun by RunInTx, whose fn is running on this same goroutine and is blocked in this call, so it cannot end while this call waits; run the statement through the transaction (tx.ExecContext, not db.ExecContext), or commit it first",
 		ErrSelfWait, waiter, what, h)
 }
@@ -278,7 +279,7 @@ const selfWaitProbeDelay = 50 * time.Millisecond
 type selfWaitProbe struct {
 	stop   chan struct{}
 	done   chan struct{}
-	holder holder
+	holder holders.Holder
 	hit    atomic.Bool // the probe cancelled the statement
 }
 

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -218,15 +219,15 @@ func (t *telemetry) lockLost(ctx context.Context, kind string, n int) {
 // own, linked to the span the lock was taken in, with the holder's
 // identity: when spans outside traces are wanted (WithTracerProvider or
 // WithRootSpans), since the loss happens on no request's behalf.
-func (t *telemetry) lockLostSpan(h holder, cause error) {
+func (t *telemetry) lockLostSpan(h holders.Holder, cause error) {
 	if !t.orphanSpans && !t.rootSpans {
 		return
 	}
 	attrs := append([]attribute.KeyValue{t.system, AttrLockKind.String("advisory"), AttrLockScope.String("session"),
-		AttrLockKeys.String(h.Key), AttrLockOutcome.String(outcomeLost)}, h.spanAttrs()...)
+		AttrLockKeys.String(h.Key), AttrLockOutcome.String(outcomeLost)}, holderSpanAttrs(h)...)
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...)}
-	if h.span.IsValid() {
-		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: h.span}))
+	if h.Span.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: h.Span}))
 	}
 	_, span := t.tracer.Start(context.Background(), "lock.lost advisory", opts...)
 	span.SetStatus(codes.Error, "lock lost: "+cause.Error())

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -35,7 +36,7 @@ type lockWait struct {
 	self  *selfWaitProbe // a row-lock wait that may be a self-wait (selfwait.go)
 	// heldBy's holder, kept for a span started at the wait's end
 	// (orphanSpans) when the wait had none.
-	holders []holder
+	holders []holders.Holder
 	waitInfo
 }
 
@@ -69,7 +70,7 @@ func (w *lockWait) wantsHolder() bool {
 // heldBy records what holds the lock this acquisition waits for, as the
 // model of holders names it: a link to the holder's span, and its
 // database, connection, backend pid, call site and since when.
-func (w *lockWait) heldBy(h holder) {
+func (w *lockWait) heldBy(h holders.Holder) {
 	if w != nil && w.span == nil && w.t.orphanSpans {
 		w.holders = append(w.holders, h) // for a span at the wait's end
 		return
@@ -77,9 +78,9 @@ func (w *lockWait) heldBy(h holder) {
 	if !w.recording() {
 		return
 	}
-	attrs := h.spanAttrs()
-	if h.span.IsValid() {
-		w.span.AddLink(trace.Link{SpanContext: h.span, Attributes: attrs})
+	attrs := holderSpanAttrs(h)
+	if h.Span.IsValid() {
+		w.span.AddLink(trace.Link{SpanContext: h.Span, Attributes: attrs})
 	}
 	w.span.SetAttributes(append(attrs, AttrHolderDescription.String(h.String()))...)
 }

@@ -1,0 +1,19 @@
+// Package holders names who holds a lock someone waits for, as one value
+// every consumer formats the same way.
+//
+// Its one job: a [Holder] is a connection of a lockhooks database, of this
+// process or of another one, with what the model of holders and waiters
+// knows of it (its database, connection number, backend pid, the Go call
+// site where it took the lock or began its transaction, since when, its
+// trace). Errors, the slow-wait log, spans and /debug/locks format a
+// Holder only through it ([Holder.String], [Holder.LogArgs],
+// [Holder.Who], [Holder.Where]), so a holder reads the same everywhere.
+// Finding the holders (connections, pg_locks rows, the registry of
+// databases) and the span attributes of a holder are the root package's
+// business.
+//
+// State: none.
+//
+// Imports: nothing of lockhooks' own; OpenTelemetry's trace package for a
+// holder's span.
+package holders
