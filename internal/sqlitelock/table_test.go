@@ -21,6 +21,8 @@ type taker struct {
 	hint string
 }
 
+// SelfWait is certain, or likely with the hint, for a wait with t's own
+// context.
 func (t taker) SelfWait(ctx context.Context) (bool, string) {
 	if t.ctx == nil || ctx != t.ctx {
 		return false, ""
