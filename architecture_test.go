@@ -17,7 +17,7 @@ import (
 // so a new package is placed in the picture when it is made.
 var importRules = map[string]packageRule{
 	// The public face and the database/sql adapter.
-	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/driverext"}},
+	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/sqlitelock", "internal/driverext"}},
 	"modernc": {may: []string{".", "internal/driverext"}},
 
 	// The core: one concept each, none of them on database/sql; the pure
@@ -29,6 +29,9 @@ var importRules = map[string]packageRule{
 	"internal/identity":  {core: true, pure: true},
 	"internal/lockorder": {core: true, pure: true},
 	"internal/holders":   {core: true, pure: true},
+
+	// The core packages over others of the core.
+	"internal/sqlitelock": {core: true, pure: true, may: []string{"internal/callsite"}},
 
 	// Driver plumbing shared by the root and its driver subpackages.
 	"internal/driverext": {},

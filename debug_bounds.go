@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 // The debug page's gathering is bounded at any scale: a transaction that
@@ -425,16 +426,10 @@ func (s siteNames) of(c *callsite.Stack) string {
 	return name
 }
 
-// eachHeld calls fn for each held key under t.mu, until fn returns
-// false: fn must be quick and must not take other locks.
-func (t *lockTable[K]) eachHeld(fn func(key K, e *lockEntry) bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for k, e := range t.entries {
-		if e.count > 0 && !fn(k, e) {
-			return
-		}
-	}
+// eachHeld calls fn for each held key under the table's mutex, until fn
+// returns false: fn must be quick and must not take other locks.
+func (t *lockTable[K]) eachHeld(fn func(key K, e *sqlitelock.Hold[lockTaker]) bool) {
+	t.core.EachHeld(fn)
 }
 
 // listBounded returns the first n waits in progress (the oldest), how many

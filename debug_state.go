@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 // debugState reads one database's locks, waits, events and counters,
@@ -148,29 +149,29 @@ func (c *connector) collectHeld(hc *heldCollector, conns []*conn, waited map[loc
 			oc.pin.mu.Unlock()
 		}
 	}
-	c.named.eachHeld(func(key int64, e *lockEntry) bool {
+	c.named.eachHeld(func(key int64, e *sqlitelock.Hold[lockTaker]) bool {
 		cand = heldCandidate{kind: "advisory", mode: "exclusive", scope: "session", state: "in use", key: lockKey{k1: key}, advisory: true,
-			since: e.since, pcs: &e.site, count: e.count, waiters: len(e.waiters)}
-		ownerOf(&cand, e.owner)
+			since: e.Since(), pcs: e.Site(), count: e.Count(), waiters: e.Waiters()}
+		ownerOf(&cand, e.Owner())
 		hc.offer(&cand)
 		return !hc.full()
 	})
-	c.locksets.eachHeld(func(key locksetKey, e *lockEntry) bool {
+	c.locksets.eachHeld(func(key locksetKey, e *sqlitelock.Hold[lockTaker]) bool {
 		cand = heldCandidate{kind: "lockset", mode: "exclusive", scope: "transaction", state: "in use", namespace: key.namespace, cid: key.id,
-			since: e.since, pcs: &e.site, count: e.count, waiters: len(e.waiters)}
-		ownerOf(&cand, e.owner)
+			since: e.Since(), pcs: e.Site(), count: e.Count(), waiters: e.Waiters()}
+		ownerOf(&cand, e.Owner())
 		hc.offer(&cand)
 		return !hc.full()
 	})
 	if wh, ok := c.writer.holder(); ok {
 		cand = heldCandidate{kind: "sqlite_writer", mode: "exclusive", scope: "transaction", state: "in use",
-			since: wh.since, count: 1, waiters: c.writer.waiting()}
-		if wh.stmt != "" {
-			cand.scope, cand.stmt = "statement", wh.stmt
+			since: wh.Since, count: 1, waiters: c.writer.waiting()}
+		if wh.Stmt != "" {
+			cand.scope, cand.stmt = "statement", wh.Stmt
 		} else {
 			cand.site = wh.location()
 		}
-		ownerOf(&cand, wh.owner)
+		ownerOf(&cand, wh.Owner)
 		hc.offer(&cand)
 	}
 }
@@ -326,27 +327,10 @@ func (c *connector) noteUnlock(from *conn, k lockKey, err error) {
 	}
 }
 
-// heldEntry is a copy of one held key of a lockTable.
-type heldEntry[K comparable] struct {
-	key   K
-	h     holderInfo
-	count int
-}
-
-// held calls fn for each held key, after copying them under t.mu (call
-// sites are symbolised outside the table's lock).
+// held calls fn for each held key, after copying them under the table's
+// mutex (call sites are symbolised outside the table's lock).
 func (t *lockTable[K]) held(fn func(key K, h holderInfo, count int)) {
-	t.mu.Lock()
-	var out []heldEntry[K]
-	for k, e := range t.entries {
-		if e.count > 0 {
-			out = append(out, heldEntry[K]{k, holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}, e.count})
-		}
-	}
-	t.mu.Unlock()
-	for _, x := range out {
-		fn(x.key, x.h, x.count)
-	}
+	t.core.Held(func(key K, h sqlitelock.Holder[lockTaker], count int) { fn(key, holderInfoOf(&h), count) })
 }
 
 // waiterInfo describes one waiter of a lockTable.
@@ -357,33 +341,12 @@ type waiterInfo struct {
 }
 
 // waits calls fn for each waiter and the holder it waits for, after
-// copying them under t.mu.
+// copying them under the table's mutex.
 func (t *lockTable[K]) waits(fn func(key K, h holderInfo, w waiterInfo)) {
-	type edge struct {
-		key K
-		h   holderInfo
-		w   waiterInfo
-	}
-	var out []edge
-	t.mu.Lock()
-	for k, e := range t.entries {
-		if e.count == 0 {
-			continue
-		}
-		h := holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}
-		for _, w := range e.waiters {
-			out = append(out, edge{k, h, waiterInfo{owner: w.owner, since: w.since, site: w.site}})
-		}
-	}
-	t.mu.Unlock()
-	for _, x := range out {
-		fn(x.key, x.h, x.w)
-	}
+	t.core.Waits(func(key K, h sqlitelock.Holder[lockTaker], w sqlitelock.Waiting) {
+		fn(key, holderInfoOf(&h), waiterInfo{owner: w.Owner, since: w.Since, site: w.Site})
+	})
 }
 
 // waiting returns how many wait for the writer lock.
-func (w *writerLock) waiting() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.waiters)
-}
+func (w *writerLock) waiting() int { return w.core.Waiting() }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 // txIdent is a connection's open transaction as other goroutines see it:
@@ -264,28 +265,23 @@ func ownerConn(owner any) *conn {
 
 // writerHolder describes the holder of the SQLite writer lock.
 type writerHolder struct {
-	owner    any
-	since    time.Time
-	stmt     string            // the autocommit statement holding it, or
-	site     callsite.Stack    // where its transaction began (empty: not recorded)
-	siteLate bool              // site is that of a later statement of the transaction
-	span     trace.SpanContext // the span it took the lock in
+	sqlitelock.WriterHolder[lockTaker]
 }
 
 // identity is the writer lock's holder as every message names it.
 func (h *writerHolder) identity() holders.Holder {
-	x := connHolder(ownerConn(h.owner))
-	x.Key, x.Since = "writer", h.since
+	x := connHolder(ownerConn(h.Owner))
+	x.Key, x.Since = "writer", h.Since
 	switch {
-	case h.stmt != "":
-		x.Statement, x.Running = h.stmt, true
-	case !h.site.Recorded():
-	case h.siteLate:
-		x.Site, x.SiteKind = h.site.String(), holders.SiteLater
+	case h.Stmt != "":
+		x.Statement, x.Running = h.Stmt, true
+	case !h.Site.Recorded():
+	case h.SiteLate:
+		x.Site, x.SiteKind = h.Site.String(), holders.SiteLater
 	default:
-		x.Site, x.SiteKind = h.site.String(), holders.SiteBegan
+		x.Site, x.SiteKind = h.Site.String(), holders.SiteBegan
 	}
-	return x.WithSpan(h.span)
+	return x.WithSpan(h.Taker.span)
 }
 
 // describe says what holds the writer lock, for errors.
@@ -301,14 +297,14 @@ func (h *writerHolder) describe() string {
 // location is where the holding transaction is, as a call site.
 func (h *writerHolder) location() string {
 	switch {
-	case h.stmt != "":
-		return describeWriter(h.stmt, nil)
-	case !h.site.Recorded():
+	case h.Stmt != "":
+		return describeWriter(h.Stmt, nil)
+	case !h.Site.Recorded():
 		return "not recorded"
-	case h.siteLate:
-		return h.site.String() + " (a later statement)"
+	case h.SiteLate:
+		return h.Site.String() + " (a later statement)"
 	}
-	return h.site.String()
+	return h.Site.String()
 }
 
 // describeWriter returns the statement, or symbolises the call site.
@@ -330,32 +326,16 @@ type writerWaiterInfo struct {
 
 // holder returns the writer lock's holder, if it is held.
 func (w *writerLock) holder() (writerHolder, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.held {
-		return writerHolder{}, false
-	}
-	return w.holderLocked(), true
+	h, ok := w.core.Holder()
+	return writerHolder{h}, ok
 }
 
 // waits calls fn for each waiter of the writer lock, after copying them
-// under w.mu.
+// under the lock's mutex.
 func (w *writerLock) waits(fn func(h writerHolder, wt writerWaiterInfo)) {
-	w.mu.Lock()
-	if !w.held || len(w.waiters) == 0 {
-		w.mu.Unlock()
-		return
-	}
-	h := w.holderLocked()
-	waiters := make([]writerWaiterInfo, len(w.waiters))
-	for i, x := range w.waiters {
-		waiters[i] = writerWaiterInfo{owner: x.owner, since: x.since, stmt: x.stmt, site: x.site}
-	}
-	w.mu.Unlock()
-	for _, x := range waiters {
-		x.where = describeWriter(x.stmt, &x.site)
-		fn(h, x)
-	}
+	w.core.Waits(func(h sqlitelock.WriterHolder[lockTaker], x sqlitelock.WriterWaiting) {
+		fn(writerHolder{h}, writerWaiterInfo{owner: x.Owner, since: x.Since, stmt: x.Stmt, site: x.Site, where: describeWriter(x.Stmt, &x.Site)})
+	})
 }
 
 // nameHolder adds to the error of a Postgres lock wait that timed out or

@@ -4,43 +4,50 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
-// lockTable is a set of in-process exclusive locks, one per key, created
-// on demand and forgotten when free (no memory for keys nobody holds).
-// Waiters queue in FIFO order and are handed the lock directly, so nobody
-// polls and nobody starves. A holder is identified by an owner value and
-// may take a key it holds again (the count stacks).
+// lockTaker is who takes an in-process lock, as the lock keeps it (see
+// sqlitelock.Taker): its call chain, for the self-wait checks of its
+// waiters; its span, for their links; and the hint a waiter whose wait is
+// likely a self-wait is given, which depends on what the taker is.
+type lockTaker struct {
+	chain callChain
+	span  trace.SpanContext
+	hint  string // selfWaitHintTx, selfWaitHintLock or selfWaitHintStmt
+}
+
+// SelfWait classifies a wait with ctx for what the taker holds (see
+// callChain.selfWait).
+func (t lockTaker) SelfWait(ctx context.Context) (certain bool, hint string) {
+	certain, likely := t.chain.selfWait(ctx)
+	if certain || !likely {
+		return certain, ""
+	}
+	return false, t.hint
+}
+
+// takerOf describes the caller, taking a lock for owner with ctx (run:
+// RunInTx's fn whose transaction owner is, or nil): a likely self-wait
+// for what it holds is one on a transaction's lock if owner is a
+// transaction, else on a lock.
+func takerOf(ctx context.Context, owner any, run *fnRun) lockTaker {
+	t := lockTaker{chain: chainOf(ctx, run), span: trace.SpanContextFromContext(ctx), hint: selfWaitHintLock}
+	if _, tx := owner.(txOwner); tx {
+		t.hint = selfWaitHintTx
+	}
+	return t
+}
+
+// lockTable is a set of in-process exclusive locks, one per key (see
+// sqlitelock.Table), whose holders are described as lockhooks names them.
 type lockTable[K comparable] struct {
-	mu      sync.Mutex
-	entries map[K]*lockEntry
-}
-
-// lockEntry is one held key.
-type lockEntry struct {
-	owner   any
-	count   int
-	since   time.Time
-	site    callsite.Stack    // where the holder took it
-	span    trace.SpanContext // the holder's span, for waiters' links
-	chain   callChain         // the holder's call chain, for self-waits
-	waiters []*lockWaiter
-}
-
-// lockWaiter is one goroutine waiting for a key.
-type lockWaiter struct {
-	owner   any
-	since   time.Time // when it began waiting
-	site    callsite.Stack
-	span    trace.SpanContext
-	chain   callChain     // its call chain, recorded by the key when handed over
-	granted chan struct{} // closed when the lock is handed to this waiter
+	core sqlitelock.Table[K, lockTaker]
 }
 
 // holderInfo describes who holds a key, for errors and telemetry.
@@ -51,142 +58,54 @@ type holderInfo struct {
 	span  trace.SpanContext
 }
 
+// holderInfoOf is the table's description of a holder, as lockhooks keeps
+// it.
+func holderInfoOf(h *sqlitelock.Holder[lockTaker]) holderInfo {
+	return holderInfo{owner: h.Owner, since: h.Since, site: h.Site, span: h.Taker.span}
+}
+
 // lock takes key for owner (run: RunInTx's fn whose transaction owner is,
 // or nil), waiting while another owner holds it, until ctx ends (then it
-// returns a *tableWaitError wrapping ctx.Err() and holds nothing new). A
-// wait for a holder certainly of the caller's own call chain (see
-// callChain.selfWait) is refused at once with a *tableWaitError; a likely
+// returns a *sqlitelock.WaitError wrapping ctx.Err() and holds nothing
+// new). A wait for a holder certainly of the caller's own call chain (see
+// callChain.selfWait) is refused at once with a *sqlitelock.WaitError
+// (explainTableWait makes either the caller's error); a likely
 // one waits, with the hint noted on wait (may be nil) and in the error.
 func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, run *fnRun, site *callsite.Stack, wait *lockWait) error {
-	span := trace.SpanContextFromContext(ctx)
-	chain := chainOf(ctx, run)
-	t.mu.Lock()
-	e := t.entry(key)
-	if e.count == 0 || e.owner == owner {
-		e.take(owner, site, span, chain)
-		t.mu.Unlock()
-		return nil
-	}
-	certain, likely := e.chain.selfWait(ctx)
-	if certain {
-		h := e.holderInfo()
-		t.mu.Unlock()
-		return &tableWaitError{holder: h, self: true}
-	}
-	hint := ""
-	if likely {
-		hint = selfWaitHintLock
-		if _, tx := e.owner.(txOwner); tx {
-			hint = selfWaitHintTx
-		}
-	}
-	w := &lockWaiter{owner: owner, since: time.Now(), span: span, chain: chain, granted: make(chan struct{})}
-	if site != nil {
-		w.site = *site
-	}
-	e.waiters = append(e.waiters, w)
-	t.mu.Unlock()
-	wait.noteSelfHint(hint)
-
-	select {
-	case <-w.granted:
-		return nil
-	case <-ctx.Done():
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	select {
-	case <-w.granted: // handed over while ctx ended: pass it on
-		t.release(key, e)
-	default:
-		e.removeWaiter(w)
-	}
-	return &tableWaitError{holder: e.holderInfo(), waited: time.Since(w.since), err: ctx.Err(), hint: hint}
-}
-
-// tableWaitError is why lockTable.lock did not take a key: its context
-// ended (err), or the holder is of the caller's own call chain (self). It
-// carries the holder, which the caller names with the key.
-type tableWaitError struct {
-	holder holderInfo
-	waited time.Duration
-	self   bool
-	err    error
-	hint   string // why the wait was likely a self-wait, or ""
-}
-
-func (e *tableWaitError) Error() string {
-	if e.self {
-		return ErrSelfWait.Error()
-	}
-	return e.err.Error()
-}
-
-func (e *tableWaitError) Unwrap() error {
-	if e.self {
-		return ErrSelfWait
-	}
-	return e.err
-}
-
-// explainTableWait turns a *tableWaitError of a wait for key (named by
-// what) into the caller's error: a self-wait, or how long the caller
-// (waiter) waited and who holds the key, wrapping the context's error.
-// Other errors are returned unchanged.
-func explainTableWait(err error, waiter, what, key string) error {
-	var tw *tableWaitError
-	if !errors.As(err, &tw) {
+	tk, err := t.core.Take(ctx, key, owner, takerOf(ctx, owner, run), site)
+	if tk == nil {
 		return err
 	}
-	h := tableHolder(key, tw.holder)
-	if tw.self {
-		return selfWaitError(waiter, what, h)
-	}
-	hint := ""
-	if tw.hint != "" {
-		hint = " (" + tw.hint + ")"
-	}
-	if h.Conn == 0 && h.Since.IsZero() { // freed meanwhile
-		return fmt.Errorf("lockhooks: %s gave up waiting for %s after %v%s: %w", waiter, what, tw.waited.Round(time.Millisecond), hint, tw.err)
-	}
-	return fmt.Errorf("lockhooks: %s gave up waiting for %s after %v; it is held by %s%s: %w", waiter, what, tw.waited.Round(time.Millisecond), h, hint, tw.err)
-}
-
-// holderInfo describes the entry's holder; the table's mutex is held.
-func (e *lockEntry) holderInfo() holderInfo {
-	if e.count == 0 {
-		return holderInfo{}
-	}
-	return holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}
+	wait.noteSelfHint(tk.Hint())
+	return t.core.Wait(ctx, key, tk)
 }
 
 // tryLock takes key for owner (of run, as lock) if nobody else holds it;
 // ctx is the caller's (its span for the links of later waiters, itself
 // for their self-wait check).
 func (t *lockTable[K]) tryLock(ctx context.Context, key K, owner any, run *fnRun, site *callsite.Stack) bool {
-	chain := chainOf(ctx, run)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e := t.entry(key)
-	if e.count == 0 || e.owner == owner {
-		e.take(owner, site, trace.SpanContextFromContext(ctx), chain)
-		return true
-	}
-	return false
+	return t.core.TryTake(key, owner, takerOf(ctx, owner, run), site)
 }
 
 // unlock releases one hold of key by owner; it reports false if owner does
 // not hold key.
-func (t *lockTable[K]) unlock(key K, owner any) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e, ok := t.entries[key]
-	if !ok || e.count == 0 || e.owner != owner {
-		return false
+func (t *lockTable[K]) unlock(key K, owner any) bool { return t.core.Unlock(key, owner) }
+
+// handOver gives key, held by from, to owner to, with its count; it
+// reports false if from does not hold key.
+func (t *lockTable[K]) handOver(key K, from, to any) bool { return t.core.HandOver(key, from, to) }
+
+// holder returns who holds key, if anyone.
+func (t *lockTable[K]) holder(key K) (holderInfo, bool) {
+	h, ok := t.core.Holder(key)
+	if !ok {
+		return holderInfo{}, false
 	}
-	t.release(key, e)
-	return true
+	return holderInfoOf(&h), true
 }
+
+// size returns the number of keys held or waited for.
+func (t *lockTable[K]) size() int { return t.core.Size() }
 
 // tableEntry is a copy of one entry's owner and waiters (entriesNow).
 type tableEntry[K comparable] struct {
@@ -198,101 +117,33 @@ type tableEntry[K comparable] struct {
 // entriesNow copies the held keys' owners and waiters, for a caller that
 // looks at them with other locks taken (the table's mutex is a leaf).
 func (t *lockTable[K]) entriesNow() []tableEntry[K] {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := make([]tableEntry[K], 0, len(t.entries))
-	for k, e := range t.entries {
-		if e.count == 0 {
-			continue
-		}
-		x := tableEntry[K]{key: k, owner: e.owner, waiters: make([]any, len(e.waiters))}
-		for i, w := range e.waiters {
-			x.waiters[i] = w.owner
-		}
-		out = append(out, x)
+	entries := t.core.Entries()
+	out := make([]tableEntry[K], len(entries))
+	for i, e := range entries {
+		out[i] = tableEntry[K]{key: e.Key, owner: e.Owner, waiters: e.Waiters}
 	}
 	return out
 }
 
-// handOver gives key, held by from, to owner to, with its count; it
-// reports false if from does not hold key.
-func (t *lockTable[K]) handOver(key K, from, to any) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e, ok := t.entries[key]
-	if !ok || e.count == 0 || e.owner != from {
-		return false
+// explainTableWait turns a *sqlitelock.WaitError of a wait for key (named
+// by what) into the caller's error: a self-wait (wrapping ErrSelfWait), or
+// how long the caller (waiter) waited and who holds the key, wrapping the
+// context's error. Other errors are returned unchanged.
+func explainTableWait(err error, waiter, what, key string) error {
+	var tw *sqlitelock.WaitError[lockTaker]
+	if !errors.As(err, &tw) {
+		return err
 	}
-	e.owner = to
-	return true
-}
-
-// holder returns who holds key, if anyone.
-func (t *lockTable[K]) holder(key K) (holderInfo, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e, ok := t.entries[key]
-	if !ok || e.count == 0 {
-		return holderInfo{}, false
+	h := tableHolder(key, holderInfoOf(&tw.Holder))
+	if tw.Self {
+		return selfWaitError(waiter, what, h)
 	}
-	return holderInfo{owner: e.owner, since: e.since, site: e.site, span: e.span}, true
-}
-
-// size returns the number of keys held or waited for.
-func (t *lockTable[K]) size() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.entries)
-}
-
-// entry returns key's entry, creating it; t.mu is held.
-func (t *lockTable[K]) entry(key K) *lockEntry {
-	if t.entries == nil {
-		t.entries = make(map[K]*lockEntry)
+	hint := ""
+	if tw.Hint != "" {
+		hint = " (" + tw.Hint + ")"
 	}
-	e, ok := t.entries[key]
-	if !ok {
-		e = &lockEntry{}
-		t.entries[key] = e
+	if h.Conn == 0 && h.Since.IsZero() { // freed meanwhile
+		return fmt.Errorf("lockhooks: %s gave up waiting for %s after %v%s: %w", waiter, what, tw.Waited.Round(time.Millisecond), hint, tw.Err)
 	}
-	return e
-}
-
-// release drops one hold and hands the key to the first waiter when the
-// count reaches zero; t.mu is held.
-func (t *lockTable[K]) release(key K, e *lockEntry) {
-	e.count--
-	if e.count > 0 {
-		return
-	}
-	if len(e.waiters) == 0 {
-		delete(t.entries, key)
-		return
-	}
-	w := e.waiters[0]
-	e.waiters[0] = nil
-	e.waiters = e.waiters[1:]
-	e.take(w.owner, &w.site, w.span, w.chain)
-	close(w.granted)
-}
-
-func (e *lockEntry) take(owner any, site *callsite.Stack, span trace.SpanContext, chain callChain) {
-	if e.count == 0 {
-		e.owner, e.since, e.span, e.chain = owner, time.Now(), span, chain
-		if site != nil {
-			e.site = *site
-		} else {
-			e.site = callsite.Stack{}
-		}
-	}
-	e.count++
-}
-
-func (e *lockEntry) removeWaiter(w *lockWaiter) {
-	for i, x := range e.waiters {
-		if x == w {
-			e.waiters = append(e.waiters[:i], e.waiters[i+1:]...)
-			return
-		}
-	}
+	return fmt.Errorf("lockhooks: %s gave up waiting for %s after %v; it is held by %s%s: %w", waiter, what, tw.Waited.Round(time.Millisecond), h, hint, tw.Err)
 }

@@ -5,10 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -66,39 +64,6 @@ func TestCanonicalIDOrder(t *testing.T) {
 	}
 	if _, err := canonicalIDs(nil); err == nil {
 		t.Error("no ids accepted")
-	}
-}
-
-func TestLockTableLeavesNothingBehind(t *testing.T) {
-	var table lockTable[int]
-	ctx := context.Background()
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Go(func() {
-			r := rand.New(rand.NewPCG(uint64(w), 2))
-			owner := fmt.Sprint("owner", w)
-			for range 10000 / 8 {
-				k := r.IntN(20)
-				if r.IntN(2) == 0 {
-					if table.tryLock(ctx, k, owner, nil, nil) {
-						table.unlock(k, owner)
-					}
-					continue
-				}
-				cctx, cancel := context.WithTimeout(ctx, time.Duration(r.IntN(50))*time.Microsecond)
-				if table.lock(cctx, k, owner, nil, nil, nil) == nil {
-					table.unlock(k, owner)
-				}
-				cancel()
-			}
-		})
-	}
-	wg.Wait()
-	if n := table.size(); n != 0 {
-		t.Errorf("%d entries left after all locks were released", n)
-	}
-	if table.unlock(1, "nobody") {
-		t.Error("unlock by a non-holder succeeded")
 	}
 }
 

@@ -106,7 +106,7 @@ func TestWriterLock(t *testing.T) {
 		t.Errorf("a second writer: %v, want %q", err, want)
 	}
 	first.Rollback()
-	if connectorOf(t, db).writer.siteWanted.Load() {
+	if connectorOf(t, db).writer.core.SiteWanted() {
 		t.Error("the request for the site outlived the holder")
 	}
 
@@ -147,38 +147,6 @@ func TestWriterLock(t *testing.T) {
 	mustExec(t, db, "INSERT INTO t VALUES (1)")
 }
 
-// An uncontended transaction records where it began only within siteWindow
-// of the last wait.
-func TestWriterLockRecordsSitesAfterRecentWaits(t *testing.T) {
-	var w writerLock
-	whereAfterLock := func(lastWait time.Time) string {
-		t.Helper()
-		w.mu.Lock()
-		w.contended = lastWait
-		w.mu.Unlock()
-		if err := w.lock(context.Background(), noTelemetry, 1, 0, ""); err != nil {
-			t.Fatal(err)
-		}
-		defer w.unlock()
-		h, _ := w.holder()
-		return h.location()
-	}
-	for _, c := range []struct {
-		name     string
-		lastWait time.Time
-		recorded bool
-	}{
-		{"never", time.Time{}, false},
-		{"long ago", time.Now().Add(-siteWindow - time.Second), false},
-		{"just now", time.Now(), true},
-	} {
-		where := whereAfterLock(c.lastWait)
-		if recorded := strings.Contains(where, "_test.go:"); recorded != (c.recorded || callsite.FastCapture) {
-			t.Errorf("last wait %s: the holder's site is %q, recorded %v, want %v", c.name, where, recorded, c.recorded)
-		}
-	}
-}
-
 // A writer that waits for a transaction whose site was not recorded asks
 // for it; the holder's next statement records where it runs.
 func TestWriterLockHolderSiteAtNextStatement(t *testing.T) {
@@ -203,7 +171,7 @@ func TestWriterLockHolderSiteAtNextStatement(t *testing.T) {
 		waited <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for !w.siteWanted.Load() {
+	for !w.core.SiteWanted() {
 		if time.Now().After(deadline) {
 			t.Fatal("the waiter never asked for the holder's site")
 		}
@@ -219,7 +187,7 @@ func TestWriterLockHolderSiteAtNextStatement(t *testing.T) {
 	if d := h.describe(); !strings.Contains(d, "that ran a statement at") {
 		t.Errorf("the holder described as %q", d)
 	}
-	if w.siteWanted.Load() {
+	if w.core.SiteWanted() {
 		t.Error("the request for the site is still pending")
 	}
 	if err := holder.Commit(); err != nil {

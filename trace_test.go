@@ -277,9 +277,7 @@ func provokeWriterWait(t *testing.T, db *sql.DB) {
 	// The deadline may have passed while database/sql opened a connection,
 	// before the writer lock was reached: only a wait in the lock counts.
 	w := &connectorOf(t, db).writer
-	w.mu.Lock()
-	contended := !w.contended.IsZero()
-	w.mu.Unlock()
+	contended := !w.core.LastWait().IsZero()
 	if !contended {
 		t.Fatal("the second writer never waited for the writer lock (its context ended before)")
 	}
@@ -506,9 +504,7 @@ func TestLongWaitsWithoutAParentGetASpan(t *testing.T) {
 	}()
 	w := &connectorOf(t, db).writer
 	waitFor(t, 10*time.Second, "the waiter", func() bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		return len(w.waiters) == 1
+		return w.waiting() == 1
 	})
 	for time.Since(start) < 2*orphanWait { // the wait must last; its outcome does not depend on it
 		time.Sleep(10 * time.Millisecond)
