@@ -186,13 +186,6 @@ func identify(s pgBlocker, keys []lockKey) (h holders.Holder, ok bool) {
 	switch oc := databases.connOf(s.PID, s.ApplicationName, s.Query, s.seenBy); {
 	case oc != nil:
 		h = oc.asHolder(keys)
-		if id == nil && h.SiteKind == holders.SiteNone && len(keys) > 0 && s.Depth <= 1 && !s.Waiting {
-			// Found by its backend pid alone, yet by lockhooks' own
-			// tracking it holds none of the keys and has no transaction:
-			// it cannot be what blocks this wait, so the backend serves
-			// another client now (a transaction pooler not yet seen).
-			return holders.Holder{}, false
-		}
 		if h.SiteKind != holders.SiteTook && !ownStatement {
 			// The last statement of a transaction tells where it is; that of
 			// a session-lock holder is often lockhooks' own pg_locks read.

@@ -40,12 +40,15 @@ func TestUndeclaredPoolerLeaksNoApplicationName(t *testing.T) {
 			defer c.Close()
 			mustExecConn(t, c, "SELECT pg_advisory_lock(7)")
 			// The guard may or may not have caught the pooler by now; either
-			// way the lock (and the setting) stay on the only server
-			// connection, and the waiter below is not told the holder is
-			// this connection: found by the backend's pid alone, it holds
-			// none of the waiter's keys and has no transaction.
+			// way the lock (and the setting) stay on the only server connection.
 			c.ExecContext(ctx, "SELECT 1")
 			c.Close()
+			// The guard catches it before another client takes the only
+			// server connection (its check needs one): until then lockhooks
+			// takes the backend for its connection's, and would name that
+			// connection as the holder of what the backend holds next.
+			pins := connectorOf(t, l).pins
+			waitFor(t, 10*time.Second, "the guard to see the pooler", func() bool { return pins.poolerSeen() != nil })
 
 			// Another application, no application_name, through the same pooler.
 			other, err := sql.Open("pgx", e.pooled)

@@ -100,7 +100,17 @@ func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, err
 		return nil, err
 	}
 	if !p.c.opts.txPooler && !p.c.opts.pinningPooler {
-		p.lookForPooler(v, all)
+		for _, s := range p.lookForPooler(v, all) {
+			// The check ran on this parked holder's backend, and its locks
+			// are gone from there: a session pooler's hand-over of a dead
+			// client's backend, or a transaction pooler whose other client
+			// reset it (DISCARD ALL). Only the holder's own connection can
+			// tell which.
+			if p.poolerSeen() == nil && s.c.answers(ctx) && p.stillHolding(s) {
+				p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check (its locks were gone from there, yet its own connection still answers)", s.pid)))
+			}
+			p.settle(s.c)
+		}
 		if perr := p.poolerSeen(); perr != nil {
 			for _, s := range all {
 				s.c.markLost("may no longer be held: "+perr.Error(), perr, lossReport|lossPooler)
@@ -211,24 +221,33 @@ func (p *pinning) stillHolding(s holderSnapshot) bool {
 // (here, the check), but only once the holder's client connection is
 // closed, and only after resetting it: DISCARD ALL, its default
 // server_reset_query, frees the session's advisory locks. So a backend
-// that holds none of the holder's locks is no proof of a transaction
-// pooler: the holder's locks are gone either way, and a parked holder is
-// then read on its own connection by the check (which finds it dead, and
-// loses it with that cause), an in-use one by its next statement. The
-// evidence is what the check itself read: nothing more is sent anywhere.
-// (A session pooler that does not reset its server connections leaves
-// the locks on the backend it hands over, and is named a transaction
-// pooler: lockhooks cannot keep session locks through it either.)
-func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) {
+// that holds none of the holder's locks is no proof by itself: a parked
+// holder found so is returned, and the check asks its own connection
+// (answers): a dead one is lost with that cause, one that still answers is
+// a client the pooler serves while it gave the client's backend to
+// another, which only a transaction-mode pooler does (another of its
+// clients reset the backend). An in-use holder found so is left to its
+// next statement. (A session pooler that does not reset its server
+// connections hands a dead client's backend over with its locks, and is
+// named a transaction pooler, as it always was.)
+func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) (suspects []holderSnapshot) {
 	for _, s := range holders {
-		if s.pid == v.ranOn && p.stillHolding(s) && s.c.holdsOn(v, s.pid) {
+		if s.pid != v.ranOn || !p.stillHolding(s) {
+			continue
+		}
+		if s.c.holdsOn(v, s.pid) {
 			p.sawPooler(s.c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where lockhooks' monitor, another client, ran its check", s.pid)))
-			return
+			return nil
+		}
+		if s.parked {
+			suspects = append(suspects, s)
 		}
 	}
 	if o := p.ownerOf(v.marker); o != nil {
 		p.sawPooler(o.poolerDetected(fmt.Sprintf("was opened on backend pid %d, where lockhooks' monitor, another client, ran its check", v.ranOn)))
+		return nil
 	}
+	return suspects
 }
 
 // holdsOn reports whether backend pid held, when the check read it, one
@@ -270,6 +289,31 @@ func (c *conn) changedSince(gen uint64) bool {
 	c.pin.mu.Lock()
 	defer c.pin.mu.Unlock()
 	return c.pin.gen != gen || c.pin.busy > 0
+}
+
+// answers reports whether the parked connection c still answers a
+// statement of lockhooks' own (a read, on whatever backend a pooler gives
+// it), bounded by the check timeout; one that fails because its
+// connection broke (a reset, or silence past the timeout) is lost with
+// that cause. It changes nothing of c's tracking otherwise.
+func (c *conn) answers(ctx context.Context) bool {
+	c.pin.exec.Lock()
+	defer c.pin.exec.Unlock()
+	c.pin.mu.Lock()
+	parked, closed := c.pin.parked, c.pin.closed
+	c.pin.mu.Unlock()
+	if !parked || closed {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.connector.opts.lockCheckTimeout)
+	defer cancel()
+	if err := c.execOwn(ctx, "SELECT 1"); err != nil {
+		if !isServerError(err) || c.connectionBroken(err) {
+			c.loseLocks(err)
+		}
+		return false
+	}
+	return true
 }
 
 // verifyParked reads pg_locks on the parked connection c: a connection

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"database/sql"
 	"github.com/lockhooks/lockhooks/internal/faultproxy"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
@@ -181,5 +182,50 @@ func TestUndeclaredPoolerNamedAtFirstLookOnParkedHolder(t *testing.T) {
 	}
 	if n := heldCount(t, e.raw, 104); n != 0 {
 		t.Fatalf("the refused lock was taken (%d holders)", n)
+	}
+}
+
+// The converse with the holder's lock gone from its backend: through
+// PgBouncer's transaction mode, undeclared, one server connection, another
+// client of the pooler resets that backend (DISCARD ALL, as some drivers
+// do when they close a connection), which frees the holder's lock behind
+// lockhooks' back. The monitor's check then runs on the holder's backend,
+// which holds none of its locks: no proof by itself, but the holder's own
+// connection still answers, which a session pooler's hand-over of a dead
+// client's backend never does. The pooler is named: the holder is lost
+// with ErrTransactionPooler (reported, not dropped in silence), and the
+// database refuses session locks.
+func TestUndeclaredPoolerNamedWhenAnotherClientResetTheBackend(t *testing.T) {
+	e, _ := newOwnPoolerEnv(t, pgtest.PoolerOptions{PoolSize: 1})
+	db := e.open(t, WithLockCheckInterval(50*time.Millisecond))
+	ctx := context.Background()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ExecContext(ctx, "SELECT pg_advisory_lock(105)"); err != nil {
+		t.Fatalf("the lock through an idle pool: %v", err)
+	}
+	h := stateOf(t, c)
+	other, err := sql.Open("pgx", e.pooled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.ExecContext(ctx, "DISCARD ALL"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the parked holder to be reported lost", func() bool { return lostErr(h) != nil })
+	if lost := lostErr(h); !errors.Is(lost, ErrLockLost) || !errors.Is(lost, ErrTransactionPooler) {
+		t.Fatalf("the holder's loss = %v, want ErrLockLost and ErrTransactionPooler", lost)
+	}
+	if _, err := db.ExecContext(ctx, "SELECT pg_advisory_lock(106)"); !errors.Is(err, ErrTransactionPooler) {
+		t.Fatalf("a new session lock: %v, want ErrTransactionPooler", err)
+	}
+	if n := heldCount(t, e.raw, 105) + heldCount(t, e.raw, 106); n != 0 {
+		t.Fatalf("%d advisory locks left", n)
 	}
 }
