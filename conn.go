@@ -115,7 +115,7 @@ type conn struct {
 	driverBegins bool
 
 	// ident is the open transaction as other goroutines see it (Postgres):
-	// a holder's identity in the model of holders (holders.go).
+	// a holder's identity in the model of holders (holders_inprocess.go).
 	ident txIdent
 
 	// pub is what the connection publishes of its identity to other

@@ -309,10 +309,10 @@ type connector struct {
 	walGate  chan struct{}          // SQLite: one connection at a time switches the file to WAL (sqlite_defaults.go)
 	dsn      string                 // "" when the inner connector was given
 	pool     string                 // the pool name: WithPoolName's, or a default unique in the process
-	seq      uint64                 // the database's number in the process, from 1 (identities name it: pg_identity.go)
+	seq      uint64                 // the database's number in the process, from 1 (identities name it: internal/identity)
 	server   atomic.Pointer[string] // Postgres: the server its connections reached (its start time, read by identifyOnConnect; nil: not known)
 	db       atomic.Pointer[sql.DB] // the database that uses it, once known (noteDB): its pool's counts tell a deadlocked pool
-	joined   bool                   // in the process's registry of databases (holders.go)
+	joined   bool                   // in the process's registry of databases (holders_registry.go)
 	sqlite   sqliteDSN              // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
 	events   *eventRing // recent events, for DebugHandler

@@ -20,7 +20,7 @@ import (
 // A transaction has two things to say in BEGIN's round trip: RunInTx's
 // transaction id, which a cut-off COMMIT is resolved by (retry_commit.go),
 // and its identity for waiters in other processes, a transaction-local
-// application_name naming where it began (pg_identity.go). Where either is
+// application_name naming where it began (internal/identity). Where either is
 // wanted and the driver allows it, lockhooks sends the BEGIN itself, in one
 // simple-protocol message composed of what the transaction needs, and ends
 // the transaction with its own COMMIT and ROLLBACK (pgTx):

@@ -12,13 +12,13 @@ import (
 	"github.com/lockhooks/lockhooks/internal/identity"
 )
 
-// The Postgres side of the model of holders (holders.go): who blocks whom
+// The Postgres side of the model of holders (holders*.go): who blocks whom
 // as the server shows it, for the slow-wait log, the wait spans, the
 // errors of waits that time out, deadlocks and the debug page. The
 // backends pg_blocking_pids names, followed to the root of the chain (A
 // holds, C waits for A, B waits behind C: B's holder is A, and C is queued
 // ahead of it), in one query on a side connection; the model identifies
-// each (holders.go, identify) by the identity it published (pg_identity.go)
+// each (holders_blockage.go, identify) by the identity it published (internal/identity)
 // or as a connection of this process.
 
 // pgBlocker is a Postgres backend that blocks a wait, as pg_blocking_pids
