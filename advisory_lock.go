@@ -159,7 +159,7 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 // wait on. The error-free path never gets here.
 func (l *AdvisoryLock) abandon() {
 	defer l.conn.Close()
-	k := lockKey{k1: l.key}
+	k := lockKey{K1: l.key}
 	if !l.c.holds(k) {
 		return
 	}
@@ -253,7 +253,7 @@ func (l *AdvisoryLock) lockedWithToken(ctx context.Context) (got, tokened bool, 
 			l.c.connector.opts.logger.Warn("lockhooks: the server refuses the fencing token (pg_current_xact_id()); AdvisoryLock.Token is 0 on this database",
 				"connection", l.c.String(), "error", err)
 		}
-		if l.c.holds(lockKey{k1: l.key}) {
+		if l.c.holds(lockKey{K1: l.key}) {
 			return true, true, nil // granted before the token failed (the failure's pg_locks read says so): token 0
 		}
 		if err := l.lockAlone(ctx); err != nil {
@@ -403,7 +403,7 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		err = l.unlock(ctx)
 	}
 	l.c.connector.pins.untrack(l)
-	if err == nil && l.c.holds(lockKey{k1: l.key}) {
+	if err == nil && l.c.holds(lockKey{K1: l.key}) {
 		// The key was taken again on l.Conn() and is still held there
 		// (locks stack): the connection, parked, keeps it and the key's
 		// turn, so no acquirer of this process waits on the server for it
@@ -433,7 +433,7 @@ func (l *AdvisoryLock) unlock(ctx context.Context) error {
 	} else {
 		err = fmt.Errorf("lockhooks: releasing advisory lock %s: %w", describeKey(l.key), err)
 	}
-	k := lockKey{k1: l.key}
+	k := lockKey{K1: l.key}
 	if !l.c.holds(k) {
 		return err
 	}

@@ -33,7 +33,7 @@ const releasedOnOwnConn = "released by a statement on its own connection"
 func (l *AdvisoryLock) noteTaken() {
 	l.c.pin.mu.Lock()
 	defer l.c.pin.mu.Unlock()
-	if h := l.c.pin.held[lockKey{k1: l.key}]; h != nil {
+	if h := l.c.pin.held[lockKey{K1: l.key}]; h != nil {
 		l.taken = heldLock{since: h.since, site: h.site, span: h.span}
 	} else {
 		l.taken = heldLock{since: time.Now(), site: "unknown"}
@@ -51,7 +51,7 @@ func (c *conn) loseIfReleased(text string) {
 	if l == nil {
 		return
 	}
-	k := lockKey{k1: l.key}
+	k := lockKey{K1: l.key}
 	c.pin.mu.Lock()
 	if c.pin.lost != nil || c.pin.closed || c.pin.held[k] != nil {
 		c.pin.mu.Unlock()

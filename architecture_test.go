@@ -17,18 +17,19 @@ import (
 // so a new package is placed in the picture when it is made.
 var importRules = map[string]packageRule{
 	// The public face and the database/sql adapter.
-	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/sqlitelock", "internal/driverext"}},
+	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/driverext"}},
 	"modernc": {may: []string{".", "internal/driverext"}},
 
 	// The core: one concept each, none of them on database/sql; the pure
 	// ones not on database/sql/driver either (dberr names
 	// driver.ErrBadConn, the error a driver reports a dead connection by).
-	"internal/sqlscan":   {core: true, pure: true},
-	"internal/dberr":     {core: true},
-	"internal/callsite":  {core: true, pure: true},
-	"internal/identity":  {core: true, pure: true},
-	"internal/lockorder": {core: true, pure: true},
-	"internal/holders":   {core: true, pure: true},
+	"internal/sqlscan":     {core: true, pure: true},
+	"internal/dberr":       {core: true},
+	"internal/callsite":    {core: true, pure: true},
+	"internal/identity":    {core: true, pure: true},
+	"internal/lockorder":   {core: true, pure: true},
+	"internal/holders":     {core: true, pure: true},
+	"internal/advisorykey": {core: true, pure: true},
 
 	// The core packages over others of the core.
 	"internal/sqlitelock": {core: true, pure: true, may: []string{"internal/callsite"}},

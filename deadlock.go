@@ -221,11 +221,11 @@ func (c *conn) describeLockTarget(e deadlockEdge, f deadlockFacts, held bool) st
 		m := advisoryRE.FindStringSubmatch(t)
 		hi, _ := strconv.ParseInt(m[1], 10, 64)
 		lo, _ := strconv.ParseInt(m[2], 10, 64)
-		k := lockKey{k1: hi<<32 | lo}
+		k := lockKey{K1: hi<<32 | lo}
 		if m[3] == "2" {
-			k = lockKey{pair: true, k1: hi, k2: lo}
+			k = lockKey{Pair: true, K1: hi, K2: lo}
 		}
-		k.shared = e.mode == "ShareLock"
+		k.Shared = e.mode == "ShareLock"
 		return "advisory key " + k.String() // with its name, where lockhooks knows one
 	}
 	return e.mode + " on " + t

@@ -63,7 +63,7 @@ type heldPos struct {
 }
 
 func (c *heldCandidate) pos() heldPos {
-	return heldPos{cid: c.cid, k1: c.key.k1, k2: c.key.k2, shared: c.key.shared, conn: c.connID}
+	return heldPos{cid: c.cid, k1: c.key.K1, k2: c.key.K2, shared: c.key.Shared, conn: c.connID}
 }
 
 // comparePos orders held locks: lockset ids in lock order (integers
@@ -384,8 +384,8 @@ func (c *keptHeld) row(now time.Time, sym siteNames) debugHeld {
 		}
 	case c.advisory:
 		h.Key = c.key.number()
-		if !c.key.pair {
-			if o, ok := originOf(c.key.k1); ok {
+		if !c.key.Pair {
+			if o, ok := originOf(c.key.K1); ok {
 				h.Name = o.label()
 			}
 		}
@@ -400,10 +400,10 @@ func (c *keptHeld) row(now time.Time, sym siteNames) debugHeld {
 // memory without allocating.
 func advisoryCandidate(c *heldCandidate, k lockKey) {
 	c.key, c.advisory, c.kind, c.namespace, c.cid = k, true, "advisory", "", ""
-	if k.pair {
+	if k.Pair {
 		return
 	}
-	if name, ok := keyNames.lookup(k.k1); ok {
+	if name, ok := keyNames.lookup(k.K1); ok {
 		if i := strings.IndexByte(name, 0); i >= 0 && validCanonicalID(name[i+1:]) {
 			c.kind, c.namespace, c.cid = "lockset", name[:i], name[i+1:]
 		}

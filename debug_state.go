@@ -150,7 +150,7 @@ func (c *connector) collectHeld(hc *heldCollector, conns []*conn, waited map[loc
 		}
 	}
 	c.named.eachHeld(func(key int64, e *sqlitelock.Hold[lockTaker]) bool {
-		cand = heldCandidate{kind: "advisory", mode: "exclusive", scope: "session", state: "in use", key: lockKey{k1: key}, advisory: true,
+		cand = heldCandidate{kind: "advisory", mode: "exclusive", scope: "session", state: "in use", key: lockKey{K1: key}, advisory: true,
 			since: e.Since(), pcs: e.Site(), count: e.Count(), waiters: e.Waiters()}
 		ownerOf(&cand, e.Owner())
 		hc.offer(&cand)
@@ -184,7 +184,7 @@ func ownerOf(c *heldCandidate, owner any) {
 }
 
 func modeOf(k lockKey) string {
-	if k.shared {
+	if k.Shared {
 		return "shared"
 	}
 	return "exclusive"

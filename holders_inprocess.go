@@ -101,11 +101,11 @@ func (oc *conn) asHolder(keys []lockKey) holders.Holder {
 // for k: both for an exclusive request, the exclusive one for a shared.
 func conflicting(k lockKey) []lockKey {
 	ex := k.exclusive()
-	if k.shared {
+	if k.Shared {
 		return []lockKey{ex}
 	}
 	sh := ex
-	sh.shared = true
+	sh.Shared = true
 	return []lockKey{ex, sh}
 }
 

@@ -14,10 +14,10 @@ func TestKeyNames(t *testing.T) {
 	if got, want := describeKey(k), "nightly-report ("+strconv.FormatInt(k, 10)+")"; got != want {
 		t.Errorf("describeKey = %q, want %q", got, want)
 	}
-	if got := (lockKey{k1: k, shared: true}).String(); !strings.HasPrefix(got, "nightly-report (") || !strings.HasSuffix(got, " (shared)") {
+	if got := (lockKey{K1: k, Shared: true}).String(); !strings.HasPrefix(got, "nightly-report (") || !strings.HasSuffix(got, " (shared)") {
 		t.Errorf("lockKey.String = %q", got)
 	}
-	if got := (lockKey{k1: k}).number(); got != strconv.FormatInt(k, 10) {
+	if got := (lockKey{K1: k}).number(); got != strconv.FormatInt(k, 10) {
 		t.Errorf("number = %q", got)
 	}
 	if got := describeKey(42); got != "42" {

@@ -203,7 +203,7 @@ func (c *conn) noteLockset(namespace string, keys []string) {
 func (l *txLock) advisoryClass() string {
 	if l.keyOK {
 		k := l.key
-		k.shared = false // shared and exclusive holds of a key are one class
+		k.Shared = false // shared and exclusive holds of a key are one class
 		return "advisory key " + k.String()
 	}
 	return "advisory key " + l.expr

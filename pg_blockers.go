@@ -423,7 +423,7 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 	for _, k := range keys {
 		classid, objid, sub := k.pgLocksID()
 		m := fmt.Sprintf("(l.classid::bigint = %d AND l.objid::bigint = %d AND l.objsubid = %d", classid, objid, sub)
-		if k.shared {
+		if k.Shared {
 			m += " AND l.mode = 'ExclusiveLock'" // only exclusive holders block a shared request
 		}
 		match = append(match, m+")")

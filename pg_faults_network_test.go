@@ -307,7 +307,7 @@ func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
 		t.Fatalf("incarnation %q does not read as one", incarnation)
 	}
 	start, server, _ := strings.Cut(incarnation, "@")
-	keys := []lockKey{{k1: 107}}
+	keys := []lockKey{{K1: 107}}
 	for _, c := range []struct {
 		what   string
 		target endTarget

@@ -42,19 +42,19 @@ func holderOf(id *identity.Holder) holders.Holder {
 // parseKeyToken reads a key as keyToken writes it: 42, 1/2, 42-shared.
 func parseKeyToken(s string) (lockKey, bool) {
 	var k lockKey
-	s, k.shared = strings.CutSuffix(s, "-shared")
+	s, k.Shared = strings.CutSuffix(s, "-shared")
 	a, b, pair := strings.Cut(s, "/")
 	k1, err := strconv.ParseInt(a, 10, 64)
 	if err != nil {
 		return lockKey{}, false
 	}
-	k.k1 = k1
+	k.K1 = k1
 	if pair {
 		k2, err := strconv.ParseInt(b, 10, 64)
 		if err != nil {
 			return lockKey{}, false
 		}
-		k.pair, k.k2 = true, k2
+		k.Pair, k.K2 = true, k2
 	}
 	return k, true
 }

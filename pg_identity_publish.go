@@ -210,11 +210,11 @@ func keyToken(k lockKey) string {
 
 // appendKeyToken appends keyToken's value to b.
 func appendKeyToken(b []byte, k lockKey) []byte {
-	b = strconv.AppendInt(b, k.k1, 10)
-	if k.pair {
-		b = strconv.AppendInt(append(b, '/'), k.k2, 10)
+	b = strconv.AppendInt(b, k.K1, 10)
+	if k.Pair {
+		b = strconv.AppendInt(append(b, '/'), k.K2, 10)
 	}
-	if k.shared {
+	if k.Shared {
 		b = append(b, "-shared"...)
 	}
 	return b

@@ -6,47 +6,30 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
 // Advisory-lock keys: how a call's key is named and resolved from
 // literals, bound arguments and expressions.
 
-// lockKey identifies one advisory lock: a bigint key or a pair of int4 keys
-// (separate key spaces), in exclusive or shared mode.
-type lockKey struct {
-	pair   bool
-	k1     int64 // the bigint key, or the first int4 key
-	k2     int64 // the second int4 key
-	shared bool
-}
+// lockKey identifies one advisory lock: an [advisorykey.Key] with the
+// root's formatting (String names a bigint key where lockhooks knows the
+// name it was made from) and the statements that take and release it. It
+// is a defined type rather than an alias so that fmt shows a key with its
+// name, as String does; converting between the two costs nothing.
+type lockKey advisorykey.Key
 
 // String formats k for a reader: a bigint key by its name too, when
 // lockhooks knows it (see describeKey).
-func (k lockKey) String() string {
-	var s string
-	if k.pair {
-		s = "(" + strconv.FormatInt(k.k1, 10) + ", " + strconv.FormatInt(k.k2, 10) + ")"
-	} else {
-		s = describeKey(k.k1)
-	}
-	if k.shared {
-		s += " (shared)"
-	}
-	return s
-}
+func (k lockKey) String() string { return advisorykey.Key(k).Describe(describeKey) }
 
 // number formats k as Postgres shows it, without a name: "42" or
 // "(1, 2)".
-func (k lockKey) number() string {
-	if k.pair {
-		return "(" + strconv.FormatInt(k.k1, 10) + ", " + strconv.FormatInt(k.k2, 10) + ")"
-	}
-	return strconv.FormatInt(k.k1, 10)
-}
+func (k lockKey) number() string { return advisorykey.Key(k).Number() }
 
 // exclusive returns k in exclusive mode.
-func (k lockKey) exclusive() lockKey { k.shared = false; return k }
+func (k lockKey) exclusive() lockKey { return lockKey(advisorykey.Key(k).Exclusive()) }
 
 // tryQuery returns the statement that tries to take k once.
 func (k lockKey) tryQuery() (string, []driver.NamedValue) { return k.call("pg_try_advisory_lock") }
@@ -56,18 +39,18 @@ func (k lockKey) unlockQuery() (string, []driver.NamedValue) { return k.call("pg
 
 // call returns "SELECT fn(k)" for k's key form and mode, with k bound.
 func (k lockKey) call(fn string) (string, []driver.NamedValue) {
-	if k.shared {
+	if k.Shared {
 		fn += "_shared"
 	}
-	if k.pair {
-		return "SELECT " + fn + "($1::int4, $2::int4)", []driver.NamedValue{{Ordinal: 1, Value: k.k1}, {Ordinal: 2, Value: k.k2}}
+	if k.Pair {
+		return "SELECT " + fn + "($1::int4, $2::int4)", []driver.NamedValue{{Ordinal: 1, Value: k.K1}, {Ordinal: 2, Value: k.K2}}
 	}
-	return "SELECT " + fn + "($1::bigint)", []driver.NamedValue{{Ordinal: 1, Value: k.k1}}
+	return "SELECT " + fn + "($1::bigint)", []driver.NamedValue{{Ordinal: 1, Value: k.K1}}
 }
 
 // keyOf resolves a call's key from literals and bound arguments.
 func keyOf(call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
-	k := lockKey{shared: call.Func&sqlscan.FnShared != 0, pair: call.NArgs == 2}
+	k := lockKey{Shared: call.Func&sqlscan.FnShared != 0, Pair: call.NArgs == 2}
 	if call.NArgs != 1 && call.NArgs != 2 {
 		return k, false
 	}
@@ -87,7 +70,7 @@ func keyOf(call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) 
 			return k, false
 		}
 	}
-	k.k1, k.k2 = vals[0], vals[1]
+	k.K1, k.K2 = vals[0], vals[1]
 	return k, true
 }
 
@@ -96,12 +79,12 @@ func keyOf(call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) 
 // evaluate differently in the statement itself, so keys found this way are
 // checked against pg_locks after the statement.
 func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
-	k := lockKey{shared: call.Func&sqlscan.FnShared != 0, pair: call.NArgs == 2}
+	k := lockKey{Shared: call.Func&sqlscan.FnShared != 0, Pair: call.NArgs == 2}
 	if call.NArgs != 1 && call.NArgs != 2 {
 		return k, false
 	}
 	typ := "bigint"
-	if k.pair {
+	if k.Pair {
 		typ = "int4"
 	}
 	exprs := make([]string, call.NArgs)
@@ -121,9 +104,9 @@ func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []dr
 	if err != nil || len(row) != call.NArgs {
 		return k, false
 	}
-	k.k1 = asInt64(row[0])
-	if k.pair {
-		k.k2 = asInt64(row[1])
+	k.K1 = asInt64(row[0])
+	if k.Pair {
+		k.K2 = asInt64(row[1])
 	}
 	return k, true
 }

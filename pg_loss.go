@@ -575,8 +575,8 @@ AND (coalesce(a.query_start <= statement_timestamp() - interval '` + ago(r.targe
 
 // pgLocksID returns k's (classid, objid, objsubid) in pg_locks.
 func (k lockKey) pgLocksID() (classid, objid int64, objsubid int) {
-	if k.pair {
-		return int64(uint32(int32(k.k1))), int64(uint32(int32(k.k2))), 2
+	if k.Pair {
+		return int64(uint32(int32(k.K1))), int64(uint32(int32(k.K2))), 2
 	}
-	return int64(uint64(k.k1) >> 32), k.k1 & 0xffffffff, 1
+	return int64(uint64(k.K1) >> 32), k.K1 & 0xffffffff, 1
 }

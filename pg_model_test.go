@@ -238,7 +238,7 @@ func (m *model) free(k lockKey) bool {
 	for rows.Next() {
 		var mode string
 		rows.Scan(&mode)
-		if !k.shared || mode == "ExclusiveLock" {
+		if !k.Shared || mode == "ExclusiveLock" {
 			return false
 		}
 	}
@@ -246,39 +246,39 @@ func (m *model) free(k lockKey) bool {
 }
 
 func (m *model) classObj(k lockKey) (int64, int64, int) {
-	if k.pair {
-		return int64(uint32(int32(k.k1))), int64(uint32(int32(k.k2))), 2
+	if k.Pair {
+		return int64(uint32(int32(k.K1))), int64(uint32(int32(k.K2))), 2
 	}
-	return int64(uint64(k.k1) >> 32), k.k1 & 0xffffffff, 1
+	return int64(uint64(k.K1) >> 32), k.K1 & 0xffffffff, 1
 }
 
 // randomKey picks a key among a few, so that re-entrancy, shared holders
 // and conflicts happen often.
 func (m *model) randomKey() lockKey {
-	k := lockKey{k1: int64(1 + m.rnd.IntN(3)), shared: m.rnd.IntN(4) == 0}
+	k := lockKey{K1: int64(1 + m.rnd.IntN(3)), Shared: m.rnd.IntN(4) == 0}
 	if m.rnd.IntN(5) == 0 {
-		k.pair, k.k2 = true, int64(1+m.rnd.IntN(2))
+		k.Pair, k.K2 = true, int64(1+m.rnd.IntN(2))
 	}
 	return k
 }
 
 // call spells a call of fn on k in one of the ways users write it.
 func (m *model) call(fn string, k lockKey) (string, []any) {
-	if k.shared {
+	if k.Shared {
 		fn += "_shared"
 	}
-	if k.pair {
-		return fmt.Sprintf("%s(%d, %d)", fn, k.k1, k.k2), nil
+	if k.Pair {
+		return fmt.Sprintf("%s(%d, %d)", fn, k.K1, k.K2), nil
 	}
 	switch m.rnd.IntN(4) {
 	case 0:
-		return fmt.Sprintf("%s($1)", fn), []any{k.k1}
+		return fmt.Sprintf("%s($1)", fn), []any{k.K1}
 	case 1:
-		return fmt.Sprintf("%s(abs($1::bigint))", fn), []any{k.k1} // an expression key
+		return fmt.Sprintf("%s(abs($1::bigint))", fn), []any{k.K1} // an expression key
 	case 2:
-		return fmt.Sprintf(`"%s"(%d)`, fn, k.k1), nil
+		return fmt.Sprintf(`"%s"(%d)`, fn, k.K1), nil
 	}
-	return fmt.Sprintf("%s(%d)", fn, k.k1), nil
+	return fmt.Sprintf("%s(%d)", fn, k.K1), nil
 }
 
 func (m *model) step(i int) {
@@ -305,7 +305,7 @@ func (m *model) step(i int) {
 	case 0, 1: // lock
 		k := m.randomKey()
 		if !m.free(k) {
-			k.shared = false
+			k.Shared = false
 			c, args := m.call("pg_try_advisory_lock", k)
 			x, _, where := m.target(true)
 			desc = where + ": SELECT " + c
@@ -333,13 +333,13 @@ func (m *model) step(i int) {
 		}
 	case 5: // several calls in one statement
 		a, b := m.randomKey(), m.randomKey()
-		a.shared, b.shared = false, false
+		a.Shared, b.Shared = false, false
 		fn := "pg_advisory_unlock"
 		if m.rnd.IntN(2) == 0 && m.free(a) && m.free(b) {
 			fn = "pg_advisory_lock"
 		}
-		ca, _ := m.call(fn, lockKey{k1: a.k1, k2: a.k2, pair: a.pair})
-		cb, _ := m.call(fn, lockKey{k1: b.k1, k2: b.k2, pair: b.pair})
+		ca, _ := m.call(fn, lockKey{K1: a.K1, K2: a.K2, Pair: a.Pair})
+		cb, _ := m.call(fn, lockKey{K1: b.K1, K2: b.K2, Pair: b.Pair})
 		ca, cb = literal(ca, a), literal(cb, b)
 		x, _, where := m.target(true)
 		desc = where + ": SELECT " + ca + ", " + cb
@@ -349,23 +349,23 @@ func (m *model) step(i int) {
 		}
 	case 6: // DO block or a function whose name mentions advisory locks
 		k := m.randomKey()
-		k.shared, k.pair = false, false
+		k.Shared, k.Pair = false, false
 		x, _, where := m.target(false)
 		stmts := []string{
-			fmt.Sprintf("DO $$BEGIN PERFORM pg_advisory_unlock(%d); END$$", k.k1),
-			fmt.Sprintf("SELECT lh_advisory_give(%d)", k.k1),
+			fmt.Sprintf("DO $$BEGIN PERFORM pg_advisory_unlock(%d); END$$", k.K1),
+			fmt.Sprintf("SELECT lh_advisory_give(%d)", k.K1),
 		}
 		if m.free(k) {
-			stmts = append(stmts, fmt.Sprintf("DO $$BEGIN PERFORM pg_advisory_lock(%d); END$$", k.k1), fmt.Sprintf("SELECT lh_advisory_take(%d)", k.k1))
+			stmts = append(stmts, fmt.Sprintf("DO $$BEGIN PERFORM pg_advisory_lock(%d); END$$", k.K1), fmt.Sprintf("SELECT lh_advisory_take(%d)", k.K1))
 		}
 		q := stmts[m.rnd.IntN(len(stmts))]
 		desc = where + ": " + q
 		_, err = x.ExecContext(ctx, q)
 	case 7: // a function that locks where no text shows it, through the pool
 		k := m.randomKey()
-		desc = fmt.Sprintf("db: SELECT take_quietly(%d)", k.k1)
+		desc = fmt.Sprintf("db: SELECT take_quietly(%d)", k.K1)
 		var got bool
-		err = m.e.wrapped.QueryRowContext(ctx, "SELECT take_quietly($1)", k.k1).Scan(&got)
+		err = m.e.wrapped.QueryRowContext(ctx, "SELECT take_quietly($1)", k.K1).Scan(&got)
 	case 8: // transaction-level locks inside a transaction
 		i := m.rnd.IntN(len(m.slots))
 		s := m.openSlot(i)
@@ -450,10 +450,10 @@ func (m *model) step(i int) {
 func literal(call string, k lockKey) string {
 	fn := call[:strings.IndexAny(call, "(")]
 	fn = strings.Trim(fn, `"`)
-	if k.pair {
-		return fmt.Sprintf("%s(%d, %d)", fn, k.k1, k.k2)
+	if k.Pair {
+		return fmt.Sprintf("%s(%d, %d)", fn, k.K1, k.K2)
 	}
-	return fmt.Sprintf("%s(%d)", fn, k.k1)
+	return fmt.Sprintf("%s(%d)", fn, k.K1)
 }
 
 func (m *model) openSlot(i int) *slot {

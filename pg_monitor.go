@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 )
 
 // monitor checks, every interval, that the holders' backends still hold
@@ -416,13 +418,7 @@ LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted`
 
 // advisoryKeyOf names the advisory lock of a pg_locks row.
 func advisoryKeyOf(classid, objid, objsubid int64, mode driver.Value) lockKey {
-	k := lockKey{shared: mode == "ShareLock"}
-	if objsubid == 2 {
-		k.pair, k.k1, k.k2 = true, int64(int32(uint32(classid))), int64(int32(uint32(objid)))
-	} else {
-		k.k1 = classid<<32 | objid
-	}
-	return k
+	return lockKey(advisorykey.FromLocks(classid, objid, objsubid, mode == "ShareLock"))
 }
 
 // queryDirect runs query on a raw driver connection.

@@ -487,7 +487,7 @@ func (c *conn) warnSelfWait(adv *sqlscan.Advisory, keys []lockKey, known []bool,
 			taken = l.site
 		}
 		h.pin.mu.Unlock()
-		if parked && (!k.shared || h.holds(k.exclusive())) {
+		if parked && (!k.Shared || h.holds(k.exclusive())) {
 			c.connector.opts.logger.Warn("lockhooks: an advisory lock request waits for a connection of this same database that holds the lock outside the pool; if the same code took it, it waits for itself: unlock it first (pg_advisory_unlock through this database), or take locks with lockhooks.AcquireAdvisoryLock",
 				"key", k.String(), "requested_at", site, "holder", h.id, "holder_pid", h.pid.Load(), "taken_at", taken)
 		}

@@ -317,7 +317,7 @@ func (c *conn) addXact(keys []int64, site *callsite.Stack) {
 		c.pin.xactSince, c.pin.xactSite, c.pin.xactPCs = time.Now(), "", *site
 	}
 	for _, k := range keys {
-		c.pin.xact[lockKey{k1: k}]++
+		c.pin.xact[lockKey{K1: k}]++
 	}
 	c.updateActiveLocked()
 }

@@ -133,7 +133,7 @@ func (c *conn) splitConflict(adv *sqlscan.Advisory, keys []lockKey, known []bool
 		}
 		k := keys[i]
 		shared, excl := k, k.exclusive()
-		shared.shared = true
+		shared.Shared = true
 		var other bool
 		if call.Func&sqlscan.FnXact != 0 {
 			other = c.pin.held[shared] != nil || c.pin.held[excl] != nil

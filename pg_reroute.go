@@ -93,7 +93,7 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 }
 
 func sharedSuffix(k lockKey) string {
-	if k.shared {
+	if k.Shared {
 		return "_shared"
 	}
 	return ""

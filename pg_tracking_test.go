@@ -53,11 +53,11 @@ func readServerLocks(raw *sql.DB, pid int32) (map[lockKey]bool, error) {
 		if err := rows.Scan(&classid, &objid, &subid, &mode); err != nil {
 			return nil, fmt.Errorf("reading pg_locks of backend %d: %w", pid, err)
 		}
-		k := lockKey{shared: mode == "ShareLock"}
+		k := lockKey{Shared: mode == "ShareLock"}
 		if subid == 2 {
-			k.pair, k.k1, k.k2 = true, int64(int32(uint32(classid))), int64(int32(uint32(objid)))
+			k.Pair, k.K1, k.K2 = true, int64(int32(uint32(classid))), int64(int32(uint32(objid)))
 		} else {
-			k.k1 = classid<<32 | objid
+			k.K1 = classid<<32 | objid
 		}
 		got[k] = true
 	}
@@ -222,7 +222,7 @@ func TestReentrantCountsThroughMultiCallStatements(t *testing.T) {
 	mustExec(t, c, "SELECT pg_advisory_lock(1)")
 	mustExec(t, c, "SELECT pg_advisory_lock(1), pg_advisory_lock(2)")
 	w := trackedConn(t, c)
-	if v := w.view(); v.session[lockKey{k1: 1}] != 2 || v.session[lockKey{k1: 2}] != 1 {
+	if v := w.view(); v.session[lockKey{K1: 1}] != 2 || v.session[lockKey{K1: 2}] != 1 {
 		t.Fatalf("counts %v, want 1:2 and 2:1", v.session)
 	}
 	for _, k := range []int64{1, 1, 2} {
@@ -252,8 +252,8 @@ func TestReentrantCountsThroughMultiCallStatements(t *testing.T) {
 	if err := c.QueryRowContext(context.Background(), "SELECT pg_try_advisory_lock(3), pg_try_advisory_lock(3)").Scan(&a, &b); err != nil || !a || !b {
 		t.Fatalf("two tries: %v %v %v", a, b, err)
 	}
-	if v := w.view(); v.session[lockKey{k1: 3}] != 2 {
-		t.Fatalf("two successful tries counted %d", v.session[lockKey{k1: 3}])
+	if v := w.view(); v.session[lockKey{K1: 3}] != 2 {
+		t.Fatalf("two successful tries counted %d", v.session[lockKey{K1: 3}])
 	}
 	mustExec(t, c, "SELECT pg_advisory_unlock(3), pg_advisory_unlock(3)")
 	assertTracked(t, e.raw, w)
@@ -285,7 +285,7 @@ func TestSessionTryLockBesideTransactionLocks(t *testing.T) {
 			t.Fatal(err)
 		}
 		parked := e.parkedViews(t)
-		if len(parked) != 1 || len(parked[0].session) != 1 || parked[0].session[lockKey{k1: 501}] != 1 {
+		if len(parked) != 1 || len(parked[0].session) != 1 || parked[0].session[lockKey{K1: 501}] != 1 {
 			t.Fatalf("parked: %+v, want one connection holding 501 once", parked)
 		}
 		if ok, err := unlock(t, e.wrapped, 501); !ok || err != nil {

@@ -64,13 +64,13 @@ func (c *conn) turnKey(plan advisoryPlan) (int64, bool) {
 		return 0, false
 	}
 	k := plan.keys[0]
-	if k.pair || k.shared || c.acquiring.Load() || c.holds(k) {
+	if k.Pair || k.Shared || c.acquiring.Load() || c.holds(k) {
 		return 0, false
 	}
 	c.pin.mu.Lock()
-	_, owned := c.pin.turns[k.k1]
+	_, owned := c.pin.turns[k.K1]
 	c.pin.mu.Unlock()
-	return k.k1, !owned
+	return k.K1, !owned
 }
 
 // takeTurn takes key's turn for c before its lock statement is sent,
@@ -158,7 +158,7 @@ func (c *conn) releaseTurnsLocked() {
 		return
 	}
 	for key := range c.pin.turns {
-		if c.pin.closed || c.pin.held[lockKey{k1: key}] == nil {
+		if c.pin.closed || c.pin.held[lockKey{K1: key}] == nil {
 			delete(c.pin.turns, key)
 			c.connector.turns.unlock(key, c)
 		}
@@ -246,8 +246,8 @@ func (p *pinning) stuckWaits(key int64) (stuck int, holder string) {
 		h.pin.mu.Lock()
 		if h.pin.parked && h.pin.lost == nil {
 			for k := range h.pin.held {
-				if !k.pair {
-					parked[k.k1] = h
+				if !k.Pair {
+					parked[k.K1] = h
 				}
 			}
 		}

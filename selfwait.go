@@ -242,7 +242,7 @@ func (c *conn) selfWaitAdvisory(ctx context.Context, waiter func() string, keys 
 		return selfWaitHintTx, nil
 	}
 	what := "advisory key " + held.String()
-	if name := names[held.k1]; name != "" {
+	if name := names[held.K1]; name != "" {
 		what = "lockset id " + name + " (" + what + ")"
 	}
 	return "", selfWaitError(waiter(), what, h.asHolder([]lockKey{held}))

@@ -227,13 +227,13 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 	if c.connector.opts.dialect == Postgres {
 		ks := make([]lockKey, len(keys))
 		for i, id := range keys {
-			ks[i] = lockKey{k1: LockID(namespace + "\x00" + id)}
+			ks[i] = lockKey{K1: LockID(namespace + "\x00" + id)}
 		}
 		hint := ""
 		if !try {
 			names := map[int64]string{}
 			for i, id := range keys {
-				names[ks[i].k1] = lockKeyName(namespace, describeID(id))
+				names[ks[i].K1] = lockKeyName(namespace, describeID(id))
 			}
 			if hint, err = c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("Lock(%q, %s)", namespace, describeIDs(keys)) }, ks, names); err != nil {
 				c.connector.events.add(eventSelfWait, err.Error())

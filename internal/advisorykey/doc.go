@@ -1,0 +1,9 @@
+// Package advisorykey names one Postgres advisory lock as lockhooks tracks
+// it: a bigint key or a pair of int4 keys (separate key spaces), in shared
+// or exclusive mode, and how pg_locks shows it (classid, objid, objsubid).
+//
+// State: none; a [Key] is a comparable value, used as a map key.
+//
+// Imports: nothing of ours (and not database/sql or its driver package:
+// the statements that take and release a key are built by the caller).
+package advisorykey
