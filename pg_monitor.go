@@ -295,45 +295,41 @@ func (c *conn) changedSince(gen uint64) bool {
 
 // answers reports whether the parked connection c still answers a
 // statement of lockhooks' own (a read, on whatever backend a pooler gives
-// it), bounded by the check timeout; one that fails because its
-// connection broke (a reset, or silence past the timeout) is lost with
-// that cause. It changes nothing of c's tracking otherwise.
+// it); one whose connection broke (a reset, or silence past the check
+// timeout) is lost with that cause. It changes nothing of c's tracking
+// otherwise.
 func (c *conn) answers(ctx context.Context) bool {
-	c.pin.exec.Lock()
-	defer c.pin.exec.Unlock()
-	c.pin.mu.Lock()
-	parked, closed := c.pin.parked, c.pin.closed
-	c.pin.mu.Unlock()
-	if !parked || closed {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.connector.opts.lockCheckTimeout)
-	defer cancel()
-	if err := c.execOwn(ctx, "SELECT 1"); err != nil {
-		if !isServerError(err) || c.connectionBroken(err) {
-			c.loseLocks(err)
-		}
-		return false
-	}
-	return true
+	return c.onParked(ctx, func(ctx context.Context) error { return c.execOwn(ctx, "SELECT 1") })
 }
 
 // verifyParked reads pg_locks on the parked connection c: a connection
 // that fails is lost, one that works makes the tracking true.
 func (c *conn) verifyParked(ctx context.Context) {
+	c.onParked(ctx, func(ctx context.Context) error { return c.reconcile(ctx, "unknown", nil, false) })
+}
+
+// onParked runs run, lockhooks' own statements, on the parked connection c
+// under its exec lock and bounded by the check timeout, unless c was closed
+// meanwhile; a failure because the connection broke loses c's locks with
+// that cause. It reports whether run ran and succeeded.
+func (c *conn) onParked(ctx context.Context, run func(context.Context) error) bool {
 	c.pin.exec.Lock()
 	defer c.pin.exec.Unlock()
 	c.pin.mu.Lock()
 	closed := c.pin.closed
 	c.pin.mu.Unlock()
 	if closed {
-		return
+		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.connector.opts.lockCheckTimeout)
 	defer cancel()
-	if err := c.reconcile(ctx, "unknown", nil, false); err != nil && (!isServerError(err) || c.connectionBroken(err)) {
-		c.loseLocks(err)
+	if err := run(ctx); err != nil {
+		if !isServerError(err) || c.connectionBroken(err) {
+			c.loseLocks(err)
+		}
+		return false
 	}
+	return true
 }
 
 // warnParked logs locks parked longer than the threshold, once each.
