@@ -154,7 +154,7 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 			}
 		}
 		var h holders.Holder
-		seen := pgBlocker{seenBy: c.connector, PID: e.pid, ApplicationName: b.app, State: b.state, XactSeconds: b.xactAge, Query: b.statement}
+		seen := holders.Blocker{SeenBy: c.connector, PID: e.pid, ApplicationName: b.app, State: b.state, XactSeconds: b.xactAge, Query: b.statement}
 		if !known {
 			seen.XactSeconds = -1
 		}

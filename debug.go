@@ -216,21 +216,21 @@ type debugHeld struct {
 
 // debugWaiter is one wait in progress.
 type debugWaiter struct {
-	Kind        string           `json:"kind"` // advisory | row | lockset | sqlite_writer | server
-	Mode        string           `json:"mode,omitempty"`
-	Scope       string           `json:"scope,omitempty"`
-	Namespace   string           `json:"namespace,omitempty"`
-	Keys        string           `json:"keys,omitempty"`
-	Conn        uint64           `json:"conn,omitempty"`
-	PID         int32            `json:"pid,omitempty"`
-	Since       time.Time        `json:"since,omitzero"`
-	WaitSeconds float64          `json:"wait_seconds"`
-	Site        string           `json:"site,omitempty"`      // where the wait was asked for
-	Statement   string           `json:"statement,omitempty"` // statement text, never its arguments
-	WaitEvent   string           `json:"wait_event,omitempty"`
-	Holders     []holders.Holder `json:"holders"`
-	Blockers    []pgBlocker      `json:"blockers"`
-	QueuedAhead int              `json:"queued_ahead,omitempty"` // backends queued ahead of it on the server (waiting themselves): at most maxQueuedListed are listed
+	Kind        string            `json:"kind"` // advisory | row | lockset | sqlite_writer | server
+	Mode        string            `json:"mode,omitempty"`
+	Scope       string            `json:"scope,omitempty"`
+	Namespace   string            `json:"namespace,omitempty"`
+	Keys        string            `json:"keys,omitempty"`
+	Conn        uint64            `json:"conn,omitempty"`
+	PID         int32             `json:"pid,omitempty"`
+	Since       time.Time         `json:"since,omitzero"`
+	WaitSeconds float64           `json:"wait_seconds"`
+	Site        string            `json:"site,omitempty"`      // where the wait was asked for
+	Statement   string            `json:"statement,omitempty"` // statement text, never its arguments
+	WaitEvent   string            `json:"wait_event,omitempty"`
+	Holders     []holders.Holder  `json:"holders"`
+	Blockers    []holders.Blocker `json:"blockers"`
+	QueuedAhead int               `json:"queued_ahead,omitempty"` // backends queued ahead of it on the server (waiting themselves): at most maxQueuedListed are listed
 }
 
 // debugGraph is the wait-for graph: an edge from a waiter to what it

@@ -57,7 +57,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 	for _, v := range waits {
 		wt := debugWaiter{Kind: v.kind, Mode: v.mode, Scope: v.scope, Namespace: v.namespace, Keys: v.keys,
 			Since: v.start, WaitSeconds: secondsSince(now, v.start), Site: v.site, Statement: truncate(v.query, 500),
-			Holders: c.inProcessHolders(v, edges), Blockers: []pgBlocker{}}
+			Holders: c.inProcessHolders(v, edges), Blockers: []holders.Blocker{}}
 		if v.conn != nil {
 			wt.Conn, wt.PID = v.conn.id, v.conn.pid.Load()
 		}
@@ -84,7 +84,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugDatabase {
 			if len(d.Waiters) >= debugMaxWaiters {
 				continue
 			}
-			found := &blockage{holders: []holders.Holder{}, blockers: []pgBlocker{}, at: now}
+			found := &blockage{holders: []holders.Holder{}, blockers: []holders.Blocker{}, at: now}
 			found.add(b.blockers, nil)
 			w := debugWaiter{Kind: "server", Conn: oc.id, PID: b.pid, Statement: truncate(b.query, 500),
 				WaitEvent: b.waitEvent, Holders: found.holders, Blockers: found.blockers, QueuedAhead: b.queuedAhead}

@@ -1,7 +1,6 @@
 package lockhooks
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"regexp"
@@ -445,38 +444,4 @@ func formatAge(seconds float64) string {
 		return d.Round(100 * time.Millisecond).String()
 	}
 	return d.Round(time.Millisecond).String()
-}
-
-// MarshalJSON leaves out the transaction age of a backend that is in no
-// transaction (idle), instead of writing -1.
-func (b pgBlocker) MarshalJSON() ([]byte, error) {
-	type plain pgBlocker // without this method
-	var x struct {
-		plain
-		XactSeconds *float64 `json:"xact_age_seconds,omitempty"`
-	}
-	x.plain = plain(b)
-	if b.XactSeconds >= 0 {
-		x.XactSeconds = &b.XactSeconds
-	}
-	return json.Marshal(x)
-}
-
-// UnmarshalJSON reads what MarshalJSON writes: an absent transaction age
-// is -1.
-func (b *pgBlocker) UnmarshalJSON(data []byte) error {
-	type plain pgBlocker
-	var x struct {
-		plain
-		XactSeconds *float64 `json:"xact_age_seconds"`
-	}
-	if err := json.Unmarshal(data, &x); err != nil {
-		return err
-	}
-	*b = pgBlocker(x.plain)
-	b.XactSeconds = -1
-	if x.XactSeconds != nil {
-		b.XactSeconds = *x.XactSeconds
-	}
-	return nil
 }

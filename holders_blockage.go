@@ -21,12 +21,12 @@ import (
 // processes), the backends nobody identified, and what the server showed.
 // The slow-wait log, errors, spans and the page only format it.
 type blockage struct {
-	holders  []holders.Holder // the holders at the root first, then those queued ahead of the wait
-	blockers []pgBlocker      // backends no lockhooks identified, the root first
-	server   []pgBlocker      // every backend of the chain, as Postgres showed it (nil: not read)
-	queued   int              // how many backends block the wait directly while waiting themselves, listed in server or not (maxQueuedListed)
-	err      error            // reading the server failed
-	at       time.Time        // when it was read
+	holders  []holders.Holder  // the holders at the root first, then those queued ahead of the wait
+	blockers []holders.Blocker // backends no lockhooks identified, the root first
+	server   []holders.Blocker // every backend of the chain, as Postgres showed it (nil: not read)
+	queued   int               // how many backends block the wait directly while waiting themselves, listed in server or not (maxQueuedListed)
+	err      error             // reading the server failed
+	at       time.Time         // when it was read
 }
 
 // empty reports whether nobody was found.
@@ -36,7 +36,7 @@ func (b *blockage) empty() bool { return b == nil || len(b.holders)+len(b.blocke
 // each one that is a connection of a lockhooks database becomes a holder
 // (unless already named), the others stay blockers; holders at the root
 // come before queued ones.
-func (b *blockage) add(server []pgBlocker, keys []lockKey) {
+func (b *blockage) add(server []holders.Blocker, keys []lockKey) {
 	b.server = append(b.server, server...)
 	for _, s := range server {
 		h, ok := identify(s, keys)
@@ -63,13 +63,13 @@ func (b *blockage) root() (holders.Holder, bool) {
 }
 
 // rootBlocker is the first blocker not waiting itself.
-func (b *blockage) rootBlocker() (pgBlocker, bool) {
+func (b *blockage) rootBlocker() (holders.Blocker, bool) {
 	for _, x := range b.blockers {
 		if !x.Waiting {
 			return x, true
 		}
 	}
-	return pgBlocker{}, false
+	return holders.Blocker{}, false
 }
 
 // aged is b with the ages the server gave brought up to now (the holders'
@@ -85,7 +85,7 @@ func (b *blockage) aged() *blockage {
 	}
 	out.blockers = slices.Clone(b.blockers)
 	for i := range out.blockers {
-		out.blockers[i] = out.blockers[i].aged(d)
+		out.blockers[i] = out.blockers[i].Aged(d)
 	}
 	return &out
 }
@@ -180,10 +180,11 @@ func (b *blockage) logArgs() []any {
 // the lock among keys it holds, where and when it took it, or its
 // transaction), or of another (as it published itself). ok is false for a
 // backend nobody identified.
-func identify(s pgBlocker, keys []lockKey) (h holders.Holder, ok bool) {
+func identify(s holders.Blocker, keys []lockKey) (h holders.Holder, ok bool) {
 	id := identity.Decode(s.ApplicationName, s.Query)
 	ownStatement := id != nil && identity.ParseAnnotation(s.Query) != nil // lockhooks' own read, not the application's
-	switch oc := databases.connOf(s.PID, s.ApplicationName, s.Query, s.seenBy); {
+	seenBy, _ := s.SeenBy.(*connector)
+	switch oc := databases.connOf(s.PID, s.ApplicationName, s.Query, seenBy); {
 	case oc != nil:
 		h = oc.asHolder(keys)
 		if h.SiteKind != holders.SiteTook && !ownStatement {
@@ -193,11 +194,11 @@ func identify(s pgBlocker, keys []lockKey) (h holders.Holder, ok bool) {
 		}
 	case id != nil:
 		h = holderOf(id)
-		if h.SiteKind == holders.SiteTook && h.Since.IsZero() && ownStatement && s.State != "active" && s.stateSeconds > 0 {
+		if h.SiteKind == holders.SiteTook && h.Since.IsZero() && ownStatement && s.State != "active" && s.StateSeconds > 0 {
 			// Its last statement is the lock statement that took the lock,
 			// which names no since (annotatedLockText): held since that
 			// statement ended.
-			h.Since = time.Now().Add(-time.Duration(s.stateSeconds * float64(time.Second)))
+			h.Since = time.Now().Add(-time.Duration(s.StateSeconds * float64(time.Second)))
 		}
 		if id.OfThisProcess() {
 			h.Process = "" // a connection closed since

@@ -253,8 +253,8 @@ func TestBackendPIDsAreMatchedPerServer(t *testing.T) {
 	open(sameAsA, 813)
 	open(unknown, 814)
 
-	blocker := func(pid int32) pgBlocker {
-		return pgBlocker{seenBy: a, PID: pid, State: "idle in transaction", XactSeconds: 3, Depth: 1}
+	blocker := func(pid int32) holders.Blocker {
+		return holders.Blocker{SeenBy: a, PID: pid, State: "idle in transaction", XactSeconds: 3, Depth: 1}
 	}
 	if h, ok := identify(blocker(812), nil); ok {
 		t.Errorf("backend 812 of server A was named as %s, a connection of a database on server B", h)

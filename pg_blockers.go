@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/identity"
 )
 
@@ -20,59 +21,6 @@ import (
 // ahead of it), in one query on a side connection; the model identifies
 // each (holders_blockage.go, identify) by the identity it published (internal/identity)
 // or as a connection of this process.
-
-// pgBlocker is a Postgres backend that blocks a wait, as pg_blocking_pids
-// and pg_stat_activity show it; the model names those that are
-// connections of lockhooks databases as holders, and shows the others as
-// they are.
-type pgBlocker struct {
-	PID             int32      `json:"pid"`
-	ApplicationName string     `json:"application_name"`
-	State           string     `json:"state"`
-	XactSeconds     float64    `json:"xact_age_seconds"`       // -1: no transaction
-	Query           string     `json:"query"`                  // the statement text; never its arguments
-	Depth           int        `json:"depth"`                  // 1: it blocks the waiter; 2: it blocks a backend of depth 1; …
-	Waiting         bool       `json:"waiting"`                // it waits itself (queued ahead), so it is not the holder at the root
-	WaitSeconds     float64    `json:"wait_seconds,omitempty"` // how long it has waited, when Waiting
-	seenBy          *connector // the database whose side connection read it: its pid is a backend of that server
-	stateSeconds    float64    // how long its state has been State (pg_stat_activity's state_change; 0 or -1: unknown)
-}
-
-// String names a backend nobody identified, for a slow-wait line or an
-// error.
-func (b pgBlocker) String() string {
-	s := fmt.Sprintf("backend pid %d", b.PID)
-	if b.ApplicationName != "" {
-		s += fmt.Sprintf(" (%q)", b.ApplicationName)
-	}
-	s += ", " + b.State
-	if b.XactSeconds >= 0 {
-		s += fmt.Sprintf(", transaction open %.1fs", b.XactSeconds)
-	}
-	switch {
-	case b.Waiting:
-		if b.WaitSeconds > 0 {
-			s += fmt.Sprintf(", waiting %.1fs", b.WaitSeconds)
-		}
-		if b.Query != "" {
-			s += fmt.Sprintf(" in %.120q", b.Query)
-		}
-	case b.Query != "":
-		s += fmt.Sprintf(", last statement %.120q", b.Query)
-	}
-	return s
-}
-
-// aged is b d seconds later.
-func (b pgBlocker) aged(d float64) pgBlocker {
-	if b.XactSeconds >= 0 {
-		b.XactSeconds = round3(b.XactSeconds + d)
-	}
-	if b.WaitSeconds > 0 {
-		b.WaitSeconds = round3(b.WaitSeconds + d)
-	}
-	return b
-}
 
 // maxBlockerDepth bounds how far a chain of waits is followed.
 const maxBlockerDepth = 8
@@ -90,9 +38,9 @@ type blockedBackend struct {
 	pid         int32  // the backend that waits (through a pooler, not the one the connection met at connect)
 	waitEvent   string // wait_event_type/wait_event
 	query       string
-	waitSeconds float64     // how long its statement has run (it waits in it); -1: unknown
-	blockers    []pgBlocker // by depth: who blocks it, and whom those wait for, to the root (at most maxQueuedListed of them waiting)
-	queuedAhead int         // how many backends block it directly while waiting themselves (queued ahead of it), listed or not
+	waitSeconds float64           // how long its statement has run (it waits in it); -1: unknown
+	blockers    []holders.Blocker // by depth: who blocks it, and whom those wait for, to the root (at most maxQueuedListed of them waiting)
+	queuedAhead int               // how many backends block it directly while waiting themselves (queued ahead of it), listed or not
 }
 
 // serverBackend is one backend of a read of who blocks whom: what
@@ -100,7 +48,7 @@ type blockedBackend struct {
 type serverBackend struct {
 	asked    bool // one of the backends the read was asked about
 	shown    bool // pg_stat_activity shows it (a prepared transaction has no backend)
-	row      pgBlocker
+	row      holders.Blocker
 	query    string  // its statement, for a waiter
 	wait     string  // wait_event_type/wait_event
 	queryAge float64 // seconds its statement has run; -1: unknown
@@ -225,10 +173,10 @@ func readServerBackends(ctx context.Context, side driver.Conn, c *connector, que
 		}
 		b := &serverBackend{asked: asBool(dest[1]), shown: asBool(dest[2]), wait: asString(dest[5]), queryAge: asFloat64(dest[8]),
 			query: asString(dest[9]), queued: int(asInt64(dest[11]))}
-		b.row = pgBlocker{seenBy: c, PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[3]), State: asString(dest[4]),
-			XactSeconds: asFloat64(dest[6]), stateSeconds: asFloat64(dest[7]), Query: b.query}
+		b.row = holders.Blocker{SeenBy: c, PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[3]), State: asString(dest[4]),
+			XactSeconds: asFloat64(dest[6]), StateSeconds: asFloat64(dest[7]), Query: b.query}
 		if b.row.XactSeconds >= 0 {
-			b.row.XactSeconds = round3(b.row.XactSeconds)
+			b.row.XactSeconds = holders.Round3(b.row.XactSeconds)
 		}
 		for _, f := range strings.Split(asString(dest[10]), ",") {
 			if p, err := strconv.ParseInt(f, 10, 32); err == nil {
@@ -276,9 +224,9 @@ ORDER BY 1`
 // them, and so on, each once at the depth first met, sorted by depth and
 // pid (at one depth, those that do not wait first); the holders at the root all, and at most maxQueuedListed of those
 // that wait themselves.
-func serverChain(pid int32, backends map[int32]*serverBackend) []pgBlocker {
+func serverChain(pid int32, backends map[int32]*serverBackend) []holders.Blocker {
 	seen := map[int32]bool{pid: true}
-	var out []pgBlocker
+	var out []holders.Blocker
 	queued := 0
 	level := []int32{pid}
 	for depth := 1; depth <= maxBlockerDepth && len(level) > 0; depth++ {
@@ -302,7 +250,7 @@ func serverChain(pid int32, backends map[int32]*serverBackend) []pgBlocker {
 					}
 					queued++
 					if s.State == "active" && b.queryAge >= 0 {
-						s.WaitSeconds = round3(b.queryAge)
+						s.WaitSeconds = holders.Round3(b.queryAge)
 					}
 				}
 				out = append(out, s)
@@ -408,14 +356,12 @@ func asBool(v driver.Value) bool {
 	return false
 }
 
-func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
-
 // keyHolders returns the backends other than waiter's that hold the
 // advisory keys now, read on the side connection (nil if none or
 // unreadable): the holders of a wait that does not wait on the server
 // (through a transaction pooler, lockhooks polls with try-locks), or that
 // ended before anyone looked.
-func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey) []pgBlocker {
+func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey) []holders.Blocker {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -428,7 +374,7 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 		}
 		match = append(match, m+")")
 	}
-	var out []pgBlocker
+	var out []holders.Blocker
 	c.side.use(ctx, func(side driver.Conn) error {
 		out = nil
 		rows, err := queryDirect(ctx, side, `SELECT DISTINCT a.pid::bigint, coalesce(a.application_name, ''), coalesce(a.state, ''),
@@ -451,8 +397,8 @@ ORDER BY 1`, c.own.of(side).args)
 				out = nil
 				return err
 			}
-			out = append(out, pgBlocker{seenBy: c, Depth: 1, PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[1]), State: asString(dest[2]),
-				XactSeconds: asFloat64(dest[3]), Query: asString(dest[4]), stateSeconds: asFloat64(dest[5])})
+			out = append(out, holders.Blocker{SeenBy: c, Depth: 1, PID: int32(asInt64(dest[0])), ApplicationName: asString(dest[1]), State: asString(dest[2]),
+				XactSeconds: asFloat64(dest[3]), Query: asString(dest[4]), StateSeconds: asFloat64(dest[5])})
 		}
 	})
 	return out

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/identity"
 )
 
@@ -37,7 +38,7 @@ func TestIdentityAsHolder(t *testing.T) {
 	// and blocks the waiter too, 8180 (no lockhooks) holds something else.
 	app := func(id identity.Holder) string { return id.AppName() }
 	b := &blockage{at: time.Now()}
-	b.add([]pgBlocker{
+	b.add([]holders.Blocker{
 		{PID: 8170, Depth: 1, Waiting: true, WaitSeconds: 2.1, State: "active", XactSeconds: 3, Query: "UPDATE t SET v = 2 WHERE id = 1",
 			ApplicationName: app(identity.Holder{Process: "web-2/12", Database: 1, Conn: 5, Holds: "tx", Site: "jobs/b.go:9"})},
 		{PID: 8161, Depth: 2, State: "idle in transaction", XactSeconds: 12.3, Query: "UPDATE t SET v = 1 WHERE id = 1", ApplicationName: app(*tx)},

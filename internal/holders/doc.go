@@ -8,6 +8,8 @@
 // trace). Errors, the slow-wait log, spans and /debug/locks format a
 // Holder only through it ([Holder.String], [Holder.LogArgs],
 // [Holder.Who], [Holder.Where]), so a holder reads the same everywhere.
+// A [Blocker] is a Postgres backend that blocks a wait as the server
+// shows it, before (or instead of) being named as a Holder.
 // Finding the holders (connections, pg_locks rows, the registry of
 // databases) and the span attributes of a holder are the root package's
 // business.
