@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 // The ways a benchmark opens its database (driver=...). The comparison of
@@ -52,7 +53,7 @@ func BenchmarkIntercept(b *testing.B) {
 	noFor := `SELECT "users"."id", "users"."name" FROM "users" WHERE "users"."org_id" = $1 ORDER BY "users"."id" LIMIT 50`
 	locking := `SELECT "users"."id", "users"."name" FROM "users" WHERE "users"."org_id" = $1 ORDER BY "users"."id" FOR UPDATE`
 	for _, d := range []Dialect{Postgres, SQLite} {
-		c := &conn{connector: newConnector(nil, nil, mustOptions(b, WithDialect(d)), "", sqliteDSN{})}
+		c := &conn{connector: newConnector(nil, nil, mustOptions(b, WithDialect(d)), "", sqlitelock.DSN{})}
 		b.Run("dialect="+string(d)+"/path=no-for", func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -439,7 +440,7 @@ func acquireReleaseVia(how string) func(ctx context.Context, db *sql.DB, key int
 // from the cache; one with neither "for" nor "advisory" asks IsWrite.
 func BenchmarkSQLiteWriteDecision(b *testing.B) {
 	ctx := context.Background()
-	c := &conn{connector: newConnector(nil, nil, mustOptions(b, WithDialect(SQLite)), "", sqliteDSN{})}
+	c := &conn{connector: newConnector(nil, nil, mustOptions(b, WithDialect(SQLite)), "", sqlitelock.DSN{})}
 	for _, q := range []struct{ name, text string }{
 		{"cached", `INSERT INTO "forms" ("id", "name", "org_id") VALUES (?, ?, ?) ON CONFLICT ("id") DO UPDATE SET "name" = excluded."name"`},
 		{"no-for", `INSERT INTO "users" ("id", "name", "org_id") VALUES (?, ?, ?) ON CONFLICT ("id") DO UPDATE SET "name" = excluded."name"`},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -29,7 +30,7 @@ func TestInterceptClassifiesOnce(t *testing.T) {
 		{SQLite, "INSERT INTO forms (id) VALUES (?)", 1, true, false, false, "", true},
 		{SQLite, "UPDATE jobs SET state = 'done' WHERE id = ?", 0, false, false, false, "", false},
 	} {
-		conn := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(c.d)), "", sqliteDSN{})}
+		conn := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(c.d)), "", sqlitelock.DSN{})}
 		r := conn.connector.rewriter
 		st := conn.intercept(ctx, c.query)
 		if got := r.classified.Load(); got != c.classify {
@@ -55,7 +56,7 @@ func TestInterceptClassifiesOnce(t *testing.T) {
 // TestKeepForUpdateClassifiesUncached: a KeepForUpdate statement is
 // classified with Inspect each time, not cached, and keeps FOR UPDATE.
 func TestKeepForUpdateClassifiesUncached(t *testing.T) {
-	conn := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(Postgres)), "", sqliteDSN{})}
+	conn := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(Postgres)), "", sqlitelock.DSN{})}
 	ctx := KeepForUpdate(context.Background())
 	const q = "SELECT * FROM jobs WHERE id = $1 FOR UPDATE"
 	for i := range 2 {

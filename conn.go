@@ -111,7 +111,7 @@ type conn struct {
 
 	// driverBegins is set on SQLite when the inner connection's own
 	// BeginTx begins write transactions as lockhooks must (see
-	// planModerncBegin), so lockhooks does not run BEGIN and COMMIT itself.
+	// sqlitelock.DSN.PlanModerncBegin), so lockhooks does not run BEGIN and COMMIT itself.
 	driverBegins bool
 
 	// ident is the open transaction as other goroutines see it (Postgres):
@@ -213,7 +213,7 @@ func newConn(c *connector, inner driver.Conn) driver.Conn {
 // SQLITE_BUSY from lockhooks' writers of the same database, or make them
 // wait. On modernc.org/sqlite these write: Exec, Query and prepared
 // statements that write, Begin/BeginTx (a deferred BEGIN, or IMMEDIATE when
-// lockhooks told modernc to, see planModerncBegin: a transaction that only
+// lockhooks told modernc to, see sqlitelock.DSN.PlanModerncBegin: a transaction that only
 // reads should pass ReadOnly, which begins deferred), NewRestore (its
 // Step overwrites this database) and Deserialize (this connection's
 // database becomes an in-memory image; return driver.ErrBadConn from Raw

@@ -18,7 +18,7 @@ import (
 // nothing can write, and BEGIN IMMEDIATE would fail under query_only, so
 // every transaction there begins as the driver begins it.
 func (c *conn) beginsImmediate(opts driver.TxOptions) bool {
-	return c.connector.opts.dialect == SQLite && !opts.ReadOnly && c.connector.sqlite.readOnly == ""
+	return c.connector.opts.dialect == SQLite && !opts.ReadOnly && c.connector.sqlite.ReadOnly == ""
 }
 
 // beginImmediate begins an SQLite write transaction under the writer lock:
@@ -26,7 +26,7 @@ func (c *conn) beginsImmediate(opts driver.TxOptions) bool {
 // (a deferred BEGIN would let a read-then-write transaction meet
 // SQLITE_BUSY; taking the write lock at BEGIN is lockhooks' purpose).
 // Where the driver begins that way itself (modernc, see
-// planModerncBegin), its BeginTx runs the BEGIN; otherwise lockhooks does.
+// sqlitelock.DSN.PlanModerncBegin), its BeginTx runs the BEGIN; otherwise lockhooks does.
 func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if err := c.connector.writer.lock(ctx, c.connector.tel, c, c.connector.opts.busyTimeout, ""); err != nil {
 		return nil, err
@@ -45,7 +45,7 @@ func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (drive
 		}
 	} else {
 		begin := "BEGIN IMMEDIATE"
-		if c.connector.sqlite.txlock == "exclusive" {
+		if c.connector.sqlite.TxLock == "exclusive" {
 			begin = "BEGIN EXCLUSIVE"
 		}
 		if err := c.execOwn(ctx, begin); err != nil {

@@ -33,6 +33,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/driverext"
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 // Dialect names the SQL dialect of the wrapped database.
@@ -126,10 +127,10 @@ func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
 	if err != nil {
 		return nil, err
 	}
-	var sqlite sqliteDSN
+	var sqlite sqlitelock.DSN
 	if o.dialect == SQLite {
-		sqlite = parseSQLiteDSN(dsn)
-		sqlite.planModerncBegin(d.inner)
+		sqlite = sqlitelock.ParseDSN(dsn)
+		sqlite.PlanModerncBegin(packageOf(d.inner))
 	}
 	// The inner driver gets the DSN exactly as the user wrote it.
 	var inner driver.Connector
@@ -174,17 +175,17 @@ func WrapConnector(c driver.Connector, opts ...Option) driver.Connector {
 	if err != nil {
 		return brokenConnector{err: err, drv: c.Driver()}
 	}
-	var sqlite sqliteDSN
+	var sqlite sqlitelock.DSN
 	if o.dialect == SQLite {
 		// The connector's DSN is not lockhooks' to read, except that a
 		// modernc connector's _txlock must not be weakened, its
 		// read-only open must begin transactions as the driver does, and
 		// without _txlock modernc can begin lockhooks' IMMEDIATE itself.
-		if dsn, ok := moderncConnectorDSN(c); ok {
-			d := parseSQLiteDSN(dsn)
-			d.planModerncBegin(c)
-			sqlite.txlock, sqlite.readOnly = d.txlock, d.readOnly
-			sqlite.driverBegins, sqlite.setBeginMode = d.driverBegins, d.setBeginMode
+		if dsn, ok := sqlitelock.ModerncConnectorDSN(c); ok {
+			d := sqlitelock.ParseDSN(dsn)
+			d.PlanModerncBegin(packageOf(c))
+			sqlite.TxLock, sqlite.ReadOnly = d.TxLock, d.ReadOnly
+			sqlite.DriverBegins, sqlite.SetBeginMode = d.DriverBegins, d.SetBeginMode
 		}
 	}
 	return newConnector(c, newDriver(c.Driver(), opts), o, "", sqlite)
@@ -313,7 +314,7 @@ type connector struct {
 	server   atomic.Pointer[string] // Postgres: the server its connections reached (its start time, read by identifyOnConnect; nil: not known)
 	db       atomic.Pointer[sql.DB] // the database that uses it, once known (noteDB): its pool's counts tell a deadlocked pool
 	joined   bool                   // in the process's registry of databases (holders_registry.go)
-	sqlite   sqliteDSN              // dsn's parameters, parsed (SQLite)
+	sqlite   sqlitelock.DSN         // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
 	events   *eventRing // recent events, for DebugHandler
 	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
@@ -336,7 +337,7 @@ var (
 // newConnector returns the state of one wrapped database, registered in
 // the process's registry of databases (which also settles its pool name)
 // until Close.
-func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sqlite sqliteDSN) *connector {
+func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sqlite sqlitelock.DSN) *connector {
 	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{}), dsn: dsn, sqlite: sqlite,
 		walGate: make(chan struct{}, 1)}
 	c.side = newSideConn(func(ctx context.Context) (driver.Conn, error) { return c.inner.Connect(ctx) })
@@ -366,9 +367,9 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	}
 	wrapped := newConn(c, inner)
 	w := wrapped.(connCore).state()
-	w.driverBegins = c.sqlite.driverBegins
-	if c.sqlite.setBeginMode {
-		w.driverBegins = beginModerncImmediate(inner)
+	w.driverBegins = c.sqlite.DriverBegins
+	if c.sqlite.SetBeginMode {
+		w.driverBegins = sqlitelock.BeginModerncImmediate(inner)
 	}
 	if c.pins != nil {
 		// The backend pid names the connection in pg_locks for the

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 // Optional interfaces in the bit order of the generated pickers.
@@ -61,7 +63,7 @@ func testConnector(t *testing.T) *connector {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newConnector(fakeConnector{}, &Driver{}, o, "", sqliteDSN{})
+	return newConnector(fakeConnector{}, &Driver{}, o, "", sqlitelock.DSN{})
 }
 
 // The generated pickers give each mask exactly its interfaces, plus the core.

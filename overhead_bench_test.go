@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql/driver"
 	"testing"
+
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 // BenchmarkWrapperOverhead is lockhooks' own cost per statement, measured
@@ -21,7 +23,7 @@ func BenchmarkWrapperOverhead(b *testing.B) {
 		fc := newFakeConn()
 		fc.quiet = true
 		fc.rows = func() driver.Rows { return (*fakeRows)(nil) }
-		wrapped := newConn(newConnector(fakeConnector{}, &Driver{}, mustOptions(b, WithDialect(Postgres)), "", sqliteDSN{}), fc)
+		wrapped := newConn(newConnector(fakeConnector{}, &Driver{}, mustOptions(b, WithDialect(Postgres)), "", sqlitelock.DSN{}), fc)
 		for _, c := range []struct {
 			name string
 			conn driver.Conn

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 // WithPoolName names the database's connection pool: the attribute
@@ -30,7 +32,7 @@ func WithPoolName(name string) Option {
 func defaultPoolName(d Dialect, dsn string, inner driver.Connector) string {
 	if d == SQLite {
 		if dsn == "" {
-			dsn, _ = moderncConnectorDSN(inner)
+			dsn, _ = sqlitelock.ModerncConnectorDSN(inner)
 		}
 		if name := sqlitePoolName(dsn); name != "" {
 			return name

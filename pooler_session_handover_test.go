@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"database/sql"
+
 	"github.com/lockhooks/lockhooks/internal/faultproxy"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 // fkSchema is a parent table and a child table referencing it.
@@ -436,7 +437,7 @@ func TestSQLiteAcceptsLockingClauses(t *testing.T) {
 // no allocation in the hooks.
 func TestInterceptAllocations(t *testing.T) {
 	for _, d := range []Dialect{Postgres, SQLite} {
-		c := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(d)), "", sqliteDSN{})}
+		c := &conn{connector: newConnector(nil, nil, mustOptions(t, WithDialect(d)), "", sqlitelock.DSN{})}
 		ctx := context.Background()
 		for _, q := range []string{
 			"UPDATE t SET v = v + 1 WHERE id = $1",

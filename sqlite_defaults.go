@@ -28,7 +28,7 @@ import (
 func (c *connector) sqliteDefaults(ctx context.Context, inner driver.Conn) error {
 	busy := "PRAGMA busy_timeout = " + strconv.FormatInt(c.opts.busyTimeout.Milliseconds(), 10)
 	d := c.sqlite
-	if !d.known {
+	if !d.Known {
 		if c.dsn != "" {
 			return nil // unparsable: the driver itself refuses it
 		}
@@ -41,17 +41,17 @@ func (c *connector) sqliteDefaults(ctx context.Context, inner driver.Conn) error
 		}
 		return c.sqlitePragma(ctx, inner, busy)
 	}
-	if !d.busyTimeout {
+	if !d.BusyTimeout {
 		if err := c.sqlitePragma(ctx, inner, busy); err != nil {
 			return err
 		}
 	}
-	if !d.journalMode && d.readOnly == "" && d.txlock != "exclusive" {
+	if !d.JournalMode && d.ReadOnly == "" && d.TxLock != "exclusive" {
 		if err := c.switchToWAL(ctx, inner); err != nil {
 			return err
 		}
 	}
-	if !d.foreignKeys {
+	if !d.ForeignKeys {
 		return c.sqlitePragma(ctx, inner, "PRAGMA foreign_keys = ON")
 	}
 	return nil
@@ -104,7 +104,7 @@ func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
 	}
 	start := time.Now()
 	budget := c.opts.busyTimeout
-	if c.sqlite.busyTimeout { // the DSN's, in force on the connection
+	if c.sqlite.BusyTimeout { // the DSN's, in force on the connection
 		v, err := pragmaValue(ctx, inner, "PRAGMA busy_timeout")
 		if err != nil {
 			return fmt.Errorf("lockhooks: reading PRAGMA busy_timeout on a new SQLite connection failed: %w", err)

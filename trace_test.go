@@ -20,6 +20,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 // traced is what a telemetry test reads: spans and metrics.
@@ -459,7 +460,7 @@ func TestNoAllocationsOnPlainStatements(t *testing.T) {
 		fc := newFakeConn()
 		fc.quiet = true
 		fc.rows = func() driver.Rows { return (*fakeRows)(nil) }
-		w := newConn(newConnector(fakeConnector{}, &Driver{}, mustOptions(t, WithDialect(d)), "", sqliteDSN{}), fc)
+		w := newConn(newConnector(fakeConnector{}, &Driver{}, mustOptions(t, WithDialect(d)), "", sqlitelock.DSN{}), fc)
 		ctx := context.Background()
 		exec := w.(driver.ExecerContext)
 		query := w.(driver.QueryerContext)

@@ -16,7 +16,7 @@ import (
 // immediateTx is an SQLite write transaction begun with BEGIN IMMEDIATE
 // (or EXCLUSIVE) by the wrapper itself, where the driver does not begin it
 // that way (drivers cannot choose the BEGIN mode per transaction; modernc
-// can be told one mode for all write transactions, see planModerncBegin). Its
+// can be told one mode for all write transactions, see sqlitelock.DSN.PlanModerncBegin). Its
 // COMMIT and ROLLBACK have the semantics modernc.org/sqlite gives its own
 // transactions: COMMIT waits for other connections' locks only as long as
 // the context BeginTx was given allows (database/sql documents that

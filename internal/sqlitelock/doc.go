@@ -3,6 +3,11 @@
 // when told, handed over to their waiters in FIFO order; and the [Writer],
 // the process-wide lock that serialises the writers of one SQLite
 // database, so that they queue in memory instead of meeting SQLITE_BUSY.
+// And the law of the SQLite DSN these locks depend on: what a DSN sets
+// itself ([ParseDSN]: busy timeout, journal mode, foreign keys, read-only
+// opens, _txlock) and who begins write transactions IMMEDIATE, lockhooks or
+// modernc.org/sqlite ([DSN.PlanModerncBegin], and the one field of modernc's
+// connection lockhooks sets, [BeginModerncImmediate]).
 //
 // The state it owns is the locks themselves: for each held key (or the
 // writer lock) its owner, since when it is held, where it was taken and

@@ -1,7 +1,6 @@
-package lockhooks
+package sqlitelock
 
 import (
-	"database/sql/driver"
 	"reflect"
 	"unsafe"
 )
@@ -11,14 +10,14 @@ import (
 // a modernc version differs, so lockhooks then takes its slower, driver-
 // neutral path; TestModerncInternals fails loudly in that case.
 
-// moderncPackage is modernc.org/sqlite's import path.
-const moderncPackage = "modernc.org/sqlite"
+// ModerncPackage is modernc.org/sqlite's import path.
+const ModerncPackage = "modernc.org/sqlite"
 
-// moderncConnectorDSN returns the DSN of a connector made by
-// modernc.org/sqlite's NewConnector (an unexported struct with a dsn
+// ModerncConnectorDSN returns the DSN of a connector (a driver.Connector)
+// made by modernc.org/sqlite's NewConnector (an unexported struct with a dsn
 // field), so that its _txlock is honoured; ok is false for any other
 // connector, or if a later modernc version changes that struct.
-func moderncConnectorDSN(c driver.Connector) (dsn string, ok bool) {
+func ModerncConnectorDSN(c any) (dsn string, ok bool) {
 	f, ok := moderncField(c, "connector", "dsn")
 	if !ok {
 		return "", false
@@ -26,15 +25,15 @@ func moderncConnectorDSN(c driver.Connector) (dsn string, ok bool) {
 	return f.String(), true
 }
 
-// beginModerncImmediate makes a new modernc.org/sqlite connection begin its
-// write transactions IMMEDIATE, exactly as the DSN parameter
-// _txlock=immediate would (modernc keeps that parameter in the
+// BeginModerncImmediate makes a new modernc.org/sqlite connection (a
+// driver.Conn) begin its write transactions IMMEDIATE, exactly as the DSN
+// parameter _txlock=immediate would (modernc keeps that parameter in the
 // connection's beginMode field and begins every transaction that is not
 // read-only with "BEGIN <beginMode>"), while the driver, its connection
-// hooks and its messages keep seeing the DSN the user wrote. It changes
-// only a connection whose beginMode is still unset, before database/sql
-// has it, and reports whether it did.
-func beginModerncImmediate(c driver.Conn) bool {
+// hooks and its messages keep seeing the DSN the user wrote. It changes only
+// a connection whose beginMode is still unset, before database/sql has it,
+// and reports whether it did.
+func BeginModerncImmediate(c any) bool {
 	f, ok := moderncField(c, "conn", "beginMode")
 	if !ok || f.String() != "" {
 		return false
@@ -51,7 +50,7 @@ func moderncField(v any, typeName, field string) (f reflect.Value, ok bool) {
 		return reflect.Value{}, false
 	}
 	s := p.Elem()
-	if s.Kind() != reflect.Struct || s.Type().PkgPath() != moderncPackage || s.Type().Name() != typeName {
+	if s.Kind() != reflect.Struct || s.Type().PkgPath() != ModerncPackage || s.Type().Name() != typeName {
 		return reflect.Value{}, false
 	}
 	f = s.FieldByName(field)
