@@ -13,6 +13,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/identity"
 )
 
 // lockhooks' own BEGIN and COMMIT on Postgres.
@@ -244,11 +245,11 @@ func (m *beginMessage) compose(begin string, idFirst bool, appName string) {
 	var query string
 	switch {
 	case m.id && m.publish:
-		query = xidQuery + " FROM (SELECT " + setAppName(appName, true, 0) + ") AS lockhooks_identity"
+		query = xidQuery + " FROM (SELECT " + identity.SetAppName(appName, true, 0) + ") AS lockhooks_identity"
 	case m.id:
 		query = xidQuery
 	default:
-		query = "SELECT " + setAppName(appName, true, 0)
+		query = "SELECT " + identity.SetAppName(appName, true, 0)
 	}
 	if m.id {
 		m.cols = 1

@@ -1,9 +1,9 @@
 package lockhooks
 
 import (
-	"strconv"
 	"strings"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/identity"
 )
@@ -29,32 +29,12 @@ func holderOf(id *identity.Holder) holders.Holder {
 		h.SiteKind = holders.SiteBegan
 	case strings.HasPrefix(id.Holds, "lock"):
 		h.SiteKind, h.Since = holders.SiteTook, id.Since
-		if k, ok := parseKeyToken(strings.TrimSpace(strings.TrimPrefix(id.Holds, "lock"))); ok {
-			h.Key = k.String()
+		if k, ok := advisorykey.ParseToken(strings.TrimSpace(strings.TrimPrefix(id.Holds, "lock"))); ok {
+			h.Key = lockKey(k).String()
 		}
 	}
 	if h.Site == "" {
 		h.SiteKind = holders.SiteNone
 	}
 	return h
-}
-
-// parseKeyToken reads a key as keyToken writes it: 42, 1/2, 42-shared.
-func parseKeyToken(s string) (lockKey, bool) {
-	var k lockKey
-	s, k.Shared = strings.CutSuffix(s, "-shared")
-	a, b, pair := strings.Cut(s, "/")
-	k1, err := strconv.ParseInt(a, 10, 64)
-	if err != nil {
-		return lockKey{}, false
-	}
-	k.K1 = k1
-	if pair {
-		k2, err := strconv.ParseInt(b, 10, 64)
-		if err != nil {
-			return lockKey{}, false
-		}
-		k.Pair, k.K2 = true, k2
-	}
-	return k, true
 }

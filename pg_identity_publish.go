@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"go.opentelemetry.io/otel/trace"
@@ -176,7 +177,7 @@ func (c *conn) holderIdentityInto(id *identity.Holder, skip *lockKey) bool {
 	}
 	c.baseIdentityInto(id)
 	var holds [48]byte
-	id.Holds = string(appendKeyToken(append(holds[:0], "lock "...), key))
+	id.Holds = string(advisorykey.Key(key).AppendToken(append(holds[:0], "lock "...)))
 	id.Site, id.Since = identity.SafeToken(oldest.site, "_"), oldest.since
 	id.TraceID, id.SpanID = identity.TraceIDs(oldest.span)
 	return true
@@ -200,47 +201,6 @@ func (c *conn) txAppName(site string) string {
 	id := c.baseIdentity()
 	id.Holds, id.Site = "tx", identity.SafeToken(site, "_")
 	return id.AppName()
-}
-
-// keyToken writes k for an identity: 42, 1/2, 42-shared.
-func keyToken(k lockKey) string {
-	var buf [48]byte
-	return string(appendKeyToken(buf[:0], k))
-}
-
-// appendKeyToken appends keyToken's value to b.
-func appendKeyToken(b []byte, k lockKey) []byte {
-	b = strconv.AppendInt(b, k.K1, 10)
-	if k.Pair {
-		b = strconv.AppendInt(append(b, '/'), k.K2, 10)
-	}
-	if k.Shared {
-		b = append(b, "-shared"...)
-	}
-	return b
-}
-
-// setAppName is the SQL expression that sets application_name to value
-// (local: for the transaction only), unless the user set one: a value that
-// is empty or lockhooks' own is replaced, any other is kept. onPID, if not
-// 0, sets it only on that backend.
-func setAppName(value string, local bool, onPID int32) string {
-	var buf [512]byte
-	return string(appendSetAppName(buf[:0], value, local, onPID))
-}
-
-// appendSetAppName appends setAppName's expression to b.
-func appendSetAppName[T string | []byte](b []byte, value T, local bool, onPID int32) []byte {
-	b = append(b, "set_config('application_name', CASE WHEN "...)
-	if onPID != 0 {
-		b = strconv.AppendInt(append(b, "pg_backend_pid() = "...), int64(onPID), 10)
-		b = append(b, " AND "...)
-	}
-	b = append(b, "(current_setting('application_name') = '' OR current_setting('application_name') LIKE '"+identity.AppNamePrefix+"%') THEN '"...)
-	b = append(b, value...)
-	b = append(b, "' ELSE current_setting('application_name') END, "...)
-	b = strconv.AppendBool(b, local)
-	return append(b, ')')
 }
 
 // ownLocksQuery is the read of backend pid's advisory locks that
@@ -354,7 +314,7 @@ func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall,
 		}
 		c.baseIdentityInto(&id)
 		var holds [48]byte
-		id.Holds = string(appendKeyToken(append(holds[:0], "lock "...), k))
+		id.Holds = string(advisorykey.Key(k).AppendToken(append(holds[:0], "lock "...)))
 		id.Site = identity.SafeToken(site, "_")
 		id.TraceID, id.SpanID = identity.TraceIDs(trace.SpanContextFromContext(ctx))
 	}
@@ -394,7 +354,7 @@ func (c *conn) releaseLockSavepoint(ctx context.Context, h *holderConn) error {
 	}
 	q := id.Annotation() + release
 	if c.pub.on {
-		q += "; SELECT " + setAppName(id.AppName(), true, 0)
+		q += "; SELECT " + identity.SetAppName(id.AppName(), true, 0)
 	}
 	return execSimple(ctx, h.inner, q)
 }

@@ -1,6 +1,7 @@
 // Package advisorykey names one Postgres advisory lock as lockhooks tracks
 // it: a bigint key or a pair of int4 keys (separate key spaces), in shared
-// or exclusive mode, and how pg_locks shows it (classid, objid, objsubid).
+// or exclusive mode, how pg_locks shows it (classid, objid, objsubid), and
+// the token an identity names it by ([Key.Token]: 42, 1/2, 42-shared).
 //
 // State: none; a [Key] is a comparable value, used as a map key.
 //

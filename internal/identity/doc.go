@@ -32,7 +32,8 @@
 // so the last statement another process sees for a parked connection says
 // whose it is instead of looking like application code.
 //
-// [Decode] reads both back. Where the identities are written (only into
+// [SetAppName] is the expression that sets application_name without
+// overriding the user's. [Decode] reads both back. Where the identities are written (only into
 // statements that run anyway) and how waiters use what they decode is the
 // root package's business (pg_identity_publish.go, pg_blockers.go).
 //
