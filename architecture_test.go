@@ -17,7 +17,7 @@ import (
 // so a new package is placed in the picture when it is made.
 var importRules = map[string]packageRule{
 	// The public face and the database/sql adapter.
-	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/driverext"}},
+	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/driverext"}},
 	"modernc": {may: []string{".", "internal/driverext"}},
 
 	// The core: one concept each, none of them on database/sql; the pure
@@ -30,6 +30,7 @@ var importRules = map[string]packageRule{
 	"internal/lockorder":   {core: true, pure: true},
 	"internal/holders":     {core: true, pure: true},
 	"internal/advisorykey": {core: true, pure: true},
+	"internal/pgdriver":    {core: true},
 
 	// The core packages over others of the core.
 	"internal/sqlitelock": {core: true, pure: true, may: []string{"internal/callsite"}},

@@ -126,7 +126,7 @@ func (c *conn) sentWith(plan advisoryPlan, args []driver.NamedValue) (string, []
 	c.sentNext = (c.sentNext + 1) % len(c.sentTexts)
 	// The driver reads the arguments during the call only, and a
 	// connection runs one statement at a time: one slice serves them all.
-	c.sentArgs = append(append(c.sentArgs[:0], c.connector.own.exec...), args...)
+	c.sentArgs = append(append(c.sentArgs[:0], c.connector.own.Exec...), args...)
 	return plan.sent, c.sentArgs
 }
 

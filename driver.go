@@ -33,6 +33,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/driverext"
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
@@ -303,7 +304,7 @@ type connector struct {
 	named    lockTable[int64]       // SQLite's in-process advisory locks
 	turns    lockTable[int64]       // Postgres: AcquireAdvisoryLock's in-process queue per key
 	tokens   tokenClock             // SQLite: the in-process advisory locks' fencing tokens
-	own      ownStatements          // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
+	own      pgdriver.Statements    // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
 	sites    callsite.Names         // Postgres: call sites of transactions' identities, by return address (internal/callsite)
 	locksets lockTable[locksetKey]  // SQLite's in-process Lock/TryLock
 	writer   writerLock             // SQLite's in-process writer lock

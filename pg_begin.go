@@ -6,10 +6,7 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"io"
-	"reflect"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
@@ -44,156 +41,13 @@ import (
 // that turned out not to (it prepared the text, SQLSTATE 42601).
 //
 // The simple protocol through database/sql, without naming the driver's
-// types (the root package imports no driver): lib/pq runs every query
+// types (the root package imports no driver; internal/pgdriver finds what
+// each allows): lib/pq runs every query
 // without arguments that way; pgx's stdlib runs a query that way when its
 // first argument is pgx's QueryExecModeSimpleProtocol (a value found by
 // reflection, once per database), and an Exec without arguments always.
 // The simple protocol also keeps texts that change with every hold (the
 // identities) out of pgx's statement cache.
-
-// ownStatements is what a Postgres database's driver allows lockhooks'
-// own statements (its BEGIN and COMMIT, and the reads that carry an
-// identity): found from the first connection, once.
-type ownStatements struct {
-	once     sync.Once
-	simple   bool                // a text of several statements runs in one simple-protocol round trip, uncached
-	args     []driver.NamedValue // the query arguments that select the simple protocol (pgx; lib/pq needs none)
-	exec     []driver.NamedValue // pgx: the first argument that runs a statement with arguments uncached, as sent (QueryExecModeExec)
-	idFirst  bool                // only the first statement's rows come back (pgx)
-	pgx      bool                // the connections are pgx's (their TxStatus can be read)
-	disabled atomic.Bool         // the driver did not run such a text as expected: none from now on
-}
-
-// of returns what inner's driver allows, working it out the first time.
-func (o *ownStatements) of(inner driver.Conn) *ownStatements {
-	o.once.Do(func() {
-		t := reflect.TypeOf(inner)
-		if t.Kind() != reflect.Pointer {
-			return
-		}
-		switch t.Elem().PkgPath() {
-		case "github.com/lib/pq":
-			o.simple = true
-		case "github.com/jackc/pgx/v5/stdlib":
-			if mode, ok := pgxExecMode(t, "simple protocol"); ok {
-				o.simple, o.idFirst, o.pgx = true, true, true
-				o.args = []driver.NamedValue{{Ordinal: 1, Value: mode}}
-			}
-			if mode, ok := pgxExecMode(t, "exec"); ok && o.pgx {
-				o.exec = []driver.NamedValue{{Ordinal: 1, Value: mode}}
-			}
-		}
-	})
-	return o
-}
-
-// ok reports whether lockhooks' own statements may be composed texts.
-func (o *ownStatements) ok() bool { return o.simple && !o.disabled.Load() }
-
-// pgxExecMode finds the pgx QueryExecMode whose String is name (with
-// spaces for underscores: "simple protocol" is QueryExecModeSimpleProtocol,
-// "exec" QueryExecModeExec) from the type of its stdlib connection: Conn()
-// *pgx.Conn, whose Config() has the field DefaultQueryExecMode of type
-// QueryExecMode.
-func pgxExecMode(stdlibConn reflect.Type, name string) (any, bool) {
-	conn, ok := stdlibConn.MethodByName("Conn")
-	if !ok || conn.Type.NumOut() != 1 {
-		return nil, false
-	}
-	config, ok := conn.Type.Out(0).MethodByName("Config")
-	if !ok || config.Type.NumOut() != 1 || config.Type.Out(0).Kind() != reflect.Pointer {
-		return nil, false
-	}
-	field, ok := config.Type.Out(0).Elem().FieldByName("DefaultQueryExecMode")
-	if !ok || field.Type.Kind() != reflect.Int32 || field.Type.PkgPath() != "github.com/jackc/pgx/v5" {
-		return nil, false
-	}
-	for i := range int64(16) {
-		v := reflect.New(field.Type).Elem()
-		v.SetInt(i)
-		if s, ok := v.Interface().(fmt.Stringer); ok && strings.ReplaceAll(s.String(), "_", " ") == name {
-			return v.Interface(), true
-		}
-	}
-	return nil, false
-}
-
-// pgxDefaultMode returns the DefaultQueryExecMode of the configuration of
-// the pgx connection behind a pgx stdlib connection (Conn().Config()), or
-// nil.
-func pgxDefaultMode(inner driver.Conn) any {
-	v, ok := callMethods(inner, "Conn", "Config")
-	if !ok {
-		return nil
-	}
-	f := v.Elem().FieldByName("DefaultQueryExecMode")
-	if !f.IsValid() || !f.CanInterface() {
-		return nil
-	}
-	return f.Interface()
-}
-
-// txStatuser is pgx's *pgconn.PgConn, as far as lockhooks needs it: the
-// transaction status of the server's last ReadyForQuery ('I' idle, 'T' in
-// a transaction block, 'E' in a failed one).
-type txStatuser interface{ TxStatus() byte }
-
-// keyDataPIDer is pgx's *pgconn.PgConn as far as the pooler check needs
-// it: the process id of the BackendKeyData the server sent at connect. A
-// pooler sends one of its own (PgBouncer: random), so it equals
-// pg_backend_pid() only on a connection to the server itself.
-type keyDataPIDer interface{ PID() uint32 }
-
-// backendKeyPID returns the process id of the BackendKeyData the server
-// (or a pooler) sent inner at connect: pgx's from its PgConn, lib/pq's
-// from its connection's processID field (read by reflection, so that the
-// root package imports no driver). ok is false for any other driver.
-func backendKeyPID(inner driver.Conn) (pid int64, ok bool) {
-	if v, found := callMethods(inner, "Conn", "PgConn"); found {
-		if k, isKey := v.Interface().(keyDataPIDer); isKey {
-			return int64(k.PID()), true
-		}
-		return 0, false
-	}
-	v := reflect.ValueOf(inner)
-	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct || v.Elem().Type().PkgPath() != "github.com/lib/pq" {
-		return 0, false
-	}
-	f := v.Elem().FieldByName("processID")
-	if !f.IsValid() || !f.CanInt() {
-		return 0, false
-	}
-	return f.Int(), true
-}
-
-// pgxTxStatus returns the pgx connection behind a pgx stdlib connection
-// (its Conn().PgConn()), or nil. Called through the interface, TxStatus
-// allocates nothing (a method value made by reflect would, at each call).
-func pgxTxStatus(inner driver.Conn) txStatuser {
-	v, ok := callMethods(inner, "Conn", "PgConn")
-	if !ok {
-		return nil
-	}
-	s, _ := v.Interface().(txStatuser)
-	return s
-}
-
-// callMethods calls on v the methods named, each on the result of the one
-// before (each takes nothing and returns one pointer), and returns the
-// last result; ok is false where a method is missing or returns nil.
-func callMethods(v any, names ...string) (reflect.Value, bool) {
-	r := reflect.ValueOf(v)
-	for _, name := range names {
-		m := r.MethodByName(name)
-		if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 || m.Type().Out(0).Kind() != reflect.Pointer {
-			return reflect.Value{}, false
-		}
-		if r = m.Call(nil)[0]; r.IsNil() {
-			return reflect.Value{}, false
-		}
-	}
-	return r, true
-}
 
 // beginClause is BEGIN with opts, or "" for a level Postgres does not
 // have (the driver's BeginTx says what it makes of it). snapshot says that
@@ -268,18 +122,18 @@ func (m *beginMessage) compose(begin string, idFirst bool, appName string) {
 // where the transaction began. ok is false where the driver's BeginTx
 // begins it instead.
 func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsite.Stack) (t driver.Tx, ok bool, err error) {
-	own := c.connector.own.of(c.inner)
-	if !own.ok() || c.queryer == nil || c.execer == nil {
+	own := c.connector.own.Of(c.inner)
+	if !own.OK() || c.queryer == nil || c.execer == nil {
 		return nil, false, nil
 	}
-	begin := beginClause(opts, own.pgx)
+	begin := beginClause(opts, own.PGX)
 	if begin == "" {
 		return nil, false, nil
 	}
 	info, _ := ctx.Value(commitInfoKey{}).(*commitInfo)
 	// Through pgx, a transaction at another level cannot learn its id at
 	// BEGIN: RunInTx reads it before COMMIT.
-	id := info != nil && (!own.idFirst || opts.Isolation == driver.IsolationLevel(sql.LevelDefault))
+	id := info != nil && (!own.IDFirst || opts.Isolation == driver.IsolationLevel(sql.LevelDefault))
 	publish := c.pub.on
 	if !id && !publish {
 		return nil, false, nil
@@ -295,7 +149,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsi
 		if publish {
 			appName = c.txAppName(where)
 		}
-		m.compose(begin, own.idFirst, appName)
+		m.compose(begin, own.IDFirst, appName)
 	}
 	// As for the driver's BeginTx (see conn.BeginTx): a context cancelled
 	// in the middle would make pgx close the connection. COMMIT runs with
@@ -306,7 +160,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsi
 			_, err = c.execer.ExecContext(ownCtx, m.text, nil)
 			return err
 		}
-		return c.beginRow(ownCtx, m, own.args, info)
+		return c.beginRow(ownCtx, m, own.Args, info)
 	})
 	if err != nil {
 		if isServerError(err) {
@@ -321,7 +175,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsi
 			// statement"), or refused the simple protocol (pgx does
 			// without standard_conforming_strings): nothing ran; the
 			// driver begins every transaction from now on.
-			own.disabled.Store(true)
+			own.Disabled.Store(true)
 			return nil, false, nil
 		}
 		return nil, true, c.observe(err)

@@ -99,9 +99,9 @@ func (c *connector) readBlocked(ctx context.Context, side driver.Conn, conns []*
 			pids = append(pids, strconv.Itoa(int(p)))
 		}
 	}
-	d := c.own.of(side)
+	d := c.own.Of(side)
 	waiters := "SELECT unnest('{" + strings.Join(pids, ",") + "}'::int[])"
-	if d.ok() {
+	if d.OK() {
 		waiters += "\n\tUNION SELECT pid FROM pg_stat_activity WHERE application_name LIKE '" + c.appNamePrefixOfDatabase() + "%'"
 	}
 	// The planner cannot know how few rows pg_blocking_pids returns: its
@@ -116,7 +116,7 @@ func (c *connector) readBlocked(ctx context.Context, side driver.Conn, conns []*
 	if err := execDirect(ctx, side, "SET LOCAL jit = off"); err != nil {
 		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
 	}
-	backends, order, err := readServerBackends(ctx, side, c, blockersQuery(waiters), d.args)
+	backends, order, err := readServerBackends(ctx, side, c, blockersQuery(waiters), d.Args)
 	if err != nil {
 		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
 	}
@@ -383,7 +383,7 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	AND l.pid <> `+strconv.Itoa(int(waiter.shownPID()))+` AND (`+strings.Join(match, " OR ")+`)
-ORDER BY 1`, c.own.of(side).args)
+ORDER BY 1`, c.own.Of(side).Args)
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/identity"
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -48,7 +49,7 @@ import (
 // not be cached by the driver by their text: pgx (v5) caches every query by
 // text by default, so lockhooks runs its own queries there in pgx's simple
 // protocol (one round trip, no prepared statement); lib/pq runs queries
-// without arguments that way already (ownStatements, pg_begin.go). On other
+// without arguments that way already (pgdriver.Statements, pg_begin.go). On other
 // drivers lockhooks publishes nothing (it still reads the identities
 // others publish).
 
@@ -65,8 +66,8 @@ type published struct {
 // the database declared a pooler, the same statement leaves the
 // connection's session marker on its backend (see sessionQuery).
 func (w *conn) identifyOnConnect(ctx context.Context) error {
-	own := w.connector.own.of(w.inner)
-	if !own.ok() {
+	own := w.connector.own.Of(w.inner)
+	if !own.OK() {
 		_, err := w.backendPID(ctx)
 		return err
 	}
@@ -85,16 +86,16 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 	}
 	pid := int32(asInt64(row[0]))
 	w.pid.Store(pid)
-	if k, ok := backendKeyPID(w.inner); ok && k == int64(pid) {
+	if k, ok := pgdriver.BackendKeyPID(w.inner); ok && k == int64(pid) {
 		w.reachesServer = true
 	}
-	if own.pgx {
-		w.tx.status = pgxTxStatus(w.inner)
+	if own.PGX {
+		w.tx.status = pgdriver.TxStatus(w.inner)
 		// The annotated statements of a direct connection may go in pgx's
 		// exec mode (sentWith): not where the user asked for the simple
 		// protocol.
 		w.direct = w.reachesServer && !w.connector.opts.txPooler && !w.connector.opts.pinningPooler &&
-			pgxDefaultMode(w.inner) != own.args[0].Value
+			pgdriver.DefaultMode(w.inner) != own.Args[0].Value
 	}
 	app := asString(row[1])
 	w.pub.connectApp = app
@@ -117,7 +118,7 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 // application_name and, with server, the backend's incarnation (see
 // incarnationExpr: its start and its server's) and, marked too, the marker
 // found on the backend as the connection's own replaces it.
-func (w *conn) connectRow(ctx context.Context, own *ownStatements, marked, server bool) ([]driver.Value, error) {
+func (w *conn) connectRow(ctx context.Context, own *pgdriver.Statements, marked, server bool) ([]driver.Value, error) {
 	query := "SELECT pg_backend_pid(), current_setting('application_name')"
 	want := 2
 	if server {
@@ -130,7 +131,7 @@ func (w *conn) connectRow(ctx context.Context, own *ownStatements, marked, serve
 		query += ", current_setting('lockhooks.session', true), set_config('lockhooks.session', '" + w.marker() + "', false)"
 		want = 5
 	}
-	rows, err := queryDirect(ctx, w.inner, query, own.args)
+	rows, err := queryDirect(ctx, w.inner, query, own.Args)
 	var row *staticRows
 	if err == nil {
 		row, err = readStaticRow(rows)
@@ -216,7 +217,7 @@ func (c *conn) txAppName(site string) string {
 // one per field.
 func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue) {
 	own := &c.connector.own
-	if !own.ok() || c.connector.opts.txPooler {
+	if !own.OK() || c.connector.opts.txPooler {
 		return c.fixedLocksQuery(pid), nil
 	}
 	var id identity.Holder
@@ -229,7 +230,7 @@ func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue)
 	var buf [1024]byte
 	b := id.AppendAnnotation(buf[:0])
 	b = appendLocksQuery(b, "(SELECT 1) one", pid, c.afterDiscard())
-	return string(b), own.args // a text of this hold's: not for pgx's statement cache
+	return string(b), own.Args // a text of this hold's: not for pgx's statement cache
 }
 
 // fixedLocksQuery is c's read of backend pid's advisory locks when it
@@ -268,7 +269,7 @@ func (c *conn) holderNote() (string, []driver.NamedValue) { return c.holderNoteW
 // (if not nil) is released: for the statement that releases it.
 func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 	own := &c.connector.own
-	if !own.ok() || c.connector.opts.txPooler {
+	if !own.OK() || c.connector.opts.txPooler {
 		return "", nil
 	}
 	c.pin.mu.Lock()
@@ -277,7 +278,7 @@ func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 	if id == nil {
 		return "", nil
 	}
-	return id.Annotation(), own.args
+	return id.Annotation(), own.Args
 }
 
 // annotatedLockText is text, an exact session-lock statement of one call
@@ -341,7 +342,7 @@ func execSimple(ctx context.Context, c driver.Conn, query string) error {
 // (where ctx says, now).
 func (c *conn) releaseLockSavepoint(ctx context.Context, h *holderConn) error {
 	const release = "RELEASE SAVEPOINT lockhooks_lock"
-	if !c.connector.own.ok() {
+	if !c.connector.own.OK() {
 		return execDirect(ctx, h.inner, release)
 	}
 	c.pin.mu.Lock()

@@ -260,7 +260,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		// names the holder to other processes. A connection that reaches
 		// the server itself needs neither: the statement's text and result
 		// tell its effect, and the statement names the holder itself.
-		annotate = !plan.verify && retext && adv.Simple && c.direct && c.connector.own.exec != nil && c.connector.own.ok() && integerArgs(args)
+		annotate = !plan.verify && retext && adv.Simple && c.direct && c.connector.own.Exec != nil && c.connector.own.OK() && integerArgs(args)
 		plan.verify = !annotate
 	}
 	plan.site = c.siteOf(ctx)

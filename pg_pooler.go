@@ -255,7 +255,7 @@ func (c *conn) holder(ctx context.Context) (*holderConn, error) {
 
 // beginHolder begins the holder's transaction and reads its backend pid.
 // Where the driver runs a text of several statements in one
-// simple-protocol message (ownStatements), both go in one round trip,
+// simple-protocol message (pgdriver.Statements), both go in one round trip,
 // "SELECT pg_backend_pid(); BEGIN": the query runs in the implicit
 // transaction that BEGIN turns into the block, so on the block's backend
 // (one Query message is one transaction to a pooler, which then keeps the
@@ -265,10 +265,10 @@ func (c *conn) holder(ctx context.Context) (*holderConn, error) {
 // backend that holds the locks (a wrong one would also fail every
 // readHolderLocks: "its holder answered from backend pid …").
 func (c *conn) beginHolder(ctx context.Context, h *holderConn) (pid int32, incarnation string, err error) {
-	own := c.connector.own.of(h.inner)
+	own := c.connector.own.Of(h.inner)
 	const read = "SELECT pg_backend_pid(), " + incarnationExpr
-	query, args := read+"; BEGIN", own.args
-	if !own.ok() {
+	query, args := read+"; BEGIN", own.Args
+	if !own.OK() {
 		if err := execDirect(ctx, h.inner, "BEGIN"); err != nil {
 			return 0, "", err
 		}

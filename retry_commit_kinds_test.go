@@ -271,14 +271,14 @@ func TestRunInTxBeginFallsBackWhenTheDriverPrepares(t *testing.T) {
 	}
 	defer c.Close()
 	w := stateOf(t, c)
-	w.connector.own.of(w.inner)
-	w.connector.own.args = []driver.NamedValue{} // pgx's default mode: it prepares
+	w.connector.own.Of(w.inner)
+	w.connector.own.Args = []driver.NamedValue{} // pgx's default mode: it prepares
 	c.Close()
 	info, xid := beginInfo(t, db, nil)
 	if info.begun || xid != "" {
 		t.Fatalf("begun %v, transaction id %q; want the driver's own BEGIN", info.begun, xid)
 	}
-	if !w.connector.own.disabled.Load() {
+	if !w.connector.own.Disabled.Load() {
 		t.Error("the failed BEGIN did not turn the combined BEGIN off")
 	}
 	if err := RunInTx(context.Background(), db, nil, func(tx *sql.Tx) error { return nil }); err != nil {

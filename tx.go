@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 )
 
 // immediateTx is an SQLite write transaction begun with BEGIN IMMEDIATE
@@ -82,7 +83,7 @@ type tx struct {
 	ownCtx context.Context
 	msg    beginMessage
 	row    [1]driver.Value
-	status txStatuser
+	status pgdriver.TxStatuser
 }
 
 var _ driver.Tx = (*tx)(nil)
