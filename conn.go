@@ -82,7 +82,7 @@ type conn struct {
 	sentNext  int
 
 	// incarnation names pid's backend among all that had its pid (see
-	// incarnationExpr), read with it; "" when the server could not tell
+	// pgsession.IncarnationExpr), read with it; "" when the server could not tell
 	// (then lockhooks never ends the backend: see endBackend).
 	incarnation string
 

@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 )
 
 // beginsImmediate reports whether a transaction with opts is an SQLite
@@ -130,7 +132,7 @@ func (c *conn) backendPID(ctx context.Context) (int32, error) {
 		return 0, fmt.Errorf("lockhooks: pg_backend_pid() returned %T, want an integer", row[0])
 	}
 	if len(row) > 3 {
-		c.incarnation = readIncarnation(row[3])
+		c.incarnation = pgsession.ReadIncarnation(asString(row[3]))
 	}
 	if len(row) > 1 {
 		c.sawMarker(asString(row[1]), strconv.Itoa(int(c.pid.Load())))

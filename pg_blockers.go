@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/identity"
 )
@@ -367,7 +368,7 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 	}
 	var match []string
 	for _, k := range keys {
-		classid, objid, sub := k.pgLocksID()
+		classid, objid, sub := advisorykey.Key(k).LocksID()
 		m := fmt.Sprintf("(l.classid::bigint = %d AND l.objid::bigint = %d AND l.objsubid = %d", classid, objid, sub)
 		if k.Shared {
 			m += " AND l.mode = 'ExclusiveLock'" // only exclusive holders block a shared request

@@ -14,7 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/faultproxy"
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -300,32 +302,32 @@ func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
 	mustExecConn(t, other, "SELECT pg_advisory_lock(107)")
 	pid := pidOf(t, other)
 	var incarnation string
-	if err := other.QueryRowContext(ctx, "SELECT "+incarnationExpr).Scan(&incarnation); err != nil {
+	if err := other.QueryRowContext(ctx, "SELECT "+pgsession.IncarnationExpr).Scan(&incarnation); err != nil {
 		t.Fatal(err)
 	}
-	if readIncarnation(incarnation) != incarnation {
+	if pgsession.ReadIncarnation(incarnation) != incarnation {
 		t.Fatalf("incarnation %q does not read as one", incarnation)
 	}
 	start, server, _ := strings.Cut(incarnation, "@")
-	keys := []lockKey{{K1: 107}}
+	keys := []advisorykey.Key{{K1: 107}}
 	for _, c := range []struct {
 		what   string
-		target endTarget
+		target pgsession.EndTarget
 	}{
-		{"another backend_start (a reused pid)", endTarget{pid: pid, incarnation: "1" + start + "@" + server, quiet: time.Now()}},
-		{"another server (a failover)", endTarget{pid: pid, incarnation: start + "@1" + server, quiet: time.Now()}},
-		{"a statement after the quiet time (another client of a pooler)", endTarget{pid: pid, incarnation: incarnation, quiet: time.Now().Add(-time.Minute)}},
-		// A statement sent and never answered, within endSlack of which the
+		{"another backend_start (a reused pid)", pgsession.EndTarget{PID: pid, Incarnation: "1" + start + "@" + server, Quiet: time.Now()}},
+		{"another server (a failover)", pgsession.EndTarget{PID: pid, Incarnation: start + "@1" + server, Quiet: time.Now()}},
+		{"a statement after the quiet time (another client of a pooler)", pgsession.EndTarget{PID: pid, Incarnation: incarnation, Quiet: time.Now().Add(-time.Minute)}},
+		// A statement sent and never answered, within pgsession.EndSlack of which the
 		// backend started another text: a client a session pooler gave the
 		// backend to, not lockhooks' statement.
-		{"another text within the slack of an unanswered statement", endTarget{pid: pid, incarnation: incarnation, quiet: time.Now().Add(-time.Minute),
-			inFlight: true, sentQuiet: time.Now().Add(endSlack), sent: "SELECT 1"}},
-		{"an unanswered statement whose text is not known", endTarget{pid: pid, incarnation: incarnation, quiet: time.Now().Add(-time.Minute),
-			inFlight: true, sentQuiet: time.Now().Add(endSlack)}},
-		{"the very text, but started after the slack", endTarget{pid: pid, incarnation: incarnation, quiet: time.Now().Add(-time.Minute),
-			inFlight: true, sentQuiet: time.Now().Add(-30 * time.Second), sent: "SELECT " + incarnationExpr}},
+		{"another text within the slack of an unanswered statement", pgsession.EndTarget{PID: pid, Incarnation: incarnation, Quiet: time.Now().Add(-time.Minute),
+			InFlight: true, SentQuiet: time.Now().Add(pgsession.EndSlack), Sent: "SELECT 1"}},
+		{"an unanswered statement whose text is not known", pgsession.EndTarget{PID: pid, Incarnation: incarnation, Quiet: time.Now().Add(-time.Minute),
+			InFlight: true, SentQuiet: time.Now().Add(pgsession.EndSlack)}},
+		{"the very text, but started after the slack", pgsession.EndTarget{PID: pid, Incarnation: incarnation, Quiet: time.Now().Add(-time.Minute),
+			InFlight: true, SentQuiet: time.Now().Add(-30 * time.Second), Sent: "SELECT " + pgsession.IncarnationExpr}},
 	} {
-		alive, ended, err := endBackend(ctx, side, &endRequest{target: c.target, keys: keys})
+		alive, ended, err := pgsession.EndBackend(ctx, sideQueryRow(side), &pgsession.EndRequest{Target: c.target, Keys: keys})
 		if err != nil || alive || ended {
 			t.Errorf("%s: endBackend = %v, %v, %v; want neither there nor ended", c.what, alive, ended, err)
 		}
@@ -336,8 +338,8 @@ func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
 	// The very backend, still showing the text of the unanswered statement
 	// (its last, the incarnation read above, started within the slack):
 	// ended.
-	alive, ended, err := endBackend(ctx, side, &endRequest{target: endTarget{pid: pid, incarnation: incarnation, quiet: time.Now().Add(-time.Minute),
-		inFlight: true, sentQuiet: time.Now().Add(endSlack), sent: "SELECT " + incarnationExpr}, keys: keys})
+	alive, ended, err := pgsession.EndBackend(ctx, sideQueryRow(side), &pgsession.EndRequest{Target: pgsession.EndTarget{PID: pid, Incarnation: incarnation, Quiet: time.Now().Add(-time.Minute),
+		InFlight: true, SentQuiet: time.Now().Add(pgsession.EndSlack), Sent: "SELECT " + pgsession.IncarnationExpr}, Keys: keys})
 	if err != nil || !alive || !ended {
 		t.Fatalf("the named backend, running the unanswered statement: endBackend = %v, %v, %v; want it ended", alive, ended, err)
 	}
@@ -347,10 +349,10 @@ func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
 	other = otherConn(t, raw)
 	mustExecConn(t, other, "SELECT pg_advisory_lock(107)")
 	pid = pidOf(t, other)
-	if err := other.QueryRowContext(ctx, "SELECT "+incarnationExpr).Scan(&incarnation); err != nil {
+	if err := other.QueryRowContext(ctx, "SELECT "+pgsession.IncarnationExpr).Scan(&incarnation); err != nil {
 		t.Fatal(err)
 	}
-	alive, ended, err = endBackend(ctx, side, &endRequest{target: endTarget{pid: pid, incarnation: incarnation, quiet: time.Now()}, keys: keys})
+	alive, ended, err = pgsession.EndBackend(ctx, sideQueryRow(side), &pgsession.EndRequest{Target: pgsession.EndTarget{PID: pid, Incarnation: incarnation, Quiet: time.Now()}, Keys: keys})
 	if err != nil || !alive || !ended {
 		t.Fatalf("the named backend, quiet since its last statement: endBackend = %v, %v, %v; want it ended", alive, ended, err)
 	}

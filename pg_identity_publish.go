@@ -11,6 +11,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -101,7 +102,7 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 	w.pub.connectApp = app
 	w.pub.on = app == "" || strings.HasPrefix(app, identity.AppNamePrefix)
 	if len(row) > 2 {
-		w.incarnation = readIncarnation(row[2])
+		w.incarnation = pgsession.ReadIncarnation(asString(row[2]))
 		// The server's start time, the incarnation's second half, names
 		// the server (backend pids are per server).
 		if _, server, ok := strings.Cut(w.incarnation, "@"); ok && w.connector.server.Load() == nil {
@@ -116,13 +117,13 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 
 // connectRow runs identifyOnConnect's statement: the backend pid, the
 // application_name and, with server, the backend's incarnation (see
-// incarnationExpr: its start and its server's) and, marked too, the marker
+// pgsession.IncarnationExpr: its start and its server's) and, marked too, the marker
 // found on the backend as the connection's own replaces it.
 func (w *conn) connectRow(ctx context.Context, own *pgdriver.Statements, marked, server bool) ([]driver.Value, error) {
 	query := "SELECT pg_backend_pid(), current_setting('application_name')"
 	want := 2
 	if server {
-		query += ", " + incarnationExpr
+		query += ", " + pgsession.IncarnationExpr
 		want = 3
 	}
 	if server && marked {

@@ -165,3 +165,12 @@ func integerValue(v any) (n int64, isInt, fits bool) {
 	}
 	return 0, false, false
 }
+
+// coreKeys is keys as the core's key values.
+func coreKeys(keys []lockKey) []advisorykey.Key {
+	out := make([]advisorykey.Key, len(keys))
+	for i, k := range keys {
+		out[i] = advisorykey.Key(k)
+	}
+	return out
+}

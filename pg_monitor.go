@@ -33,7 +33,7 @@ func (p *pinning) monitor(ctx context.Context, done chan struct{}) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-p.ends.kick:
+		case <-p.ends.Kick():
 		}
 		if ctx.Err() != nil {
 			return // db.Close and a tick came together: no new check
@@ -43,7 +43,7 @@ func (p *pinning) monitor(ctx context.Context, done chan struct{}) {
 			p.mu.Unlock()
 			return // db.Close took it between the check above and here, and stops it now
 		}
-		if len(p.holders) == 0 && p.ends.empty() {
+		if len(p.holders) == 0 && p.ends.Empty() {
 			p.cancelMonitor()
 			p.cancelMonitor = nil
 			p.mu.Unlock()
@@ -87,7 +87,7 @@ func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, err
 		h.pin.mu.Unlock()
 	}
 	p.warnParked()
-	if len(snaps) == 0 && p.ends.empty() && (p.c.opts.txPooler || len(all) == 0) {
+	if len(snaps) == 0 && p.ends.Empty() && (p.c.opts.txPooler || len(all) == 0) {
 		return side, nil // (through an undeclared pooler, a busy holder's backend is still looked for)
 	}
 

@@ -131,8 +131,8 @@ func (c *conn) endAfterBreak(plan advisoryPlan) {
 			keys = append(keys, plan.keys[i])
 		}
 	}
-	if t := c.endTarget(); t.pid != 0 && len(keys) > 0 {
-		c.connector.pins.ends.add(t, keys, false)
+	if t := c.endTarget(); t.PID != 0 && len(keys) > 0 {
+		c.connector.pins.ends.Add(t, coreKeys(keys), false)
 	}
 }
 

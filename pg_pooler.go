@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -60,7 +61,7 @@ func WithTransactionPooler() Option {
 type holderConn struct {
 	inner driver.Conn
 	inTx  bool
-	// incarnation is the backend's while inTx (see incarnationExpr).
+	// incarnation is the backend's while inTx (see pgsession.IncarnationExpr).
 	incarnation string
 }
 
@@ -266,7 +267,7 @@ func (c *conn) holder(ctx context.Context) (*holderConn, error) {
 // readHolderLocks: "its holder answered from backend pid …").
 func (c *conn) beginHolder(ctx context.Context, h *holderConn) (pid int32, incarnation string, err error) {
 	own := c.connector.own.Of(h.inner)
-	const read = "SELECT pg_backend_pid(), " + incarnationExpr
+	const read = "SELECT pg_backend_pid(), " + pgsession.IncarnationExpr
 	query, args := read+"; BEGIN", own.Args
 	if !own.OK() {
 		if err := execDirect(ctx, h.inner, "BEGIN"); err != nil {
@@ -285,7 +286,7 @@ func (c *conn) beginHolder(ctx context.Context, h *holderConn) (pid int32, incar
 	if err != nil {
 		return 0, "", err
 	}
-	return int32(asInt64(row.row[0])), readIncarnation(row.row[1]), nil
+	return int32(asInt64(row.row[0])), pgsession.ReadIncarnation(asString(row.row[1])), nil
 }
 
 // holderFailed drops a holder whose statement failed outside the server's
@@ -482,8 +483,8 @@ func (c *conn) poolerDetected(what string) error {
 
 // sessionQuery opens a connection's session: its backend pid, the marker
 // left on the backend before it (by another lockhooks connection, if any),
-// its own marker ($1), and the backend's incarnation (see incarnationExpr).
-const sessionQuery = "SELECT pg_backend_pid(), current_setting('lockhooks.session', true), set_config('lockhooks.session', $1, false), " + incarnationExpr
+// its own marker ($1), and the backend's incarnation (see pgsession.IncarnationExpr).
+const sessionQuery = "SELECT pg_backend_pid(), current_setting('lockhooks.session', true), set_config('lockhooks.session', $1, false), " + pgsession.IncarnationExpr
 
 // markerPrefix starts every lockhooks session marker.
 const markerPrefix = "lh:"

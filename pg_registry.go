@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 )
 
 // The pinning registry: the connections that hold session locks, in use
@@ -28,8 +30,8 @@ import (
 // them.
 type pinning struct {
 	c     *connector
-	ends  *endQueue // backends of lost holders to end on the server
-	nonce string    // tells this database's session markers from others'
+	ends  *pgsession.EndQueue // backends of lost holders to end on the server
+	nonce string              // tells this database's session markers from others'
 
 	// pooler is set once a transaction-mode pooler is seen on a database
 	// not opened with WithTransactionPooler: why it is known.
@@ -55,14 +57,14 @@ type pinning struct {
 func newPinning(c *connector) *pinning {
 	var nonce [8]byte
 	rand.Read(nonce[:])
-	return &pinning{c: c, ends: newEndQueue(), nonce: hex.EncodeToString(nonce[:]),
+	return &pinning{c: c, ends: pgsession.NewEndQueue(), nonce: hex.EncodeToString(nonce[:]),
 		holders: make(map[*conn]struct{}), locks: make(map[*AdvisoryLock]struct{}), closing: make(chan struct{})}
 }
 
 // wakeMonitor has the running monitor check now.
 func (p *pinning) wakeMonitor() {
 	select {
-	case p.ends.kick <- struct{}{}:
+	case p.ends.Kick() <- struct{}{}:
 	default:
 	}
 }
@@ -151,7 +153,7 @@ func (p *pinning) acquired(c *conn) {
 func (p *pinning) unregister(c *conn) {
 	p.mu.Lock()
 	delete(p.holders, c)
-	if !p.ends.empty() {
+	if !p.ends.Empty() {
 		p.startMonitorLocked() // a backend of c's to end on the server
 	}
 	p.mu.Unlock()
@@ -222,7 +224,7 @@ func (p *pinning) settle(c *conn) {
 			delete(p.holders, c)
 		}
 		c.pin.mu.Unlock()
-		if !p.ends.empty() {
+		if !p.ends.Empty() {
 			p.startMonitorLocked() // a lost backend to end on the server
 		}
 		p.mu.Unlock()

@@ -256,7 +256,7 @@ func (a *poolerLoss) reconnect(t *testing.T) {
 	waitFor(t, 20*time.Second, "A's monitor to handle its end queue and stop", func() bool {
 		pins.mu.Lock()
 		defer pins.mu.Unlock()
-		return pins.ends.empty() && pins.cancelMonitor == nil
+		return pins.ends.Empty() && pins.cancelMonitor == nil
 	})
 }
 

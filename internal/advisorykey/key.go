@@ -59,5 +59,14 @@ func FromLocks(classid, objid, objsubid int64, shared bool) Key {
 	return k
 }
 
+// LocksID is where a pg_locks row shows k: its classid, objid and objsubid
+// ([FromLocks] reads them back).
+func (k Key) LocksID() (classid, objid int64, objsubid int) {
+	if k.Pair {
+		return int64(uint32(int32(k.K1))), int64(uint32(int32(k.K2))), 2
+	}
+	return int64(uint64(k.K1) >> 32), k.K1 & 0xffffffff, 1
+}
+
 // formatInt formats n in decimal.
 func formatInt(n int64) string { return strconv.FormatInt(n, 10) }

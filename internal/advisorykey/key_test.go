@@ -87,6 +87,9 @@ func TestFromLocks(t *testing.T) {
 		if got, want := FromLocks(classid, objid, 1, false), (Key{K1: n}); got != want {
 			t.Errorf("FromLocks(%d, %d, 1) = %#v, want %#v", classid, objid, got, want)
 		}
+		if c, o, sub := (Key{K1: n}).LocksID(); c != classid || o != objid || sub != 1 {
+			t.Errorf("Key{K1: %d}.LocksID() = %d, %d, %d; want %d, %d, 1", n, c, o, sub, classid, objid)
+		}
 		if got, want := FromLocks(classid, objid, 1, true), (Key{K1: n, Shared: true}); got != want {
 			t.Errorf("FromLocks(%d, %d, 1, shared) = %#v, want %#v", classid, objid, got, want)
 		}
@@ -95,6 +98,9 @@ func TestFromLocks(t *testing.T) {
 		// pg_locks shows an int4 as an oid: its bits, unsigned.
 		classid, objid := int64(uint32(p[0])), int64(uint32(p[1]))
 		want := Key{Pair: true, K1: int64(p[0]), K2: int64(p[1]), Shared: true}
+		if c, o, sub := want.LocksID(); c != classid || o != objid || sub != 2 {
+			t.Errorf("%#v.LocksID() = %d, %d, %d; want %d, %d, 2", want, c, o, sub, classid, objid)
+		}
 		if got := FromLocks(classid, objid, 2, true); got != want {
 			t.Errorf("FromLocks(%d, %d, 2) = %#v, want %#v (sign-extended)", classid, objid, got, want)
 		}
