@@ -26,73 +26,103 @@ const (
 	envChildPooler = "LOCKHOOKS_CHILD_POOLER"
 )
 
-// child is a running child process.
-type child struct {
-	cmd  *exec.Cmd
-	in   io.WriteCloser
-	out  *bufio.Scanner
-	done <-chan struct{} // closed when the process has exited
+// testChild is this test binary running one of its tests (a child's side)
+// as a child process, with an environment that tells it what to do. It is
+// tied to this process (the kernel kills it if this one dies), its stdout
+// comes a line at a time, its stderr is kept for failure messages, and
+// when the test ends its stdin is closed (the child ends its work and
+// exits), and it is killed if it has not exited within 30 s.
+type testChild struct {
+	cmd    *exec.Cmd
+	proc   *tiedproc.Process
+	stdin  io.WriteCloser
+	lines  chan string // its stdout, a line each; closed when it closes
+	stderr syncBuffer
 }
 
-// startChild starts this test binary as a child on the database dsn
-// (through a transaction pooler when pooler is set). It is killed when t
-// ends, and by the kernel if this process dies.
+// startTestChild starts this test binary running only the test named run,
+// with env added to this process's environment.
+func startTestChild(t *testing.T, run string, env ...string) *testChild {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1", "-test.timeout=5m")
+	cmd.Env = append(os.Environ(), env...)
+	ch := &testChild{cmd: cmd, lines: make(chan string, 16)}
+	cmd.Stderr = &ch.stderr
+	var err error
+	if ch.stdin, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.proc, err = tiedproc.Start(cmd); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			ch.lines <- sc.Text()
+		}
+		close(ch.lines)
+	}()
+	t.Cleanup(func() {
+		ch.stdin.Close()
+		select {
+		case <-ch.proc.Exited():
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-ch.proc.Exited()
+			t.Errorf("the child running %s did not exit within 30 s of its input's end:\n%s", run, ch.stderr.String())
+		}
+	})
+	return ch
+}
+
+// line returns the child's next line of stdout, failing t if the child
+// closes its stdout (it exited) first or says nothing within limit; what
+// names the line awaited, for the message.
+func (ch *testChild) line(t *testing.T, what string, limit time.Duration) string {
+	t.Helper()
+	select {
+	case line, ok := <-ch.lines:
+		if !ok {
+			<-ch.proc.Exited()
+			t.Fatalf("the child exited (%v) before %s:\n%s", ch.proc.Err(), what, ch.stderr.String())
+		}
+		return line
+	case <-time.After(limit):
+		t.Fatalf("no %s from the child within %v:\n%s", what, limit, ch.stderr.String())
+	}
+	return ""
+}
+
+// child is a TestHelperChild process: it answers a command per line.
+type child struct{ *testChild }
+
+// startChild starts TestHelperChild on the database dsn (through a
+// transaction pooler when pooler is set).
 func startChild(t *testing.T, dsn string, pooler bool) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envChildDSN+"="+dsn)
+	env := []string{envChildDSN + "=" + dsn}
 	if pooler {
-		cmd.Env = append(cmd.Env, envChildPooler+"=transaction")
+		env = append(env, envChildPooler+"=transaction")
 	}
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	proc, err := tiedproc.Start(cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &child{cmd: cmd, in: in, out: bufio.NewScanner(out), done: proc.Exited()}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-h.done
-	})
-	return h
+	return &child{startTestChild(t, "TestHelperChild", env...)}
 }
 
 // ask sends the child a command and returns its answer, failing t if the
 // child answers "error …", exits, or takes longer than a minute.
 func (h *child) ask(t *testing.T, command string) string {
 	t.Helper()
-	if _, err := fmt.Fprintln(h.in, command); err != nil {
+	if _, err := fmt.Fprintln(h.stdin, command); err != nil {
 		t.Fatalf("child: sending %q: %v", command, err)
 	}
-	answer := make(chan string, 1)
-	go func() {
-		if h.out.Scan() {
-			answer <- h.out.Text()
-			return
-		}
-		close(answer)
-	}()
-	select {
-	case a, ok := <-answer:
-		if !ok {
-			t.Fatalf("child: no answer to %q: it exited (%v)", command, h.out.Err())
-		}
-		if strings.HasPrefix(a, "error ") {
-			t.Fatalf("child: %q: %s", command, a)
-		}
-		return a
-	case <-time.After(time.Minute):
-		t.Fatalf("child: no answer to %q within a minute", command)
+	a := h.line(t, fmt.Sprintf("answer to %q", command), time.Minute)
+	if strings.HasPrefix(a, "error ") {
+		t.Fatalf("child: %q: %s", command, a)
 	}
-	return ""
+	return a
 }
 
 // TestHelperChild is not a test: it is the child process the tests above

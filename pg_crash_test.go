@@ -77,7 +77,7 @@ func TestKilledProcessLeavesNoLocks(t *testing.T) {
 		if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		<-c.done
+		<-c.proc.Exited()
 		killed := time.Now()
 		// Polling pg_locks with a deadline; the bound is generous for a
 		// loaded machine: the locks go within milliseconds.

@@ -1,14 +1,12 @@
 package lockhooks
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -37,73 +35,46 @@ const (
 // childReport is what the child prints: "child: <what> k=v …".
 type childReport map[string]string
 
-// child is a running helper process.
+// identityChild is a TestIdentityChildProcess process, and its process
+// label as identities name it.
 type identityChild struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  chan string
-	label  string // its process label, as identities name it
-	stderr strings.Builder
+	*testChild
+	label string
 }
 
-// startChild runs the helper in mode against dsn and returns once it
-// reported ready; it is stopped when t ends.
+// startIdentityChild runs the child in mode against dsn and returns once
+// it reported ready; the test fails if it does not exit cleanly when the
+// test ends.
 func startIdentityChild(t *testing.T, mode, dsn string, pooler bool) (*identityChild, childReport) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestIdentityChildProcess$", "-test.count=1", "-test.timeout=5m")
-	cmd.Env = append(os.Environ(), envIdentityChildMode+"="+mode, envIdentityChildDSN+"="+dsn, envIdentityChildPooler+"="+strconv.FormatBool(pooler))
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch := &identityChild{cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
-	cmd.Stderr = &ch.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if line, ok := strings.CutPrefix(sc.Text(), "child: "); ok {
-				ch.lines <- line
-			}
-		}
-		close(ch.lines)
-	}()
-	t.Cleanup(func() {
-		stdin.Close() // the child ends its work and exits
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
+	ch := &identityChild{testChild: startTestChild(t, "TestIdentityChildProcess",
+		envIdentityChildMode+"="+mode, envIdentityChildDSN+"="+dsn, envIdentityChildPooler+"="+strconv.FormatBool(pooler))}
+	t.Cleanup(func() { // registered after the child's own, so run before it: the exit status is checked here
+		ch.stdin.Close()
 		select {
-		case err := <-done:
-			if err != nil {
+		case <-ch.proc.Exited():
+			if err := ch.proc.Err(); err != nil {
 				t.Errorf("child %s: %v\n%s", mode, err, ch.stderr.String())
 			}
 		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			<-done
-			t.Errorf("child %s did not exit", mode)
 		}
 	})
 	ready := ch.next(t, "ready")
 	ch.label = ready["label"]
-	if !strings.Contains(ch.label, "/"+strconv.Itoa(cmd.Process.Pid)+":") {
-		t.Fatalf("the child's process label %q does not name its pid %d", ch.label, cmd.Process.Pid)
+	if !strings.Contains(ch.label, "/"+strconv.Itoa(ch.cmd.Process.Pid)+":") {
+		t.Fatalf("the child's process label %q does not name its pid %d", ch.label, ch.cmd.Process.Pid)
 	}
 	return ch, ready
 }
 
-// next waits for the child's report what.
+// next waits for the child's report what ("child: <what> k=v …"; other
+// lines of its output are passed over).
 func (ch *identityChild) next(t *testing.T, what string) childReport {
 	t.Helper()
-	select {
-	case line, ok := <-ch.lines:
+	for {
+		line, ok := strings.CutPrefix(ch.line(t, fmt.Sprintf("%q", what), 60*time.Second), "child: ")
 		if !ok {
-			t.Fatalf("the child exited before %q:\n%s", what, ch.stderr.String())
+			continue
 		}
 		f := strings.Fields(line)
 		if len(f) == 0 || f[0] != what {
@@ -115,10 +86,7 @@ func (ch *identityChild) next(t *testing.T, what string) childReport {
 			r[k] = v
 		}
 		return r
-	case <-time.After(60 * time.Second):
-		t.Fatalf("no %q from the child:\n%s", what, ch.stderr.String())
 	}
-	return nil
 }
 
 // TestIdentityChildProcess is the child's side; it runs only in a child

@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,11 +98,19 @@ func TestAdvisoryLockMutualExclusion(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, processes+goroutines)
 	for i := range processes {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperReplica$", "-test.count=1")
-		cmd.Env = append(os.Environ(), envHelperDSN+"="+dsn, envHelperIters+"="+strconv.Itoa(iters))
+		ch := startTestChild(t, "TestHelperReplica", envHelperDSN+"="+dsn, envHelperIters+"="+strconv.Itoa(iters))
 		wg.Go(func() {
-			if out, err := cmd.CombinedOutput(); err != nil {
-				errs <- fmt.Errorf("replica %d: %v\n%s", i, err, out)
+			var out strings.Builder
+			for line := range ch.lines { // to its end: the child has closed its stdout
+				out.WriteString(line + "\n")
+			}
+			select {
+			case <-ch.proc.Exited():
+				if err := ch.proc.Err(); err != nil {
+					errs <- fmt.Errorf("replica %d: %v\n%s%s", i, err, out.String(), ch.stderr.String())
+				}
+			case <-ctx.Done():
+				errs <- fmt.Errorf("replica %d: still running after its stdout closed: %v", i, ctx.Err())
 			}
 		})
 	}
