@@ -7,6 +7,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/retry"
 )
 
 // IsDeadlock reports whether err, or an error it wraps, is Postgres's
@@ -53,15 +54,7 @@ func IsLockNotAvailable(err error) bool {
 // retryable by this definition: lock_timeout and NOWAIT are usually asked
 // for on purpose.
 func IsRetryable(err error) bool {
-	switch dberr.SQLState(err) {
-	case dberr.Deadlock, dberr.SerializationFailure:
-		return true
-	}
-	if errors.Is(err, ErrWriterLockTimeout) {
-		return true
-	}
-	code, ok := dberr.SQLiteCode(err)
-	return ok && (code&0xff == dberr.SQLiteBusy || code&0xff == dberr.SQLiteLocked)
+	return retry.Transient(err) || errors.Is(err, ErrWriterLockTimeout)
 }
 
 // DeadlockError is the error a statement run through lockhooks returns

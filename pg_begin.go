@@ -11,12 +11,13 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/identity"
+	"github.com/lockhooks/lockhooks/internal/retry"
 )
 
 // lockhooks' own BEGIN and COMMIT on Postgres.
 //
 // A transaction has two things to say in BEGIN's round trip: RunInTx's
-// transaction id, which a cut-off COMMIT is resolved by (retry_commit.go),
+// transaction id, which a cut-off COMMIT is resolved by (internal/retry),
 // and its identity for waiters in other processes, a transaction-local
 // application_name naming where it began (internal/identity). Where either is
 // wanted and the driver allows it, lockhooks sends the BEGIN itself, in one
@@ -99,9 +100,9 @@ func (m *beginMessage) compose(begin string, idFirst bool, appName string) {
 	var query string
 	switch {
 	case m.id && m.publish:
-		query = xidQuery + " FROM (SELECT " + identity.SetAppName(appName, true, 0) + ") AS lockhooks_identity"
+		query = retry.XIDQuery + " FROM (SELECT " + identity.SetAppName(appName, true, 0) + ") AS lockhooks_identity"
 	case m.id:
-		query = xidQuery
+		query = retry.XIDQuery
 	default:
 		query = "SELECT " + identity.SetAppName(appName, true, 0)
 	}
@@ -117,7 +118,7 @@ func (m *beginMessage) compose(begin string, idFirst bool, appName string) {
 
 // beginOwn begins a Postgres transaction with lockhooks' own BEGIN when
 // BEGIN's round trip has something to carry: RunInTx's transaction id (ctx
-// carries its *commitInfo) or the transaction's identity (the connection
+// carries its *retry.CommitInfo) or the transaction's identity (the connection
 // publishes one; transaction-local, it ends with the transaction). site is
 // where the transaction began. ok is false where the driver's BeginTx
 // begins it instead.
@@ -130,7 +131,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsi
 	if begin == "" {
 		return nil, false, nil
 	}
-	info, _ := ctx.Value(commitInfoKey{}).(*commitInfo)
+	info := retry.InfoOf(ctx)
 	// Through pgx, a transaction at another level cannot learn its id at
 	// BEGIN: RunInTx reads it before COMMIT.
 	id := info != nil && (!own.IDFirst || opts.Isolation == driver.IsolationLevel(sql.LevelDefault))
@@ -181,7 +182,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsi
 		return nil, true, c.observe(err)
 	}
 	if info != nil {
-		info.begun = id
+		info.Begun = id
 	}
 	tx := c.tx.begin(ctx, pgTx{c}, opts, site)
 	tx.ownCtx = ownCtx
@@ -190,7 +191,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsi
 
 // beginRow runs a BEGIN message that returns RunInTx's transaction id
 // (its row's first column), into info.
-func (c *conn) beginRow(ctx context.Context, m *beginMessage, args []driver.NamedValue, info *commitInfo) error {
+func (c *conn) beginRow(ctx context.Context, m *beginMessage, args []driver.NamedValue, info *retry.CommitInfo) error {
 	rows, err := c.queryer.QueryContext(ctx, m.text, args)
 	if err != nil {
 		return err
@@ -203,7 +204,7 @@ func (c *conn) beginRow(ctx context.Context, m *beginMessage, args []driver.Name
 	if err == io.EOF {
 		err = fmt.Errorf("lockhooks: %q returned no row", m.text)
 	}
-	info.xid = textOf(row[0])
+	info.SetXID(row[0])
 	clear(row)
 	if err != nil && !isServerError(err) {
 		// The transaction may have begun: end it, whatever state it is in

@@ -5,12 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
-	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/retry"
 )
 
 // ErrAmbiguousCommit is wrapped by the error [RunInTx] returns when COMMIT
@@ -18,32 +16,22 @@ import (
 // while COMMIT was in flight) and the server could not say what became of
 // the transaction. The transaction may or may not have committed: check
 // its effects before doing it again.
-var ErrAmbiguousCommit = errors.New("lockhooks: the outcome of COMMIT is unknown")
-
-// Defaults of RunInTx.
-const (
-	defaultMaxAttempts    = 10
-	defaultBackoffBase    = 5 * time.Millisecond
-	defaultBackoffCap     = time.Second
-	defaultResolveTimeout = 10 * time.Second
-)
+var ErrAmbiguousCommit = retry.ErrAmbiguousCommit
 
 // A RetryOption adjusts one [RunInTx] call.
 type RetryOption func(*retryConfig)
 
+// retryConfig is one RunInTx call's configuration: internal/retry's, and
+// the callback that takes the root's RetryEvent.
 type retryConfig struct {
-	maxAttempts      int
-	base, cap        time.Duration
-	lockNotAvailable bool
-	commitCheck      bool
-	resolveTimeout   time.Duration
-	onRetry          func(RetryEvent)
+	retry.Config
+	onRetry func(RetryEvent)
 }
 
 // MaxAttempts sets how many times RunInTx runs the transaction at most,
 // the first run included (default 10). n < 1 means 1.
 func MaxAttempts(n int) RetryOption {
-	return func(c *retryConfig) { c.maxAttempts = max(n, 1) }
+	return func(c *retryConfig) { c.MaxAttempts = max(n, 1) }
 }
 
 // Backoff sets the wait before a retry: a random duration between 0 and
@@ -51,7 +39,7 @@ func MaxAttempts(n int) RetryOption {
 // that collided do not collide again in step). The default is 5ms doubling
 // up to 1s.
 func Backoff(base, limit time.Duration) RetryOption {
-	return func(c *retryConfig) { c.base, c.cap = max(base, 0), max(limit, base, 0) }
+	return func(c *retryConfig) { c.Backoff = retry.Backoff{Base: max(base, 0), Cap: max(limit, base, 0)} }
 }
 
 // RetryLockNotAvailable makes RunInTx also retry the waits cut by a limit
@@ -61,7 +49,7 @@ func Backoff(base, limit time.Duration) RetryOption {
 // because such limits are usually deliberate: the caller would rather fail
 // than wait. With it, each attempt waits up to the limit again.
 func RetryLockNotAvailable() RetryOption {
-	return func(c *retryConfig) { c.lockNotAvailable = true }
+	return func(c *retryConfig) { c.LockNotAvailable = true }
 }
 
 // SkipCommitCheck turns off the resolution of ambiguous commits on
@@ -69,7 +57,7 @@ func RetryLockNotAvailable() RetryOption {
 // the transaction no id of its own; a COMMIT cut off by a broken
 // connection ends RunInTx with an error wrapping [ErrAmbiguousCommit].
 func SkipCommitCheck() RetryOption {
-	return func(c *retryConfig) { c.commitCheck = false }
+	return func(c *retryConfig) { c.CommitCheck = false }
 }
 
 // CommitResolveTimeout bounds how long RunInTx keeps asking the server
@@ -77,7 +65,7 @@ func SkipCommitCheck() RetryOption {
 // the context says: the question must be answered even when the context
 // ended during COMMIT.
 func CommitResolveTimeout(d time.Duration) RetryOption {
-	return func(c *retryConfig) { c.resolveTimeout = d }
+	return func(c *retryConfig) { c.ResolveTimeout = d }
 }
 
 // OnRetry calls fn before each retry, with the attempt that failed and its
@@ -182,13 +170,7 @@ func plural(n int) string {
 func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error, options ...RetryOption) error {
 	r := &runner{db: db, opts: opts, fn: fn, postgres: dialectOf(db) == Postgres}
 	cfg := &r.cfg
-	*cfg = retryConfig{
-		maxAttempts:    defaultMaxAttempts,
-		base:           defaultBackoffBase,
-		cap:            defaultBackoffCap,
-		commitCheck:    true,
-		resolveTimeout: defaultResolveTimeout,
-	}
+	*cfg = retryConfig{Config: retry.Defaults()}
 	for _, o := range options {
 		if o != nil {
 			o(cfg)
@@ -196,7 +178,7 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 	}
 	r.run.g = callsite.CurrentGoroutine()
 	r.mark = runInTxContext{Context: ctx, run: &r.run} // see retry_commit.go
-	if r.postgres && cfg.commitCheck {
+	if r.postgres && cfg.CommitCheck {
 		r.mark.info = &r.info
 	}
 	ctx = &r.mark // a pointer into r: no allocation of its own
@@ -211,10 +193,10 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 		if ctx.Err() != nil {
 			return &RetryError{Attempts: attempt, Err: err, Ctx: context.Cause(ctx)}
 		}
-		if attempt >= cfg.maxAttempts {
+		if attempt >= cfg.MaxAttempts {
 			return &RetryError{Attempts: attempt, Err: err, Exhausted: true}
 		}
-		wait := cfg.backoff(attempt)
+		wait := cfg.Backoff.After(attempt)
 		noteRetry(ctx, db, attempt, err)
 		if cfg.onRetry != nil {
 			cfg.onRetry(RetryEvent{Attempt: attempt, Err: err, Wait: wait})
@@ -229,20 +211,6 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 			}
 		}
 	}
-}
-
-// backoff returns the wait after the given failed attempt.
-func (c *retryConfig) backoff(attempt int) time.Duration {
-	if c.base <= 0 {
-		return 0
-	}
-	limit := c.cap
-	if attempt < 32 {
-		if d := c.base << (attempt - 1); d > 0 && d < limit {
-			limit = d
-		}
-	}
-	return rand.N(limit + 1)
 }
 
 // dialectOf returns the dialect of db's driver, "" if it cannot tell.
@@ -269,9 +237,9 @@ type runner struct {
 	fn       func(*sql.Tx) error
 	cfg      retryConfig
 	postgres bool
-	info     commitInfo     // the current attempt's transaction (Postgres, commit check on)
-	run      fnRun          // fn, as its transactions record it (self-waits, selfwait.go)
-	mark     runInTxContext // the context its transactions begin with
+	info     retry.CommitInfo // the current attempt's transaction (Postgres, commit check on)
+	run      fnRun            // fn, as its transactions record it (self-waits, selfwait.go)
+	mark     runInTxContext   // the context its transactions begin with
 }
 
 // callFn runs fn, marked as running on this goroutine while it does (also
@@ -282,42 +250,20 @@ func (r *runner) callFn(tx *sql.Tx) error {
 	return r.fn(tx)
 }
 
-// attemptError marks an attempt's error with where it happened.
-type attemptError struct {
-	err         error
-	beforeWrite bool // nothing can have been committed: the connection broke before COMMIT, or the transaction wrote nothing
-}
-
-func (e *attemptError) Error() string { return e.err.Error() }
-func (e *attemptError) Unwrap() error { return e.err }
-
 // retryable reports whether an attempt's error is worth another attempt.
 func (r *runner) retryable(err error) bool {
 	if errors.Is(err, ErrWriterLockTimeout) {
-		return r.cfg.lockNotAvailable // the writer waited the busy timeout already
+		return r.cfg.LockNotAvailable // the writer waited the busy timeout already
 	}
-	if IsRetryable(err) || r.cfg.lockNotAvailable && dberr.SQLState(err) == dberr.LockNotAvailable {
-		return true
-	}
-	if dberr.SQLState(err) == dberr.IdleInTransactionTimeout {
-		// The server ended the session of a transaction left idle
-		// (idle_in_transaction_session_timeout): it aborted, also when the
-		// FATAL is what COMMIT met.
-		return true
-	}
-	var ae *attemptError
-	return errors.As(err, &ae) && ae.beforeWrite
+	return r.cfg.Retryable(err)
 }
 
 // attempt runs one transaction.
 func (r *runner) attempt(ctx context.Context) (err error) {
-	r.info = commitInfo{}
+	r.info = retry.CommitInfo{}
 	tx, err := r.db.BeginTx(ctx, r.opts)
 	if err != nil {
-		if dberr.SQLState(err) == "42883" { // lockhooks' BEGIN asks for the transaction id
-			err = xidError(err)
-		}
-		return r.beforeCommit(ctx, err)
+		return retry.BeginFailed(ctx, err)
 	}
 	done := false
 	defer func() {
@@ -330,17 +276,17 @@ func (r *runner) attempt(ctx context.Context) (err error) {
 		done = true
 		return r.fnFailed(ctx, err, tx.Rollback())
 	}
-	if r.postgres && r.cfg.commitCheck && !r.info.begun {
+	if r.postgres && r.cfg.CommitCheck && !r.info.Begun {
 		// The transaction began without its id (a driver or an isolation
 		// level that BEGIN's round trip cannot serve): assign and read it
 		// now, in a round trip of its own.
 		var xid sql.NullString
-		if err := tx.QueryRowContext(ctx, xidQuery).Scan(&xid); err != nil {
+		if err := tx.QueryRowContext(ctx, retry.XIDQuery).Scan(&xid); err != nil {
 			done = true
 			tx.Rollback()
-			return r.beforeCommit(ctx, xidError(err))
+			return retry.XIDFailed(ctx, err)
 		}
-		r.info.xid = xid.String
+		r.info.XID = xid.String
 	}
 	done = true
 	err = tx.Commit()
@@ -348,17 +294,6 @@ func (r *runner) attempt(ctx context.Context) (err error) {
 		return nil
 	}
 	return r.commitFailed(ctx, err)
-}
-
-// xidError explains why the transaction id could not be read.
-func xidError(err error) error {
-	switch dberr.SQLState(err) {
-	case "25P02": // in_failed_sql_transaction
-		return fmt.Errorf("lockhooks: RunInTx: fn returned nil, but a statement of the transaction failed and Postgres aborted it; return that statement's error from fn: %w", err)
-	case "42883": // undefined_function
-		return fmt.Errorf("lockhooks: RunInTx gives each attempt a transaction id with pg_current_xact_id(), which needs Postgres 13 or later; pass lockhooks.SkipCommitCheck() on older servers: %w", err)
-	}
-	return fmt.Errorf("lockhooks: RunInTx: reading the transaction id before COMMIT: %w", err)
 }
 
 // fnFailed classifies fn's error, given what the transaction's ROLLBACK
@@ -371,120 +306,32 @@ func (r *runner) fnFailed(ctx context.Context, err, rollbackErr error) error {
 	if rollbackErr == nil || errors.Is(rollbackErr, sql.ErrTxDone) {
 		return err // the connection is fine: not a broken one
 	}
-	return r.beforeCommit(ctx, err)
-}
-
-// beforeCommit classifies an error met before COMMIT was sent: a broken
-// connection there means the transaction did not commit.
-func (r *runner) beforeCommit(ctx context.Context, err error) error {
-	if ctx.Err() == nil && dberr.ConnectionLost(err) {
-		return &attemptError{err: err, beforeWrite: true}
-	}
-	return err
+	return retry.BeforeCommit(ctx, err)
 }
 
 // commitFailed decides what a failed COMMIT means.
 func (r *runner) commitFailed(ctx context.Context, err error) error {
-	if errors.Is(err, sql.ErrTxDone) || err == ctx.Err() {
+	if errors.Is(err, sql.ErrTxDone) {
 		// database/sql rolled the transaction back when ctx ended; COMMIT
 		// was never sent.
 		return err
 	}
-	if dberr.SQLState(err) == "25P02" { // lockhooks' COMMIT (commitGuarded) found the transaction aborted
-		return xidError(err)
-	}
-	if !commitOutcomeUnknown(err) {
-		return err // the server rejected COMMIT: the transaction aborted
-	}
-	xid := r.info.xid
-	switch {
-	case !r.postgres:
-		return fmt.Errorf("%w: COMMIT failed with %w and lockhooks can ask only Postgres what became of a transaction; check whether its effects are there before doing it again", ErrAmbiguousCommit, err)
-	case !r.cfg.commitCheck:
-		return fmt.Errorf("%w: COMMIT failed with %w, and lockhooks.SkipCommitCheck() kept RunInTx from learning the transaction id; check whether its effects are there before doing it again", ErrAmbiguousCommit, err)
-	case xid == "":
-		// No id was assigned: the transaction ran on a standby, where it
-		// could neither write nor notify, so running it again cannot do
-		// anything twice.
-		return &attemptError{err: fmt.Errorf("lockhooks: COMMIT of a transaction on a standby (which can write nothing) failed: %w", err), beforeWrite: true}
-	}
-	status, serr := r.resolve(ctx, xid)
-	switch status {
-	case "committed":
-		return nil
-	case "aborted":
-		return &attemptError{err: fmt.Errorf("lockhooks: COMMIT of transaction %s failed with %w; pg_xact_status says it aborted, so it is run again", xid, err), beforeWrite: true}
-	}
-	return fmt.Errorf("%w: COMMIT of transaction %s failed with %w, and the server could not say whether it committed: %w; check whether its effects are there before doing it again", ErrAmbiguousCommit, xid, err, serr)
+	return r.cfg.CommitFailed(ctx, err, r.postgres, r.info.XID, statusDB{r.db})
 }
 
-// commitOutcomeUnknown reports whether a failed COMMIT may have committed:
-// the connection broke, or the server reported it is going away (a FATAL
-// of classes 08, 57 or 58, or an internal error XX), which can happen
-// after the commit record was written. Any other server error is a
-// rejection: the transaction aborted.
-func commitOutcomeUnknown(err error) bool {
-	if s := dberr.SQLState(err); s != "" {
-		switch s[:2] {
-		case "08", "57", "58", "XX":
-			return true
-		}
-		return false
-	}
-	if _, ok := dberr.SQLiteCode(err); ok {
-		return false
-	}
-	return true
+// statusDB asks the questions of a commit's resolution on db, on a
+// connection other than the broken one.
+type statusDB struct{ db *sql.DB }
+
+// Status runs retry.StatusQuery.
+func (s statusDB) Status(ctx context.Context, xid string) (status string, valid, idle bool, err error) {
+	var st sql.NullString
+	err = s.db.QueryRowContext(ctx, retry.StatusQuery, xid).Scan(&st, &idle)
+	return st.String, st.Valid, idle, err
 }
 
-// resolveQuery asks what became of transaction $1, and whether the backend
-// running it (the one whose backend_xid it is) is still idle inside it:
-// then COMMIT never reached it.
-const resolveQuery = `SELECT pg_xact_status($1::xid8), EXISTS (SELECT FROM pg_stat_activity
-	WHERE backend_xid = xid($1::xid8) AND state LIKE 'idle in transaction%')`
-
-// resolve asks Postgres, on another connection, what became of
-// transaction xid: "committed" or "aborted", or "" and why it cannot say. A backend still idle inside the transaction never
-// got its COMMIT, and never will (the connection that would send it is
-// broken): it is ended, which aborts the transaction, rather than waited
-// for until the server notices the broken connection.
-func (r *runner) resolve(ctx context.Context, xid string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.resolveTimeout)
-	defer cancel()
-	wait := 5 * time.Millisecond
-	var last error
-	terminated := false
-	for {
-		var status sql.NullString
-		var idle bool
-		err := r.db.QueryRowContext(ctx, resolveQuery, xid).Scan(&status, &idle)
-		switch {
-		case err == nil && !status.Valid:
-			return "", errors.New("pg_xact_status returned NULL: the transaction id is older than the commit log the server keeps")
-		case err == nil && status.String != "in progress":
-			return status.String, nil
-		case err == nil && idle && !terminated:
-			terminated = true
-			_, err = r.db.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-				WHERE backend_xid = xid($1::xid8) AND state LIKE 'idle in transaction%'`, xid)
-			if err == nil {
-				continue // ask again at once
-			}
-			last = fmt.Errorf("ending the backend idle in transaction %s without its COMMIT: %w", xid, err)
-		case err == nil:
-			last = fmt.Errorf("pg_xact_status still said %q after %v", status.String, r.cfg.resolveTimeout)
-		case dberr.SQLState(err) != "" && !strings.HasPrefix(dberr.SQLState(err), "08") && !strings.HasPrefix(dberr.SQLState(err), "57"):
-			return "", fmt.Errorf("asking pg_xact_status: %w", err) // e.g. the function does not exist
-		default:
-			last = fmt.Errorf("asking pg_xact_status: %w", err)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return "", last
-		}
-		wait = min(2*wait, 200*time.Millisecond)
-	}
+// Terminate runs retry.TerminateQuery.
+func (s statusDB) Terminate(ctx context.Context, xid string) error {
+	_, err := s.db.ExecContext(ctx, retry.TerminateQuery, xid)
+	return err
 }

@@ -34,7 +34,7 @@ var benchDBs = []struct {
 // how=runintx RunInTx with its defaults (on Postgres the attempt gets its
 // transaction id in BEGIN's round trip, and COMMIT is sent as
 // "SELECT 1; COMMIT", so that a COMMIT cut off in flight can be resolved;
-// see retry_commit.go), how=runintx-skipcheck RunInTx with
+// see internal/retry), how=runintx-skipcheck RunInTx with
 // SkipCommitCheck (the driver's BEGIN and COMMIT).
 func BenchmarkRunInTx(b *testing.B) {
 	for _, bd := range benchDBs {

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/lockhooks/lockhooks/internal/pgtest"
+	"github.com/lockhooks/lockhooks/internal/retry"
 )
 
 // A transaction kind whose COMMIT gets cut: what fn does, and its options.
@@ -190,9 +191,9 @@ func TestRunInTxCommitLostBeforeTheServer(t *testing.T) {
 // beginInfo begins a transaction on db as RunInTx does and returns what
 // the wrapped connection learnt at BEGIN, and the transaction's own view of
 // its id and backend.
-func beginInfo(t *testing.T, db *sql.DB, opts *sql.TxOptions) (info commitInfo, xid string) {
+func beginInfo(t *testing.T, db *sql.DB, opts *sql.TxOptions) (info retry.CommitInfo, xid string) {
 	t.Helper()
-	ctx := context.WithValue(context.Background(), commitInfoKey{}, &info)
+	ctx := context.WithValue(context.Background(), retry.InfoKey{}, &info)
 	tx, err := db.BeginTx(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -233,13 +234,13 @@ func TestRunInTxBeginLearnsTheTransactionID(t *testing.T) {
 		}
 		defer db.Close()
 		info, xid := beginInfo(t, db, tc.opts)
-		if info.begun != tc.begun {
-			t.Errorf("%s %+v: begun with the id: %v, want %v", tc.driver, tc.opts, info.begun, tc.begun)
+		if info.Begun != tc.begun {
+			t.Errorf("%s %+v: begun with the id: %v, want %v", tc.driver, tc.opts, info.Begun, tc.begun)
 		}
-		if tc.begun && (info.xid == "" || info.xid != xid) {
-			t.Errorf("%s %+v: learnt transaction %q; the transaction has id %q", tc.driver, tc.opts, info.xid, xid)
+		if tc.begun && (info.XID == "" || info.XID != xid) {
+			t.Errorf("%s %+v: learnt transaction %q; the transaction has id %q", tc.driver, tc.opts, info.XID, xid)
 		}
-		ctx := context.WithValue(context.Background(), commitInfoKey{}, &commitInfo{})
+		ctx := context.WithValue(context.Background(), retry.InfoKey{}, &retry.CommitInfo{})
 		tx, err := db.BeginTx(ctx, tc.opts)
 		if err != nil {
 			t.Fatal(err)
@@ -275,8 +276,8 @@ func TestRunInTxBeginFallsBackWhenTheDriverPrepares(t *testing.T) {
 	w.connector.own.Args = []driver.NamedValue{} // pgx's default mode: it prepares
 	c.Close()
 	info, xid := beginInfo(t, db, nil)
-	if info.begun || xid != "" {
-		t.Fatalf("begun %v, transaction id %q; want the driver's own BEGIN", info.begun, xid)
+	if info.Begun || xid != "" {
+		t.Fatalf("begun %v, transaction id %q; want the driver's own BEGIN", info.Begun, xid)
 	}
 	if !w.connector.own.Disabled.Load() {
 		t.Error("the failed BEGIN did not turn the combined BEGIN off")
@@ -577,8 +578,8 @@ func TestRunInTxThroughPoolers(t *testing.T) {
 		db := e.open(t, WithTransactionPooler())
 		mustExec(t, e.raw, "CREATE TABLE orders (id SERIAL PRIMARY KEY, note TEXT NOT NULL)")
 		info, xid := beginInfo(t, db, nil)
-		if !info.begun || info.xid == "" || info.xid != xid {
-			t.Fatalf("begun %v with id %q; the transaction has id %q", info.begun, info.xid, xid)
+		if !info.Begun || info.XID == "" || info.XID != xid {
+			t.Fatalf("begun %v with id %q; the transaction has id %q", info.Begun, info.XID, xid)
 		}
 		ctx := context.Background()
 		for range 3 {

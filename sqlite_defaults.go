@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/retry"
 )
 
 // sqliteDefaults sets on a new SQLite connection what lockhooks relies on,
@@ -117,7 +118,7 @@ func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
 		return fmt.Errorf("lockhooks: gave up switching a new SQLite connection to WAL after %v waiting for another connection's switch: %w",
 			time.Since(start).Round(time.Millisecond), context.Cause(ctx))
 	}
-	backoff := retryConfig{base: walRetryBase, cap: walRetryCap}
+	backoff := retry.Backoff{Base: walRetryBase, Cap: walRetryCap}
 	for attempt := 1; ; attempt++ {
 		_, err := pragmaValue(ctx, inner, "PRAGMA journal_mode = WAL")
 		if err == nil {
@@ -130,7 +131,7 @@ func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
 		if code, ok := dberr.SQLiteCode(err); !ok || code&0xff != dberr.SQLiteBusy {
 			return fmt.Errorf("lockhooks: PRAGMA journal_mode = WAL on a new SQLite connection failed: %w; set the pragma yourself in the DSN (for example _pragma=journal_mode(delete)) and lockhooks leaves it alone", err)
 		}
-		wait := backoff.backoff(attempt)
+		wait := backoff.After(attempt)
 		left := budget - time.Since(start)
 		if left <= 0 {
 			return fmt.Errorf("lockhooks: PRAGMA journal_mode = WAL on a new SQLite connection still met SQLITE_BUSY after %d attempt%s in %v (the busy timeout is %v): another connection or process holds the database file's lock; raise the busy timeout (lockhooks.WithBusyTimeout, or the DSN's busy_timeout), or switch the file to WAL once before opening it from many connections: %w",

@@ -1,0 +1,21 @@
+// Package retry holds RunInTx's machinery outside database/sql: its
+// configuration and defaults ([Config], [Defaults]), the jittered backoff
+// between attempts ([Backoff]), which errors another attempt may not meet
+// ([Config.Retryable], [Transient]), and what a failed COMMIT means
+// ([Config.CommitFailed]): one that the server rejected, one cut off
+// before it could be sent, and one whose reply was lost, which is resolved
+// by asking the server about the transaction's id (pg_xact_status) over a
+// small interface ([Server]) on another connection. The id itself is
+// learnt at BEGIN by the wrapped connection, which reads the attempt's
+// [CommitInfo] from BeginTx's context ([InfoOf]).
+//
+// The loop over *sql.Tx (BeginTx, fn, Commit, Rollback), the exported
+// options and the error that reports the attempts stay with RunInTx in the
+// root package.
+//
+// State: none of its own; a [Config] is one call's value, a [CommitInfo]
+// one attempt's.
+//
+// Imports: internal/dberr only, of this module (and not database/sql or
+// its driver package: the root runs the statements).
+package retry
