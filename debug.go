@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
@@ -87,7 +88,7 @@ func (h *debugHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if q.Get("format") == "json" {
 		var v any
-		hq, isPage, err := parseHeldQuery(q, len(h.dbs))
+		hq, isPage, err := debugpage.ParseQuery(q, len(h.dbs))
 		switch {
 		case err != nil:
 			http.Error(w, err.Error(), http.StatusBadRequest)
@@ -120,7 +121,7 @@ func (h *debugHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	nonce := newNonce()
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; script-src 'nonce-"+nonce+"'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := renderDebugHTML(w, report, refresh, nonce); err != nil {
+	if err := debugpage.Render(w, report, refresh, nonce); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 	}
 }
@@ -169,102 +170,14 @@ func (h *debugHandler) resolve(ctx context.Context, i int) (*connector, error) {
 	return c, nil
 }
 
-// debugReport is the page's data, and the JSON of ?format=json.
-type debugReport struct {
-	Generated time.Time       `json:"generated"`
-	Databases []debugDatabase `json:"databases"`
-}
-
-// debugDatabase is what one database shows.
-type debugDatabase struct {
-	Index   int      `json:"index"`
-	Dialect string   `json:"dialect,omitempty"`
-	Pool    string   `json:"pool,omitempty"`  // its pool name (WithPoolName), as holders name it
-	Error   string   `json:"error,omitempty"` // the database could not be shown
-	Notes   []string `json:"notes,omitempty"` // what could not be read this time
-	// Held: the top rows of each group of held locks (HeldGroups), the
-	// locks others wait for first, then the oldest; HeldTotal counts all.
-	Held         []debugHeld      `json:"held"`
-	HeldGroups   []debugHeldGroup `json:"held_groups"`
-	HeldTotal    int              `json:"held_total"`
-	Waiters      []debugWaiter    `json:"waiters"`       // the oldest waits in progress, at most debugMaxWaiters
-	WaitersTotal int              `json:"waiters_total"` // all waits in progress
-	Graph        debugGraph       `json:"graph"`
-	Events       []debugEvent     `json:"events"`
-	Counters     map[string]int64 `json:"counters"`
-}
-
-// debugHeld is one held lock.
-type debugHeld struct {
-	Kind        string    `json:"kind"`  // advisory | lockset | sqlite_writer
-	Mode        string    `json:"mode"`  // exclusive | shared
-	Scope       string    `json:"scope"` // session | transaction
-	Namespace   string    `json:"namespace,omitempty"`
-	Key         string    `json:"key"`                    // the lockset id, or the advisory key
-	AdvisoryKey string    `json:"advisory_key,omitempty"` // Lock on Postgres: the advisory key it took for the id
-	Name        string    `json:"name,omitempty"`         // the name LockID made the key from
-	Conn        uint64    `json:"conn"`
-	PID         int32     `json:"pid,omitempty"`
-	State       string    `json:"state"` // in use | parked
-	Since       time.Time `json:"since,omitzero"`
-	HeldSeconds float64   `json:"held_seconds,omitempty"`
-	Site        string    `json:"site,omitempty"` // where it was taken
-	Statement   string    `json:"statement,omitempty"`
-	Count       int       `json:"count"`             // re-entrant acquisitions
-	Waiters     int       `json:"waiters,omitempty"` // waits in progress for it
-}
-
-// debugWaiter is one wait in progress.
-type debugWaiter struct {
-	Kind        string            `json:"kind"` // advisory | row | lockset | sqlite_writer | server
-	Mode        string            `json:"mode,omitempty"`
-	Scope       string            `json:"scope,omitempty"`
-	Namespace   string            `json:"namespace,omitempty"`
-	Keys        string            `json:"keys,omitempty"`
-	Conn        uint64            `json:"conn,omitempty"`
-	PID         int32             `json:"pid,omitempty"`
-	Since       time.Time         `json:"since,omitzero"`
-	WaitSeconds float64           `json:"wait_seconds"`
-	Site        string            `json:"site,omitempty"`      // where the wait was asked for
-	Statement   string            `json:"statement,omitempty"` // statement text, never its arguments
-	WaitEvent   string            `json:"wait_event,omitempty"`
-	Holders     []holders.Holder  `json:"holders"`
-	Blockers    []holders.Blocker `json:"blockers"`
-	QueuedAhead int               `json:"queued_ahead,omitempty"` // backends queued ahead of it on the server (waiting themselves): at most maxQueuedListed are listed
-}
-
-// debugGraph is the wait-for graph: an edge from a waiter to what it
-// waits for.
-type debugGraph struct {
-	Nodes []debugNode `json:"nodes"`
-	Edges []debugEdge `json:"edges"`
-	Cycle bool        `json:"cycle"` // an in-process cycle: these waits end only by timeout
-}
-
-// debugNode is a connection of the database, or a backend outside it.
-type debugNode struct {
-	ID       string `json:"id"` // "conn-N" or "pid-N"
-	Label    string `json:"label"`
-	Detail   string `json:"detail,omitempty"`
-	External bool   `json:"external"`
-}
-
-// debugEdge is one wait-for relation.
-type debugEdge struct {
-	From    string `json:"from"`
-	To      string `json:"to"`
-	Label   string `json:"label"`
-	InCycle bool   `json:"in_cycle"`
-}
-
 // report gathers every database's state.
-func (h *debugHandler) report(ctx context.Context) debugReport {
-	rep := debugReport{Generated: time.Now().UTC()}
+func (h *debugHandler) report(ctx context.Context) debugpage.Report {
+	rep := debugpage.Report{Generated: time.Now().UTC()}
 	for i := range h.dbs {
 		c, err := h.resolve(ctx, i)
 		if err != nil {
-			rep.Databases = append(rep.Databases, debugDatabase{Index: i, Error: err.Error(),
-				Held: []debugHeld{}, HeldGroups: []debugHeldGroup{}, Waiters: []debugWaiter{}, Events: []debugEvent{}, Counters: map[string]int64{}})
+			rep.Databases = append(rep.Databases, debugpage.Database{Index: i, Error: err.Error(),
+				Held: []debugpage.Held{}, HeldGroups: []debugpage.Group{}, Waiters: []debugpage.Waiter{}, Events: []holders.Event{}, Counters: map[string]int64{}})
 			continue
 		}
 		d := c.debugState(ctx, i)
@@ -274,14 +187,14 @@ func (h *debugHandler) report(ctx context.Context) debugReport {
 }
 
 // heldPage gathers one JSON page of one database's held locks.
-func (h *debugHandler) heldPage(ctx context.Context, q *heldQuery) (debugHeldPage, error) {
-	c, err := h.resolve(ctx, q.db)
+func (h *debugHandler) heldPage(ctx context.Context, q *debugpage.Query) (debugpage.HeldPage, error) {
+	c, err := h.resolve(ctx, q.DB)
 	if err != nil {
-		return debugHeldPage{}, err
+		return debugpage.HeldPage{}, err
 	}
 	now := time.Now()
 	_, _, waited := c.waits.listBounded(0)
-	hc := newHeldCollector(q)
+	hc := debugpage.NewCollector(q, newPageNames())
 	c.collectHeld(hc, c.openConns(), waited)
-	return hc.heldPage(now, siteNames{}), nil
+	return hc.Page(now), nil
 }

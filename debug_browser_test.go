@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/testcaps"
 )
 
@@ -273,11 +274,11 @@ func sqliteIncident(t *testing.T, db *sql.DB, h http.Handler) *incident {
 }
 
 // reportOf asks h for its JSON.
-func reportOf(t testing.TB, h http.Handler) debugReport {
+func reportOf(t testing.TB, h http.Handler) debugpage.Report {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/locks?format=json", nil))
-	var rep debugReport
+	var rep debugpage.Report
 	if err := json.Unmarshal(rec.Body.Bytes(), &rep); err != nil {
 		t.Fatalf("%v\n%.2000s", err, rec.Body.String())
 	}
@@ -322,7 +323,7 @@ func TestDebugPageInBrowserSQLiteIncident(t *testing.T) {
 	if strings.Index(page, `id="db-1"`) > strings.Index(page, `id="db-0"`) {
 		t.Error("the busy database is not listed before the quiet one")
 	}
-	if n := strings.Count(page, `<tr class="held-lock"`); n > viewHeldRows {
+	if n := strings.Count(page, `<tr class="held-lock"`); n > debugpage.ViewHeldRows {
 		t.Errorf("%d held rows on the page", n)
 	}
 
@@ -380,7 +381,7 @@ func TestDebugPageInBrowserPostgresNames(t *testing.T) {
 	}()
 
 	h := DebugHandler(e.wrapped) // opened during the incident
-	var rep debugReport
+	var rep debugpage.Report
 	waitFor(t, 15*time.Second, "three waiters, each with its holder named (a connection of the process, or the outside backend)", func() bool {
 		rep = reportOf(t, h)
 		named, outside := 0, 0

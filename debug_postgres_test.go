@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
@@ -41,7 +42,7 @@ func TestDebugHandlerPostgresBlocker(t *testing.T) {
 		done <- err
 	}()
 	rep, body := waitForWaiters(t, srv, 1)
-	var w debugWaiter
+	var w debugpage.Waiter
 	waitFor(t, 10*time.Second, "the blocker on the page", func() bool {
 		rep, body = debugJSON(t, srv)
 		for _, x := range rep.Databases[0].Waiters {
@@ -248,12 +249,12 @@ func TestDebugHandlerPostgresRowWaits(t *testing.T) {
 		_, err := e.wrapped.ExecContext(waitCtx, "UPDATE items SET v = v + $1 WHERE id = 1", 424242)
 		errs <- err
 	}()
-	var row, server debugWaiter
-	var rep debugReport // one report for every check below: holders and edges of one moment
+	var row, server debugpage.Waiter
+	var rep debugpage.Report // one report for every check below: holders and edges of one moment
 	var body string
 	waitFor(t, 10*time.Second, "both waiters with their blockers", func() bool {
 		rep, body = debugJSON(t, srv)
-		row, server = debugWaiter{}, debugWaiter{}
+		row, server = debugpage.Waiter{}, debugpage.Waiter{}
 		for _, w := range rep.Databases[0].Waiters {
 			switch {
 			case w.Kind == "row" && len(w.Holders) > 0:
@@ -269,7 +270,7 @@ func TestDebugHandlerPostgresRowWaits(t *testing.T) {
 	// transaction that locked the row first is named with where it began.
 	// (Which waiter queues behind which is the server's choice.)
 	var root holders.Holder
-	for _, w := range []debugWaiter{row, server} {
+	for _, w := range []debugpage.Waiter{row, server} {
 		if len(w.Blockers) != 0 {
 			t.Errorf("waiter with outside blockers: %+v", w)
 		}

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/debugpage"
 )
 
 // scaleHeld is how many lockset ids the scale test holds: issue 21's
@@ -117,7 +119,7 @@ func TestDebugPageBoundedAtScale(t *testing.T) {
 		}
 	}
 	d := reportOf(t, h).Databases[0]
-	if d.HeldTotal != n || len(d.Held) != debugRowsPerGroup || len(d.HeldGroups) != 1 || d.HeldGroups[0].Count != n ||
+	if d.HeldTotal != n || len(d.Held) != debugpage.RowsPerGroup || len(d.HeldGroups) != 1 || d.HeldGroups[0].Count != n ||
 		len(d.HeldGroups[0].Holders) != 1 || d.HeldGroups[0].Holders[0].Count != n {
 		t.Fatalf("held: total %d, %d rows, groups %+v", d.HeldTotal, len(d.Held), d.HeldGroups)
 	}
@@ -133,11 +135,11 @@ func TestDebugHeldPages(t *testing.T) {
 	const n = 12_000
 	h := heldAtScale(t, db, n)
 	d := reportOf(t, h).Databases[0]
-	next, seen, pages := d.HeldGroups[0].Pages+"&limit="+strconv.Itoa(debugPageLimit), 0, 0
+	next, seen, pages := d.HeldGroups[0].Pages+"&limit="+strconv.Itoa(debugpage.PageLimit), 0, 0
 	for next != "" {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/locks"+next, nil))
-		var p debugHeldPage
+		var p debugpage.HeldPage
 		if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
 			t.Fatalf("%s: %v\n%.500s", next, err, rec.Body.String())
 		}
@@ -151,7 +153,7 @@ func TestDebugHeldPages(t *testing.T) {
 			seen++
 		}
 		next, pages = p.Next, pages+1
-		if pages > n/debugPageLimit+1 {
+		if pages > n/debugpage.PageLimit+1 {
 			t.Fatal("the pages do not end")
 		}
 	}

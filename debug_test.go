@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/debugpage"
 )
 
 // getDebug fetches url and returns the body, failing on a non-200.
@@ -35,10 +36,10 @@ func getDebug(t testing.TB, url string) string {
 }
 
 // debugJSON fetches the page's JSON.
-func debugJSON(t testing.TB, srv *httptest.Server) (debugReport, string) {
+func debugJSON(t testing.TB, srv *httptest.Server) (debugpage.Report, string) {
 	t.Helper()
 	body := getDebug(t, srv.URL+"?format=json")
-	var rep debugReport
+	var rep debugpage.Report
 	if err := json.Unmarshal([]byte(body), &rep); err != nil {
 		t.Fatalf("%v\n%s", err, body)
 	}
@@ -46,9 +47,9 @@ func debugJSON(t testing.TB, srv *httptest.Server) (debugReport, string) {
 }
 
 // waitForWaiters polls the JSON until database 0 shows n waiters.
-func waitForWaiters(t testing.TB, srv *httptest.Server, n int) (debugReport, string) {
+func waitForWaiters(t testing.TB, srv *httptest.Server, n int) (debugpage.Report, string) {
 	t.Helper()
-	var rep debugReport
+	var rep debugpage.Report
 	var body string
 	waitFor(t, 10*time.Second, fmt.Sprintf("%d waiters on the debug page", n), func() bool {
 		rep, body = debugJSON(t, srv)
@@ -101,7 +102,7 @@ func TestDebugHandlerSQLiteJSON(t *testing.T) {
 	if len(w.Holders) != 1 || w.Holders[0].Conn != holder.id || w.Holders[0].Site != h.Site {
 		t.Errorf("waiter's holders: %+v", w.Holders)
 	}
-	want := debugEdge{From: fmt.Sprintf("conn-%d", w.Conn), To: fmt.Sprintf("conn-%d", holder.id)}
+	want := debugpage.Edge{From: fmt.Sprintf("conn-%d", w.Conn), To: fmt.Sprintf("conn-%d", holder.id)}
 	if len(d.Graph.Edges) != 1 || d.Graph.Edges[0].From != want.From || d.Graph.Edges[0].To != want.To || d.Graph.Cycle {
 		t.Errorf("graph: %+v, want the edge %s -> %s", d.Graph, want.From, want.To)
 	}
@@ -224,8 +225,8 @@ func TestDebugHandlerBoundedEvents(t *testing.T) {
 		t.Errorf("counter %d, want %d", got, n)
 	}
 	page := getDebug(t, srv.URL)
-	if got := strings.Count(page, `<tr class="event">`); got != viewEvents || !strings.Contains(page, fmt.Sprintf("and %d older events", eventCapacity-viewEvents)) {
-		t.Errorf("the page shows %d events, want the last %d and a count of the others", got, viewEvents)
+	if got := strings.Count(page, `<tr class="event">`); got != debugpage.ViewEvents || !strings.Contains(page, fmt.Sprintf("and %d older events", eventCapacity-debugpage.ViewEvents)) {
+		t.Errorf("the page shows %d events, want the last %d and a count of the others", got, debugpage.ViewEvents)
 	}
 	if i, j := strings.Index(page, fmt.Sprintf("event %d", n-1)), strings.Index(page, fmt.Sprintf("event %d", n-2)); i < 0 || j < 0 || i > j {
 		t.Error("the page does not show the newest event first")

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // Kinds of the events kept for the debug page ([DebugHandler]).
@@ -32,20 +34,13 @@ const (
 // eventCapacity bounds the events one database keeps.
 const eventCapacity = 256
 
-// debugEvent is one thing that happened to a database's locks.
-type debugEvent struct {
-	Time    time.Time `json:"time"`
-	Kind    string    `json:"kind"`
-	Message string    `json:"message"`
-}
-
 // eventRing keeps the last events of one database and counts every event
 // and counter by kind since the database was opened. It is written on
 // rare paths only (losses, reroutes, refusals, failures), never on a
 // lock's fast path.
 type eventRing struct {
 	mu     sync.Mutex
-	buf    []debugEvent // len ≤ capacity; next is the oldest once full
+	buf    []holders.Event // len ≤ capacity; next is the oldest once full
 	next   int
 	cap    int
 	counts map[string]int64
@@ -60,7 +55,7 @@ func (r *eventRing) add(kind, message string) {
 	if r == nil {
 		return
 	}
-	e := debugEvent{Time: time.Now(), Kind: kind, Message: message}
+	e := holders.Event{Time: time.Now(), Kind: kind, Message: message}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.counts[kind]++
@@ -83,10 +78,10 @@ func (r *eventRing) count(name string, n int64) {
 }
 
 // snapshot returns the events, oldest first, and the counts.
-func (r *eventRing) snapshot() ([]debugEvent, map[string]int64) {
+func (r *eventRing) snapshot() ([]holders.Event, map[string]int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	events := make([]debugEvent, 0, len(r.buf))
+	events := make([]holders.Event, 0, len(r.buf))
 	events = append(events, r.buf[r.next:]...)
 	events = append(events, r.buf[:r.next]...)
 	counts := make(map[string]int64, len(r.counts))

@@ -60,3 +60,7 @@ func connHolder(oc *conn) holders.Holder {
 	}
 	return holders.Holder{Database: oc.connector.pool, Conn: oc.id, PID: oc.shownPID()}
 }
+
+// truncate shortens s to at most n bytes, on a rune boundary
+// (holders.Truncate).
+func truncate(s string, n int) string { return holders.Truncate(s, n) }

@@ -16,6 +16,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
@@ -114,7 +115,7 @@ func testHolderInAnotherDatabaseIsNamed(t *testing.T, pooler bool, opts ...Optio
 	}
 
 	// The page shows the holder with its database.
-	var w debugWaiter
+	var w debugpage.Waiter
 	waitFor(t, 10*time.Second, "the waiter on the page", func() bool {
 		rep, _ := debugJSON(t, srv)
 		for _, x := range rep.Databases[0].Waiters {

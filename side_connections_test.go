@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -217,8 +218,8 @@ func noAdvisoryLocksLeftRaw(t testing.TB, raw *sql.DB) {
 
 // loadDebugJSON fetches the page's JSON, for goroutines other than the
 // test's.
-func loadDebugJSON(url string) (debugReport, error) {
-	var rep debugReport
+func loadDebugJSON(url string) (debugpage.Report, error) {
+	var rep debugpage.Report
 	resp, err := http.Get(url)
 	if err != nil {
 		return rep, err

@@ -470,19 +470,6 @@ func (v waitView) logArgs() []any {
 	return args
 }
 
-// truncate shortens s to at most n bytes, on a rune boundary.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
-}
-
-func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
-
 // asFloat64 converts the float values drivers return.
 func asFloat64(v driver.Value) float64 {
 	switch x := v.(type) {

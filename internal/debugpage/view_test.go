@@ -1,4 +1,4 @@
-package lockhooks
+package debugpage
 
 import (
 	"fmt"
@@ -16,10 +16,10 @@ import (
 // most viewGraphNodes nodes; the busier database comes first.
 func TestDebugViewSummaryAndGraph(t *testing.T) {
 	now := time.Now()
-	quiet := debugDatabase{Index: 0, Dialect: "postgres", Counters: map[string]int64{}}
-	busy := debugDatabase{Index: 1, Dialect: "sqlite", Counters: map[string]int64{}}
-	waiter := func(conn, holder uint64, key string, secs float64) debugWaiter {
-		return debugWaiter{Kind: "lockset", Namespace: "invoices", Keys: key, Conn: conn, WaitSeconds: secs,
+	quiet := Database{Index: 0, Dialect: "postgres", Counters: map[string]int64{}}
+	busy := Database{Index: 1, Dialect: "sqlite", Counters: map[string]int64{}}
+	waiter := func(conn, holder uint64, key string, secs float64) Waiter {
+		return Waiter{Kind: "lockset", Namespace: "invoices", Keys: key, Conn: conn, WaitSeconds: secs,
 			Since: now.Add(-time.Duration(secs * float64(time.Second))), Site: "app/pay.go:12",
 			Holders: []holders.Holder{{Conn: holder, Site: "app/batch.go:40", Since: now.Add(-time.Minute)}}}
 	}
@@ -33,8 +33,8 @@ func TestDebugViewSummaryAndGraph(t *testing.T) {
 		busy.Waiters = append(busy.Waiters, waiter(uint64(1000+i), uint64(2000+i), "z", 1))
 	}
 	busy.WaitersTotal = len(busy.Waiters)
-	busy.Graph = buildGraph(busy.Waiters, nil, "")
-	v := buildView(debugReport{Generated: now, Databases: []debugDatabase{quiet, busy}}, 0, "n")
+	busy.Graph = GraphOf(busy.Waiters, nil, "")
+	v := buildView(Report{Generated: now, Databases: []Database{quiet, busy}}, 0, "n")
 
 	if len(v.Databases) != 1 || v.Databases[0].Index != 1 || len(v.Quiet) != 1 || v.Summary.Lines[0].Index != 1 {
 		t.Errorf("databases: busy %+v, quiet %d", v.Databases, len(v.Quiet))

@@ -1,4 +1,4 @@
-package lockhooks
+package debugpage
 
 // The page's wait graph: who waits for whom, collapsed so that many waiters
 // of one holder are one node, laid out in columns by depth.
@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // graphView is the wait-for graph as drawn: waiters on the left, what
@@ -57,7 +59,7 @@ const (
 )
 
 // collapseGraph makes the drawn graph of d.Graph.
-func collapseGraph(d *debugDatabase) graphView {
+func collapseGraph(d *Database) graphView {
 	g := graphView{Cycle: d.Graph.Cycle}
 	if len(d.Graph.Edges) == 0 {
 		return g
@@ -70,7 +72,7 @@ func collapseGraph(d *debugDatabase) graphView {
 		}
 	}
 	in := map[string]int{}
-	out := map[string][]debugEdge{}
+	out := map[string][]Edge{}
 	for _, e := range d.Graph.Edges {
 		in[e.To]++
 		out[e.From] = append(out[e.From], e)
@@ -104,7 +106,7 @@ func collapseGraph(d *debugDatabase) graphView {
 		}
 		sort.Strings(ws)
 		nodes[id] = &graphNode{ID: id, Label: strconv.Itoa(len(ws)) + " waiters", Detail: "longest " + formatAge(longest), Group: len(ws),
-			Title: fmt.Sprintf("%d connections wait for %s: %s", len(ws), nodes[holder].Label, truncate(strings.Join(ws, ", "), 300))}
+			Title: fmt.Sprintf("%d connections wait for %s: %s", len(ws), nodes[holder].Label, holders.Truncate(strings.Join(ws, ", "), 300))}
 		g.Grouped += len(ws)
 	}
 	// The edges, merged into their group nodes.
@@ -169,7 +171,7 @@ func collapseGraph(d *debugDatabase) graphView {
 			e.Label = strconv.Itoa(e.count) + "× " + e.Label
 			e.Title = e.Label
 		}
-		e.Label = truncate(withoutKeyNumbers(e.Label), 24)
+		e.Label = holders.Truncate(withoutKeyNumbers(e.Label), 24)
 		g.Edges = append(g.Edges, *e)
 	}
 	layoutGraph(&g, nodes)

@@ -1,4 +1,4 @@
-package lockhooks
+package debugpage
 
 import (
 	"fmt"
@@ -11,11 +11,13 @@ import (
 	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
-// renderDebugHTML writes the debug page. Everything it prints goes through
-// html/template, which escapes it for where it lands (text, attribute,
-// script); keys, namespaces, statements and application names are
-// untrusted. The page's data is the bounded view of rep (debug_view.go).
-func renderDebugHTML(w io.Writer, rep debugReport, refresh time.Duration, nonce string) error {
+// Render writes the debug page of rep, reloading itself every refresh (0:
+// never), its one script allowed by nonce (the Content-Security-Policy's).
+// Everything it prints goes through html/template, which escapes it for
+// where it lands (text, attribute, script); keys, namespaces, statements
+// and application names are untrusted. The page's data is the bounded
+// view of rep (view.go).
+func Render(w io.Writer, rep Report, refresh time.Duration, nonce string) error {
 	return debugTemplate.Execute(w, buildView(rep, refresh, nonce))
 }
 
@@ -67,7 +69,7 @@ var debugTemplate = template.Must(template.New("locks").Funcs(template.FuncMap{
 		}
 		return fmt.Sprintf("transaction %s", formatAge(s))
 	},
-	"short":     func(s string, n int) string { return truncate(s, n) },
+	"short":     func(s string, n int) string { return holders.Truncate(s, n) },
 	"wbr":       breakable,
 	"thousands": thousands,
 	"plural": func(n int, one, many string) string {

@@ -1,4 +1,4 @@
-package lockhooks
+package debugpage
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
-// What the debug page shows, made from a debugReport: a summary for the
+// What the debug page shows, made from a Report: a summary for the
 // whole process first (the longest waits with their holders, then the
 // holders that block the most waiters, then one line per database), then
 // the databases ordered by activity, each with its waits, a collapsed
@@ -20,14 +20,14 @@ import (
 // events and counters. Every list has a bound; what is left out is counted
 // ("and 480 more") and one JSON page away.
 
-// Bounds of the page (the JSON has more; see debug_bounds.go).
+// Bounds of the page (the JSON has more; see collect.go).
 const (
 	viewSummaryWaits   = 10 // longest waits in the summary
 	viewSummaryHolders = 10 // holders in the summary
 	viewWaiters        = 30 // waiters listed per database
-	viewHeldRows       = 60 // held rows per database, shared by its groups
+	ViewHeldRows       = 60 // held rows per database, shared by its groups
 	viewGroups         = 12 // groups of held locks listed per database
-	viewEvents         = 20 // events listed per database
+	ViewEvents         = 20 // events listed per database
 	viewGraphNodes     = 30 // nodes drawn per graph
 	viewCollapseAbove  = 3  // more waiters than this for one holder are drawn as one node
 )
@@ -57,7 +57,7 @@ type summaryView struct {
 // it (same database, holder, kind, namespace and call site).
 type summaryWait struct {
 	DB      *dbView
-	Waiter  debugWaiter
+	Waiter  Waiter
 	What    string
 	Holder  holderRef
 	Others  int // further holders or blockers of the same wait
@@ -95,7 +95,7 @@ type dbView struct {
 	Error        string
 	Notes        []string
 	WaitersTotal int
-	Waiters      []debugWaiter
+	Waiters      []Waiter
 	MoreWaiters  int
 	Longest      float64 // the longest wait, in seconds
 	HeldTotal    int
@@ -104,7 +104,7 @@ type dbView struct {
 	MoreGrouped  int // locks in them
 	Graph        graphView
 	EventsTotal  int
-	Events       []debugEvent // newest first
+	Events       []holders.Event // newest first
 	MoreEvents   int
 	Counters     []counterRow
 }
@@ -113,16 +113,16 @@ type dbView struct {
 // one holder (same connection, call site, mode, scope and state) on one
 // line: a transaction that locked 440 ids is one line, not 440.
 type groupView struct {
-	debugHeldGroup
+	Group
 	Lines []heldLine
 	More  int // locks of the group not listed
 }
 
 // heldLine is one or more held locks of one holder.
 type heldLine struct {
-	First   debugHeld   // the first (most important) lock; its holder's facts
-	Locks   []debugHeld // all the locks listed on the line
-	Waiters int         // waits for them
+	First   Held   // the first (most important) lock; its holder's facts
+	Locks   []Held // all the locks listed on the line
+	Waiters int    // waits for them
 }
 
 // lineKey tells apart the holders of a group's rows.
@@ -132,7 +132,7 @@ type lineKey struct {
 }
 
 // linesOf puts rows on lines, one per holder, in the rows' order.
-func linesOf(rows []debugHeld) []heldLine {
+func linesOf(rows []Held) []heldLine {
 	var lines []heldLine
 	at := map[lineKey]int{}
 	for _, r := range rows {
@@ -156,7 +156,7 @@ type counterRow struct {
 }
 
 // buildView makes the page's data from rep.
-func buildView(rep debugReport, refresh time.Duration, nonce string) debugView {
+func buildView(rep Report, refresh time.Duration, nonce string) debugView {
 	v := debugView{Generated: rep.Generated, RefreshMS: refresh.Milliseconds(), Nonce: nonce}
 	all := make([]dbView, len(rep.Databases))
 	for i := range rep.Databases {
@@ -195,7 +195,7 @@ func moreActive(a, b *dbView) bool {
 }
 
 // dbLabel names a database on the page.
-func dbLabel(d *debugDatabase) string {
+func dbLabel(d *Database) string {
 	s := "database " + strconv.Itoa(d.Index)
 	if d.Dialect != "" {
 		s += " (" + d.Dialect + ")"
@@ -203,12 +203,12 @@ func dbLabel(d *debugDatabase) string {
 	return s
 }
 
-func buildDBView(d *debugDatabase) dbView {
+func buildDBView(d *Database) dbView {
 	v := dbView{Index: d.Index, Pool: d.Pool, Anchor: "db-" + strconv.Itoa(d.Index), Label: dbLabel(d), Error: d.Error, Notes: d.Notes,
 		WaitersTotal: max(d.WaitersTotal, len(d.Waiters)), HeldTotal: max(d.HeldTotal, len(d.Held))}
 
 	// Waiters: the longest first.
-	waiters := append([]debugWaiter{}, d.Waiters...)
+	waiters := append([]Waiter{}, d.Waiters...)
 	sort.SliceStable(waiters, func(i, j int) bool { return waiters[i].WaitSeconds > waiters[j].WaitSeconds })
 	if len(waiters) > 0 {
 		v.Longest = waiters[0].WaitSeconds
@@ -222,12 +222,12 @@ func buildDBView(d *debugDatabase) dbView {
 	// Held locks by group, the rows shared out between the groups listed.
 	groups := d.HeldGroups
 	if len(groups) == 0 && len(d.Held) > 0 { // a report made without groups
-		groups = []debugHeldGroup{{Kind: "held", Count: len(d.Held), Shown: len(d.Held)}}
+		groups = []Group{{Kind: "held", Count: len(d.Held), Shown: len(d.Held)}}
 	}
 	listed := min(len(groups), viewGroups)
-	perGroup := debugRowsPerGroup
+	perGroup := RowsPerGroup
 	if listed > 0 {
-		perGroup = min(debugRowsPerGroup, max(3, viewHeldRows/listed))
+		perGroup = min(RowsPerGroup, max(3, ViewHeldRows/listed))
 	}
 	next := 0
 	for i, g := range groups {
@@ -242,14 +242,14 @@ func buildDBView(d *debugDatabase) dbView {
 		if len(rows) > perGroup {
 			rows = rows[:perGroup]
 		}
-		v.Groups = append(v.Groups, groupView{debugHeldGroup: g, Lines: linesOf(rows), More: g.Count - len(rows)})
+		v.Groups = append(v.Groups, groupView{Group: g, Lines: linesOf(rows), More: g.Count - len(rows)})
 	}
 
 	v.Graph = collapseGraph(d)
 
 	// Events: the newest first.
 	v.EventsTotal = len(d.Events)
-	for i := len(d.Events) - 1; i >= 0 && len(v.Events) < viewEvents; i-- {
+	for i := len(d.Events) - 1; i >= 0 && len(v.Events) < ViewEvents; i-- {
 		v.Events = append(v.Events, d.Events[i])
 	}
 	v.MoreEvents = len(d.Events) - len(v.Events)
@@ -262,7 +262,7 @@ func buildDBView(d *debugDatabase) dbView {
 
 // buildSummary finds the longest waits and the holders that block the
 // most waiters, over every database.
-func buildSummary(rep debugReport, dbs []dbView) summaryView {
+func buildSummary(rep Report, dbs []dbView) summaryView {
 	var s summaryView
 	byIndex := map[int]*dbView{}
 	for i := range dbs {
@@ -283,7 +283,7 @@ func buildSummary(rep debugReport, dbs []dbView) summaryView {
 		if dv == nil {
 			continue
 		}
-		waiters := append([]debugWaiter{}, d.Waiters...)
+		waiters := append([]Waiter{}, d.Waiters...)
 		sort.SliceStable(waiters, func(i, j int) bool { return waiters[i].WaitSeconds > waiters[j].WaitSeconds })
 		for j, w := range waiters {
 			refs := holdersOf(w, d.Pool)
@@ -348,7 +348,7 @@ func buildSummary(rep debugReport, dbs []dbView) summaryView {
 // waits for: the holders at the root (connections of lockhooks databases,
 // of this process or another) and the backends nobody identified, then
 // those queued ahead of it.
-func holdersOf(w debugWaiter, pool string) []holderRef {
+func holdersOf(w Waiter, pool string) []holderRef {
 	var roots, queued []holderRef
 	for _, h := range w.Holders {
 		r := holderRef{Known: true, Label: connLabel(h.Conn, h.PID), Site: h.Site, Held: -1, State: h.State, key: "conn-" + strconv.FormatUint(h.Conn, 10)}
@@ -406,21 +406,21 @@ func connLabel(conn uint64, pid int32) string {
 }
 
 // waitWhat says what a waiter waits for, in a few words.
-func waitWhat(w debugWaiter) string {
+func waitWhat(w Waiter) string {
 	switch w.Kind {
 	case "sqlite_writer":
 		return "the SQLite writer lock"
 	case "server":
-		return "a lock on the server: " + truncate(w.Statement, 80)
+		return "a lock on the server: " + holders.Truncate(w.Statement, 80)
 	case "row":
-		return "a row: " + truncate(w.Statement, 80)
+		return "a row: " + holders.Truncate(w.Statement, 80)
 	}
 	s := w.Kind
 	if w.Namespace != "" {
-		s += " " + truncate(w.Namespace, 40) + " /"
+		s += " " + holders.Truncate(w.Namespace, 40) + " /"
 	}
 	if w.Keys != "" {
-		s += " " + truncate(withoutKeyNumbers(w.Keys), 60)
+		s += " " + holders.Truncate(withoutKeyNumbers(w.Keys), 60)
 	}
 	return s
 }

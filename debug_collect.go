@@ -1,0 +1,187 @@
+package lockhooks
+
+// What the page's collector (debugpage.Collector) is fed from the model:
+// the held locks of the lock tables, read under their mutexes, and the
+// waits in progress; and how the page names what it keeps (pageNames).
+
+import (
+	"strings"
+
+	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/debugpage"
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
+)
+
+// collectHeld offers every lock the database holds to hc: Postgres
+// advisory keys per connection (a key Lock made shown as Lock's namespace
+// and id), SQLite's advisory locks and locksets, and the writer lock.
+// waited counts the waits in progress per Postgres advisory key.
+func (c *connector) collectHeld(hc *debugpage.Collector, conns []*conn, waited map[lockKey]int) {
+	var cand debugpage.Candidate
+	if c.pins != nil {
+		for _, oc := range conns {
+			if hc.Full() {
+				break
+			}
+			oc.pin.mu.Lock()
+			state := "in use"
+			if oc.pin.parked {
+				state = "parked"
+			}
+			pid := oc.lockPID()
+			if oc.holderPID.Load() != 0 {
+				state += ", pooler holder"
+			}
+			for k, l := range oc.pin.held {
+				cand = debugpage.Candidate{Mode: modeOf(k), Scope: "session", Conn: oc.id, PID: pid, State: state,
+					Since: l.since, Site: l.site, Count: l.count, Waiters: waited[k.exclusive()]}
+				advisoryCandidate(&cand, k.exclusive())
+				hc.Offer(&cand)
+			}
+			for k, n := range oc.pin.xact {
+				if hc.Full() {
+					break
+				}
+				cand = debugpage.Candidate{Mode: modeOf(k), Scope: "transaction", Conn: oc.id, PID: pid, State: state,
+					Since: oc.pin.xactSince, Site: oc.pin.xactSite, Stack: &oc.pin.xactPCs, Count: n, Waiters: waited[k.exclusive()]}
+				advisoryCandidate(&cand, k.exclusive())
+				hc.Offer(&cand)
+			}
+			oc.pin.mu.Unlock()
+		}
+	}
+	c.named.eachHeld(func(key int64, e *sqlitelock.Hold[lockTaker]) bool {
+		cand = debugpage.Candidate{Kind: "advisory", Mode: "exclusive", Scope: "session", State: "in use", Key: debugpage.Key{K1: key}, Advisory: true,
+			Since: e.Since(), Stack: e.Site(), Count: e.Count(), Waiters: e.Waiters()}
+		ownerOf(&cand, e.Owner())
+		hc.Offer(&cand)
+		return !hc.Full()
+	})
+	c.locksets.eachHeld(func(key locksetKey, e *sqlitelock.Hold[lockTaker]) bool {
+		cand = debugpage.Candidate{Kind: "lockset", Mode: "exclusive", Scope: "transaction", State: "in use", Namespace: key.namespace, ID: key.id,
+			Since: e.Since(), Stack: e.Site(), Count: e.Count(), Waiters: e.Waiters()}
+		ownerOf(&cand, e.Owner())
+		hc.Offer(&cand)
+		return !hc.Full()
+	})
+	if wh, ok := c.writer.holder(); ok {
+		cand = debugpage.Candidate{Kind: "sqlite_writer", Mode: "exclusive", Scope: "transaction", State: "in use",
+			Since: wh.Since, Count: 1, Waiters: c.writer.waiting()}
+		if wh.Stmt != "" {
+			cand.Scope, cand.Statement = "statement", wh.Stmt
+		} else {
+			cand.Site = wh.location()
+		}
+		ownerOf(&cand, wh.Owner)
+		hc.Offer(&cand)
+	}
+}
+
+// ownerOf fills the connection of a held lock's owner.
+func ownerOf(c *debugpage.Candidate, owner any) {
+	if oc := ownerConn(owner); oc != nil {
+		c.Conn, c.PID = oc.id, oc.pid.Load()
+	}
+}
+
+func modeOf(k lockKey) string {
+	if k.Shared {
+		return "shared"
+	}
+	return "exclusive"
+}
+
+// advisoryCandidate fills the key fields of a Postgres advisory key: a key
+// made by Lock is shown as Lock's namespace and id. It reads the name
+// memory without allocating.
+func advisoryCandidate(c *debugpage.Candidate, k lockKey) {
+	c.Key, c.Advisory, c.Kind, c.Namespace, c.ID = debugpage.Key(k), true, "advisory", "", ""
+	if k.Pair {
+		return
+	}
+	if name, ok := keyNames.lookup(k.K1); ok {
+		if i := strings.IndexByte(name, 0); i >= 0 && validCanonicalID(name[i+1:]) {
+			c.Kind, c.Namespace, c.ID = "lockset", name[:i], name[i+1:]
+		}
+	}
+}
+
+// siteNames symbolises call sites once per page load: the waiters of one
+// hot lock were mostly asked for at the same place.
+type siteNames map[callsite.Stack]string
+
+func (s siteNames) of(c *callsite.Stack) string {
+	if !c.Recorded() {
+		return "unknown"
+	}
+	if name, ok := s[*c]; ok {
+		return name
+	}
+	name := c.String()
+	s[*c] = name
+	return name
+}
+
+// eachHeld calls fn for each held key under the table's mutex, until fn
+// returns false: fn must be quick and must not take other locks.
+func (t *lockTable[K]) eachHeld(fn func(key K, e *sqlitelock.Hold[lockTaker]) bool) {
+	t.core.EachHeld(fn)
+}
+
+// listBounded returns the first n waits in progress (the oldest), how many
+// there are in all, and how many of them wait for each Postgres advisory
+// key.
+func (ww *waitWatch) listBounded(n int) ([]waitView, int, map[lockKey]int) {
+	if ww == nil {
+		return nil, 0, nil
+	}
+	var out []waitView
+	total := 0
+	var keys map[lockKey]int
+	ww.mu.Lock()
+	for w := ww.head; w != nil; w = w.next {
+		total++
+		if len(out) < n {
+			out = append(out, viewLocked(w))
+		}
+		for _, k := range w.advKeys {
+			if keys == nil {
+				keys = map[lockKey]int{}
+			}
+			keys[k.exclusive()]++
+		}
+	}
+	ww.mu.Unlock()
+	for i := range out {
+		out[i].symbolise()
+	}
+	return out, total, keys
+}
+
+// pageNames names the rows a page load keeps (debugpage.Names): call
+// sites symbolised once per load, lockset ids and advisory keys as the
+// rest of lockhooks shows them.
+type pageNames struct{ sites siteNames }
+
+func newPageNames() pageNames { return pageNames{sites: siteNames{}} }
+
+func (n pageNames) Site(s *callsite.Stack) string { return n.sites.of(s) }
+
+func (pageNames) ID(cid string) string { return describeID(cid) }
+
+func (pageNames) StringID(cid string) (string, bool) {
+	if cid != "" && cid[0] == tagString {
+		return cid[1:], true
+	}
+	return "", false
+}
+
+func (pageNames) KeyNumber(k debugpage.Key) string { return lockKey(k).number() }
+
+func (pageNames) KeyName(k1 int64) (string, bool) {
+	o, ok := originOf(k1)
+	if !ok {
+		return "", false
+	}
+	return o.label(), true
+}
