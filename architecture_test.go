@@ -36,7 +36,7 @@ var importRules = map[string]packageRule{
 	"internal/sqlitelock": {core: true, pure: true, may: []string{"internal/callsite"}},
 	"internal/pgsession":  {core: true, may: []string{"internal/advisorykey"}},
 	"internal/retry":      {core: true, pure: true, may: []string{"internal/dberr"}},
-	"internal/debugpage":  {core: true, pure: true, may: []string{"internal/holders", "internal/callsite"}},
+	"internal/debugpage":  {core: true, pure: true, may: []string{"internal/holders", "internal/advisorykey", "internal/callsite"}},
 
 	// Driver plumbing shared by the root and its driver subpackages.
 	"internal/driverext": {},

@@ -7,6 +7,7 @@ package lockhooks
 import (
 	"strings"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
@@ -51,7 +52,7 @@ func (c *connector) collectHeld(hc *debugpage.Collector, conns []*conn, waited m
 		}
 	}
 	c.named.eachHeld(func(key int64, e *sqlitelock.Hold[lockTaker]) bool {
-		cand = debugpage.Candidate{Kind: "advisory", Mode: "exclusive", Scope: "session", State: "in use", Key: debugpage.Key{K1: key}, Advisory: true,
+		cand = debugpage.Candidate{Kind: "advisory", Mode: "exclusive", Scope: "session", State: "in use", Key: advisorykey.Key{K1: key}, Advisory: true,
 			Since: e.Since(), Stack: e.Site(), Count: e.Count(), Waiters: e.Waiters()}
 		ownerOf(&cand, e.Owner())
 		hc.Offer(&cand)
@@ -95,7 +96,7 @@ func modeOf(k lockKey) string {
 // made by Lock is shown as Lock's namespace and id. It reads the name
 // memory without allocating.
 func advisoryCandidate(c *debugpage.Candidate, k lockKey) {
-	c.Key, c.Advisory, c.Kind, c.Namespace, c.ID = debugpage.Key(k), true, "advisory", "", ""
+	c.Key, c.Advisory, c.Kind, c.Namespace, c.ID = advisorykey.Key(k), true, "advisory", "", ""
 	if k.Pair {
 		return
 	}
@@ -175,8 +176,6 @@ func (pageNames) StringID(cid string) (string, bool) {
 	}
 	return "", false
 }
-
-func (pageNames) KeyNumber(k debugpage.Key) string { return lockKey(k).number() }
 
 func (pageNames) KeyName(k1 int64) (string, bool) {
 	o, ok := originOf(k1)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/holders"
 )
@@ -38,8 +39,8 @@ const (
 type Candidate struct {
 	Kind, Mode, Scope, State string
 	Namespace                string
-	ID                       string // the lockset id, canonical ("" for an advisory key)
-	Key                      Key    // the Postgres advisory key (Advisory true)
+	ID                       string          // the lockset id, canonical ("" for an advisory key)
+	Key                      advisorykey.Key // the Postgres advisory key (Advisory true)
 	Advisory                 bool
 	Conn                     uint64
 	PID                      int32
@@ -49,16 +50,6 @@ type Candidate struct {
 	Statement                string
 	Count                    int
 	Waiters                  int // waits in progress for this lock
-}
-
-// Key is a Postgres advisory key as the page orders it: a bigint key
-// (K1), or a pair of int4 keys (Pair), shared or exclusive. Its fields are
-// those of the model's key value, which converts to it as it is.
-type Key struct {
-	Pair   bool  // a pair of int4 keys, not one bigint
-	K1     int64 // the bigint key, or the first int4 key
-	K2     int64 // the second int4 key
-	Shared bool  // shared mode, not exclusive
 }
 
 // Names is what the page asks of the caller to show the rows it keeps
@@ -74,8 +65,6 @@ type Names interface {
 	// string (ordered with its digit runs as numbers); ok is false for an
 	// id of another type.
 	StringID(cid string) (text string, ok bool)
-	// KeyNumber is an advisory key's number, as Postgres shows it.
-	KeyNumber(k Key) string
 	// KeyName returns the name a bigint advisory key was made from, when
 	// it is known.
 	KeyName(k1 int64) (name string, ok bool)
@@ -398,10 +387,10 @@ func (c *keptHeld) row(now time.Time, names Names) Held {
 	case c.ID != "":
 		h.Key = names.ID(c.ID)
 		if c.Advisory {
-			h.AdvisoryKey = names.KeyNumber(c.Key) // Lock on Postgres
+			h.AdvisoryKey = c.Key.Number() // Lock on Postgres
 		}
 	case c.Advisory:
-		h.Key = names.KeyNumber(c.Key)
+		h.Key = c.Key.Number()
 		if !c.Key.Pair {
 			if name, ok := names.KeyName(c.Key.K1); ok {
 				h.Name = name

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/callsite"
 )
 
@@ -23,7 +24,6 @@ func (testNames) StringID(cid string) (string, bool) {
 	}
 	return "", false
 }
-func (testNames) KeyNumber(k Key) string { return strconv.FormatInt(k.K1, 10) }
 func (testNames) KeyName(k1 int64) (string, bool) {
 	return "name " + strconv.FormatInt(k1, 10), k1%2 == 0
 }
@@ -83,7 +83,7 @@ func TestCollectorRowsAndPages(t *testing.T) {
 		cands = append(cands, Candidate{Kind: "lockset", Namespace: "inv", ID: "sid-" + strconv.Itoa(99-i), Conn: uint64(1 + i%3),
 			Since: now.Add(-time.Duration(i) * time.Second), Count: 1, Waiters: boolInt(i == 50)})
 	}
-	cands = append(cands, Candidate{Kind: "advisory", Key: Key{K1: 4}, Advisory: true, Conn: 9, Count: 1})
+	cands = append(cands, Candidate{Kind: "advisory", Key: advisorykey.Key{K1: 4}, Advisory: true, Conn: 9, Count: 1})
 
 	hc := NewCollector(nil, testNames{})
 	for i := range cands {

@@ -20,6 +20,7 @@
 // State: none; a Collector lives for one page load.
 //
 // Imports: internal/holders (the model's values: holders, blockers,
-// events) and internal/callsite (the stacks of the rows kept, named
-// lazily); nothing else of lockhooks'.
+// events), internal/advisorykey (the model's key value, its number as
+// Postgres shows it) and internal/callsite (the stacks of the rows kept,
+// named lazily); nothing else of lockhooks'.
 package debugpage
