@@ -55,7 +55,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 	shown := map[*conn]bool{}
 	for _, v := range waits {
 		wt := debugpage.Waiter{Kind: v.kind, Mode: v.mode, Scope: v.scope, Namespace: v.namespace, Keys: v.keys,
-			Since: v.start, WaitSeconds: debugpage.SecondsSince(now, v.start), Site: v.site, Statement: truncate(v.query, 500),
+			Since: v.start, WaitSeconds: debugpage.SecondsSince(now, v.start), Site: v.site, Statement: holders.Truncate(v.query, 500),
 			Holders: c.inProcessHolders(v, edges), Blockers: []holders.Blocker{}}
 		if v.conn != nil {
 			wt.Conn, wt.PID = v.conn.id, v.conn.pid.Load()
@@ -85,7 +85,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 			}
 			found := &blockage{holders: []holders.Holder{}, blockers: []holders.Blocker{}, at: now}
 			found.add(b.blockers, nil)
-			w := debugpage.Waiter{Kind: "server", Conn: oc.id, PID: b.pid, Statement: truncate(b.query, 500),
+			w := debugpage.Waiter{Kind: "server", Conn: oc.id, PID: b.pid, Statement: holders.Truncate(b.query, 500),
 				WaitEvent: b.waitEvent, Holders: found.holders, Blockers: found.blockers, QueuedAhead: b.queuedAhead}
 			if b.waitSeconds >= 0 {
 				w.WaitSeconds = math.Round(b.waitSeconds*1000) / 1000

@@ -31,7 +31,7 @@ import (
 func holderSpanAttrs(h holders.Holder) []attribute.KeyValue {
 	site := h.Site
 	if site == "" && h.Running && h.Statement != "" {
-		site = "statement " + strconv.Quote(truncate(h.Statement, 120))
+		site = "statement " + strconv.Quote(holders.Truncate(h.Statement, 120))
 	}
 	attrs := []attribute.KeyValue{AttrHolderSite.String(site)}
 	if !h.Since.IsZero() {
@@ -60,7 +60,3 @@ func connHolder(oc *conn) holders.Holder {
 	}
 	return holders.Holder{Database: oc.connector.pool, Conn: oc.id, PID: oc.shownPID()}
 }
-
-// truncate shortens s to at most n bytes, on a rune boundary
-// (holders.Truncate).
-func truncate(s string, n int) string { return holders.Truncate(s, n) }

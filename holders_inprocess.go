@@ -310,7 +310,7 @@ func (h *writerHolder) location() string {
 // describeWriter returns the statement, or symbolises the call site.
 func describeWriter(stmt string, site *callsite.Stack) string {
 	if stmt != "" {
-		return "statement " + strconv.Quote(truncate(stmt, 120))
+		return "statement " + strconv.Quote(holders.Truncate(stmt, 120))
 	}
 	return site.String()
 }

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // Names of advisory-lock keys. An advisory key is a number; the name it
@@ -42,7 +44,7 @@ type nameMemory struct {
 // remember records that key k was made from name.
 func (m *nameMemory) remember(k int64, name string) {
 	if len(name) > keyNameMaxLen {
-		name = truncate(name, keyNameMaxLen)
+		name = holders.Truncate(name, keyNameMaxLen)
 	}
 	m.mu.RLock()
 	known, ok := m.cur[k]

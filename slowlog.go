@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // defaultSlowLockLog is WithSlowLockLog's default threshold.
@@ -456,7 +457,7 @@ func (v waitView) logArgs() []any {
 		args = append(args, "keys", v.keys)
 	}
 	if v.query != "" {
-		args = append(args, "statement", truncate(v.query, 200))
+		args = append(args, "statement", holders.Truncate(v.query, 200))
 	}
 	if v.conn != nil {
 		args = append(args, "database", v.conn.connector.pool, "connection", v.conn.id)

@@ -279,7 +279,7 @@ func (b *blockage) eventAttrs(pid int32) []attribute.KeyValue {
 			start = b.at.Add(-time.Duration(x.XactSeconds * float64(time.Second))).UTC().Format(time.RFC3339Nano)
 		}
 		pids, states, starts = append(pids, int64(x.PID)), append(states, x.State), append(starts, start)
-		queries, apps = append(queries, truncate(x.Query, 200)), append(apps, x.ApplicationName)
+		queries, apps = append(queries, holders.Truncate(x.Query, 200)), append(apps, x.ApplicationName)
 	}
 	attrs := []attribute.KeyValue{
 		AttrBackendPID.Int64(int64(pid)),
