@@ -17,30 +17,6 @@ import (
 	"modernc.org/sqlite"
 )
 
-// openPG opens a fresh Postgres database through sql.Open("lockhooks+pgx").
-func openPG(t testing.TB, opts ...Option) *sql.DB {
-	t.Helper()
-	dsn := pgtest.DSN(t)
-	var db *sql.DB
-	if len(opts) == 0 {
-		name, err := Register("pgx")
-		if err != nil {
-			t.Fatal(err)
-		}
-		db, err = sql.Open(name, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		var err error
-		if db, err = Open("pgx", dsn, opts...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
 // openSQLite opens a fresh SQLite file through the wrapped modernc driver.
 func openSQLite(t testing.TB, opts ...Option) *sql.DB {
 	t.Helper()
@@ -160,15 +136,6 @@ func exerciseCRUD(t *testing.T, db *sql.DB, d Dialect) {
 	}
 	if got := countRows(t, db, "items"); got != 5 {
 		t.Fatalf("%d rows after a cancelled statement, want 5", got)
-	}
-}
-
-func mustExec(t testing.TB, db interface {
-	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}, query string, args ...any) {
-	t.Helper()
-	if _, err := db.ExecContext(context.Background(), query, args...); err != nil {
-		t.Fatalf("%s: %v", query, err)
 	}
 }
 
@@ -362,18 +329,6 @@ func TestCancelledTransactionLeavesNoDeadConnection(t *testing.T) {
 		var n int
 		return db.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n) == nil && n == 0
 	})
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // The backend pid is read once, when the connection opens: the tracking,

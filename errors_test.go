@@ -170,9 +170,9 @@ func TestClassificationModernc(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ca.Close()
-	mustExecConn(t, ca, "BEGIN IMMEDIATE")
+	mustExec(t, ca, "BEGIN IMMEDIATE")
 	_, busy := b.Exec("INSERT INTO t VALUES (2)")
-	mustExecConn(t, ca, "ROLLBACK")
+	mustExec(t, ca, "ROLLBACK")
 
 	tx, err := a.BeginTx(ctx, nil)
 	if err != nil {
@@ -209,13 +209,6 @@ func TestClassificationModernc(t *testing.T) {
 			t.Errorf("%s (%T: %v): deadlock %v, serialization %v, lock not available %v, retryable %v",
 				c.name, c.err, c.err, IsDeadlock(c.err), IsSerializationFailure(c.err), IsLockNotAvailable(c.err), IsRetryable(c.err))
 		}
-	}
-}
-
-func mustExecConn(t *testing.T, c *sql.Conn, q string) {
-	t.Helper()
-	if _, err := c.ExecContext(context.Background(), q); err != nil {
-		t.Fatalf("%s: %v", q, err)
 	}
 }
 

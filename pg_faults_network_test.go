@@ -299,7 +299,7 @@ func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
 	}
 	defer side.Close()
 	other := otherConn(t, raw)
-	mustExecConn(t, other, "SELECT pg_advisory_lock(107)")
+	mustExec(t, other, "SELECT pg_advisory_lock(107)")
 	pid := pidOf(t, other)
 	var incarnation string
 	if err := other.QueryRowContext(ctx, "SELECT "+pgsession.IncarnationExpr).Scan(&incarnation); err != nil {
@@ -347,7 +347,7 @@ func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
 
 	// Another backend, quiet since its last statement: ended.
 	other = otherConn(t, raw)
-	mustExecConn(t, other, "SELECT pg_advisory_lock(107)")
+	mustExec(t, other, "SELECT pg_advisory_lock(107)")
 	pid = pidOf(t, other)
 	if err := other.QueryRowContext(ctx, "SELECT "+pgsession.IncarnationExpr).Scan(&incarnation); err != nil {
 		t.Fatal(err)

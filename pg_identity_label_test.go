@@ -59,8 +59,8 @@ func TestSameHostAndPidIsAnotherProcess(t *testing.T) {
 		return r + 1
 	}, nonce)
 	id := &identity.Holder{Process: otherLabel, Database: w.connector.seq, Conn: w.id, Holds: "lock", Site: "leader/elect.go:42", Since: time.Now()}
-	mustExecConn(t, oc, "SET application_name = '"+id.AppName()+"'")
-	mustExecConn(t, oc, "SELECT pg_advisory_lock(31337)")
+	mustExec(t, oc, "SET application_name = '"+id.AppName()+"'")
+	mustExec(t, oc, "SELECT pg_advisory_lock(31337)")
 
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()

@@ -38,7 +38,7 @@ func TestUndeclaredPoolerLeaksNoApplicationName(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			mustExecConn(t, c, "SELECT pg_advisory_lock(7)")
+			mustExec(t, c, "SELECT pg_advisory_lock(7)")
 			// The guard may or may not have caught the pooler by now; either
 			// way the lock (and the setting) stay on the only server connection.
 			c.ExecContext(ctx, "SELECT 1")

@@ -4,69 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"net/url"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
-
-// here returns file:line of its caller plus delta lines, as lockhooks
-// names call sites.
-func here(delta int) string {
-	_, file, line, _ := runtime.Caller(1)
-	return callsite.ShortFile(file) + ":" + strconv.Itoa(line+delta)
-}
-
-// activity reads a backend's application_name and last statement.
-func activity(t testing.TB, raw *sql.DB, pid int32) (app, query string) {
-	t.Helper()
-	if err := raw.QueryRow("SELECT application_name, query FROM pg_stat_activity WHERE pid = $1", pid).Scan(&app, &query); err != nil {
-		t.Fatalf("pg_stat_activity of backend %d: %v", pid, err)
-	}
-	return app, query
-}
-
-// openRaw opens dsn with pgx, without lockhooks.
-func openRaw(t testing.TB, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
-// withDSNParam returns dsn (a URL, or key=value pairs) with parameter k
-// set to v.
-func withDSNParam(t testing.TB, dsn, k, v string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return dsn + " " + k + "=" + v
-	}
-	q := u.Query()
-	q.Set(k, v)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
-
-// connPID returns the backend pid lockhooks knows for c.
-func connPID(t testing.TB, c *sql.Conn) int32 {
-	t.Helper()
-	var pid int32
-	if err := c.Raw(func(dc any) error { pid = dc.(connCore).state().pid.Load(); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	return pid
-}
 
 // A transaction's BEGIN sets application_name to the transaction's
 // identity for the transaction only: other sessions read who it is and
@@ -254,17 +200,6 @@ func AcquireAdvisoryLockOn(ctx context.Context, c *sql.Conn, key int64) (func(),
 		return nil, err
 	}
 	return func() { c.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", key) }, nil
-}
-
-// openDSN opens dsn through lockhooks; closed when t ends.
-func openDSN(t testing.TB, dsn string, opts ...Option) *sql.DB {
-	t.Helper()
-	db, err := Open("pgx", dsn, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
 }
 
 // lockhooks' own BEGIN honours the options, and its COMMIT never reports
@@ -493,7 +428,7 @@ func sessionLockOutlivesItsTransaction(t *testing.T, raw, db *sql.DB) {
 			t.Fatal(err)
 		}
 		named("database/sql transaction, "+end, site)
-		mustExecConn(t, c, "SELECT pg_advisory_unlock(61)")
+		mustExec(t, c, "SELECT pg_advisory_unlock(61)")
 		unlocked("database/sql transaction, " + end)
 	}
 
@@ -523,12 +458,12 @@ func sessionLockOutlivesItsTransaction(t *testing.T, raw, db *sql.DB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustExecTx(t, tx, "SAVEPOINT b")
+	mustExec(t, tx, "SAVEPOINT b")
 	site = here(1)
 	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_lock(61)"); err != nil {
 		t.Fatal(err)
 	}
-	mustExecTx(t, tx, "ROLLBACK TO SAVEPOINT b")
+	mustExec(t, tx, "ROLLBACK TO SAVEPOINT b")
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -537,16 +472,8 @@ func sessionLockOutlivesItsTransaction(t *testing.T, raw, db *sql.DB) {
 	if err := raw.QueryRow("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $1 AND objid = 61", pid).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("key 61 after the savepoint's rollback: %d rows, %v; want it held", n, err)
 	}
-	mustExecConn(t, c, "SELECT pg_advisory_unlock(61)")
+	mustExec(t, c, "SELECT pg_advisory_unlock(61)")
 	unlocked("lock in a rolled-back savepoint")
-}
-
-// mustExecTx runs q in tx.
-func mustExecTx(t *testing.T, tx *sql.Tx, q string) {
-	t.Helper()
-	if _, err := tx.Exec(q); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
 }
 
 // sql.LevelSnapshot through lockhooks' own BEGIN is what the driver makes

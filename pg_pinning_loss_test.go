@@ -6,7 +6,6 @@ package lockhooks
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"strings"
 	"testing"
@@ -15,23 +14,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
-
-func terminate(t testing.TB, raw *sql.DB, pid int32) {
-	t.Helper()
-	var ok bool
-	if err := raw.QueryRow("SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
-		t.Fatalf("pg_terminate_backend(%d): %v, %v", pid, ok, err)
-	}
-}
-
-func pidOf(t testing.TB, c *sql.Conn) int32 {
-	t.Helper()
-	var pid int32
-	if err := c.QueryRowContext(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	return pid
-}
 
 // The holder's backend is terminated: Lost closes, the next statement on
 // the lock's connection fails with ErrLockLost, the loss is logged and

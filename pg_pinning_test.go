@@ -134,18 +134,6 @@ func heldCount(t testing.TB, raw *sql.DB, k int64) int {
 	return n
 }
 
-// otherConn takes a connection out of db's pool, so the next db call runs
-// on a different one.
-func otherConn(t *testing.T, db *sql.DB) *sql.Conn {
-	t.Helper()
-	c, err := db.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func unlock(t *testing.T, db interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
 }, k int64) (bool, error) {
@@ -234,16 +222,6 @@ func holderPID(t testing.TB, raw *sql.DB, k int64) int32 {
 		t.Fatalf("no holder of advisory lock %d: %v", k, err)
 	}
 	return pid
-}
-
-// backendAlive reports whether backend pid is connected.
-func backendAlive(t testing.TB, raw *sql.DB, pid int32) bool {
-	t.Helper()
-	var n int
-	if err := raw.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n == 1
 }
 
 func TestReentrantSharedAndPairLocks(t *testing.T) {
@@ -446,7 +424,7 @@ func TestReleaseInAFailedTransactionRollsBackAndUnlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustExecConn(t, l.Conn(), "BEGIN")
+	mustExec(t, l.Conn(), "BEGIN")
 	if _, err := l.Conn().ExecContext(ctx, "SELECT 1/0"); err == nil {
 		t.Fatal("1/0 succeeded")
 	}
@@ -482,7 +460,7 @@ func TestReleaseThatCannotUnlockClosesTheConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := l.c.pid.Load()
-	mustExecConn(t, l.Conn(), "BEGIN")
+	mustExec(t, l.Conn(), "BEGIN")
 	if _, err := l.Conn().ExecContext(ctx, "SELECT 1/0"); err == nil {
 		t.Fatal("1/0 succeeded")
 	}

@@ -133,7 +133,7 @@ func TestSessionPinningPoolerRecyclesConnections(t *testing.T) {
 				t.Fatal(err)
 			}
 			pid := l.c.pid.Load()
-			mustExecConn(t, l.Conn(), "SELECT 1")
+			mustExec(t, l.Conn(), "SELECT 1")
 			if err := l.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -141,8 +141,8 @@ func TestSessionPinningPoolerRecyclesConnections(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			mustExecConn(t, c, "SELECT pg_advisory_lock(8)")
-			mustExecConn(t, c, "SELECT pg_advisory_unlock(8)")
+			mustExec(t, c, "SELECT pg_advisory_lock(8)")
+			mustExec(t, c, "SELECT pg_advisory_unlock(8)")
 			pid2 := stateOf(t, c).pid.Load()
 			c.Close()
 			if !declared {
@@ -202,7 +202,7 @@ func TestSessionPinningPoolerFollowsTheBackend(t *testing.T) {
 		if err := tx.QueryRow("SELECT pg_backend_pid()").Scan(&on); err != nil || on != s1 {
 			t.Fatalf("the other client's transaction on %d (%v), want S1 = %d", on, err, s1)
 		}
-		mustExecConn(t, c, "SELECT pg_advisory_lock(11)") // on S2
+		mustExec(t, c, "SELECT pg_advisory_lock(11)") // on S2
 		var s2 int32
 		if err := e.raw.QueryRow("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = 11").Scan(&s2); err != nil {
 			t.Fatal(err)
@@ -220,7 +220,7 @@ func TestSessionPinningPoolerFollowsTheBackend(t *testing.T) {
 		// Pinned to S2 by a new lock; then the pooler gives S2 to another
 		// client's transaction and the connection's next statement runs
 		// elsewhere: this pooler does not pin, and that is reported.
-		mustExecConn(t, c, "SELECT pg_advisory_lock(12)")
+		mustExec(t, c, "SELECT pg_advisory_lock(12)")
 		tx2, err := other.Begin()
 		if err != nil {
 			t.Fatal(err)

@@ -46,7 +46,7 @@ func cutOffCommit(t *testing.T, options ...RetryOption) (err error, attempts int
 		t.Fatal(err)
 	}
 	defer holder.Close()
-	mustExecConn(t, holder, "SELECT pg_advisory_lock(777)")
+	mustExec(t, holder, "SELECT pg_advisory_lock(777)")
 
 	db, err := Open("pgx", dsn)
 	if err != nil {
@@ -88,7 +88,7 @@ func cutOffCommit(t *testing.T, options ...RetryOption) (err error, attempts int
 	if err := raw.QueryRowContext(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
 		t.Fatalf("pg_terminate_backend(%d): %v %v", pid, ok, err)
 	}
-	mustExecConn(t, holder, "SELECT pg_advisory_unlock(777)")
+	mustExec(t, holder, "SELECT pg_advisory_unlock(777)")
 	err = <-done
 	if qerr := raw.QueryRow("SELECT count(*) FROM orders WHERE note = 'once'").Scan(&rows); qerr != nil {
 		t.Fatal(qerr)
