@@ -104,11 +104,27 @@ type child struct{ *testChild }
 // transaction pooler when pooler is set).
 func startChild(t *testing.T, dsn string, pooler bool) *child {
 	t.Helper()
+	return &child{startTestChild(t, "TestHelperChild", childDBEnv(dsn, pooler)...)}
+}
+
+// childDBEnv is the environment that tells a child which database to open
+// (openChildDB): dsn, through a transaction pooler when pooler is set.
+func childDBEnv(dsn string, pooler bool) []string {
 	env := []string{envChildDSN + "=" + dsn}
 	if pooler {
 		env = append(env, envChildPooler+"=transaction")
 	}
-	return &child{startTestChild(t, "TestHelperChild", env...)}
+	return env
+}
+
+// openChildDB opens, on a child's side, the database its parent named with
+// childDBEnv, through lockhooks.
+func openChildDB() (*sql.DB, error) {
+	var opts []Option
+	if os.Getenv(envChildPooler) == "transaction" {
+		opts = append(opts, WithTransactionPooler())
+	}
+	return Open("pgx", os.Getenv(envChildDSN), opts...)
 }
 
 // ask sends the child a command and returns its answer, failing t if the
@@ -134,15 +150,10 @@ func (h *child) ask(t *testing.T, command string) string {
 //     the process ends;
 //   - "token K": AcquireAdvisoryLock(K), Token, Release; answers the token.
 func TestHelperChild(t *testing.T) {
-	dsn := os.Getenv(envChildDSN)
-	if dsn == "" {
+	if os.Getenv(envChildDSN) == "" {
 		t.Skip("the child process of the tests that drive a second OS process")
 	}
-	var opts []Option
-	if os.Getenv(envChildPooler) == "transaction" {
-		opts = append(opts, WithTransactionPooler())
-	}
-	db, err := Open("pgx", dsn, opts...)
+	db, err := openChildDB()
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)

@@ -52,23 +52,6 @@ func newPoolerFaultEnv(t *testing.T) (*poolerEnv, *faultproxy.Proxy) {
 	return e, proxy
 }
 
-// throughFaultProxy starts a fault-injecting proxy in front of dsn's host,
-// closed when t ends (if not before), and returns dsn through it.
-func throughFaultProxy(t testing.TB, dsn string) (string, *faultproxy.Proxy) {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := faultproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	u.Host = proxy.Addr()
-	return u.String(), proxy
-}
-
 // Point 4, through a transaction pooler: an acquire that fails after the
 // holder took the lock. The case is TryAdvisoryLock's context
 // ending while the holder runs the try-lock's third round trip (RELEASE

@@ -26,11 +26,9 @@ import (
 // it, and its slow-wait line, error and span must name the child's process,
 // backend pid, Go file:line and how long it has held.
 
-const (
-	envIdentityChildMode   = "LOCKHOOKS_IDENTITY_CHILD"
-	envIdentityChildDSN    = "LOCKHOOKS_IDENTITY_CHILD_DSN"
-	envIdentityChildPooler = "LOCKHOOKS_IDENTITY_CHILD_POOLER"
-)
+// envIdentityChildMode names the incident the child stages; its database
+// comes from childDBEnv.
+const envIdentityChildMode = "LOCKHOOKS_IDENTITY_CHILD"
 
 // childReport is what the child prints: "child: <what> k=v …".
 type childReport map[string]string
@@ -47,8 +45,8 @@ type identityChild struct {
 // test ends.
 func startIdentityChild(t *testing.T, mode, dsn string, pooler bool) (*identityChild, childReport) {
 	t.Helper()
-	ch := &identityChild{testChild: startTestChild(t, "TestIdentityChildProcess",
-		envIdentityChildMode+"="+mode, envIdentityChildDSN+"="+dsn, envIdentityChildPooler+"="+strconv.FormatBool(pooler))}
+	env := append(childDBEnv(dsn, pooler), envIdentityChildMode+"="+mode)
+	ch := &identityChild{testChild: startTestChild(t, "TestIdentityChildProcess", env...)}
 	t.Cleanup(func() { // registered after the child's own, so run before it: the exit status is checked here
 		ch.stdin.Close()
 		select {
@@ -96,11 +94,7 @@ func TestIdentityChildProcess(t *testing.T) {
 	if mode == "" {
 		t.Skip("the child side of the two-process identity tests; they run it in a process of its own")
 	}
-	var opts []Option
-	if os.Getenv(envIdentityChildPooler) == "true" {
-		opts = append(opts, WithTransactionPooler())
-	}
-	db, err := Open("pgx", os.Getenv(envIdentityChildDSN), opts...)
+	db, err := openChildDB()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,26 +7,45 @@ import (
 	"context"
 	"database/sql"
 	"encoding/binary"
-	"io"
-	"net"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/faultproxy"
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
-// roundTrips is a TCP proxy in front of Postgres that counts the round
-// trips clients start: simple Query messages and Syncs.
+// roundTrips counts, per connection through a fault proxy, the round
+// trips its client starts: simple Query messages and Syncs.
 type roundTrips struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	links  []*atomic.Int64 // per proxied connection: its round trips
-	wg     sync.WaitGroup
+	mu    sync.Mutex
+	links []*atomic.Int64 // per proxied connection: its round trips
+}
+
+// startRoundTrips starts a proxy in front of dsn's server that counts round
+// trips, and returns dsn through it.
+func startRoundTrips(t *testing.T, dsn string) (*roundTrips, string) {
+	t.Helper()
+	proxied, proxy := throughFaultProxy(t, dsn)
+	p := &roundTrips{}
+	proxy.OnAccept(func(l *faultproxy.Link) {
+		trips := &atomic.Int64{}
+		p.mu.Lock()
+		p.links = append(p.links, trips)
+		p.mu.Unlock()
+		var f messageFramer
+		l.Watch(faultproxy.ToServer, func(chunk []byte) bool {
+			f.feed(chunk, func(typ byte) {
+				if typ == 'Q' || typ == 'S' {
+					trips.Add(1)
+				}
+			})
+			return true
+		})
+	})
+	return p, proxied
 }
 
 // counts returns each proxied connection's round trips so far.
@@ -54,75 +73,45 @@ func busiest(before, after []int64) int64 {
 	return most
 }
 
-func startRoundTrips(t *testing.T, dsn string) (*roundTrips, string) {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &roundTrips{ln: ln, target: u.Host}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(func() { ln.Close(); p.wg.Wait() })
-	u.Host = ln.Addr().String()
-	return p, u.String()
+// messageFramer splits what a client sends into protocol messages, fed in
+// chunks cut anywhere: the startup message first (a length, no type byte;
+// the DSN disables TLS, so no SSLRequest precedes it), then a type byte and
+// a length each.
+type messageFramer struct {
+	started bool
+	head    [5]byte
+	have    int    // bytes of head read so far
+	skip    uint32 // bytes of the current message's body still to come
 }
 
-func (p *roundTrips) accept() {
-	defer p.wg.Done()
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
+// feed reads chunk, calling message with the type of each message whose
+// header it completes.
+func (f *messageFramer) feed(chunk []byte, message func(typ byte)) {
+	for len(chunk) > 0 {
+		if f.skip > 0 {
+			n := min(uint32(len(chunk)), f.skip)
+			f.skip -= n
+			chunk = chunk[n:]
 			continue
 		}
-		n := &atomic.Int64{}
-		p.mu.Lock()
-		p.links = append(p.links, n)
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go func() { defer p.wg.Done(); io.Copy(client, server); client.Close() }()
-		go func() { defer p.wg.Done(); p.count(server, client, n); server.Close() }()
-	}
-}
-
-// count copies client messages to server, counting 'Q' and 'S'.
-func (p *roundTrips) count(server, client net.Conn, trips *atomic.Int64) {
-	var head [5]byte
-	// The startup message has no type byte.
-	if _, err := io.ReadFull(client, head[:4]); err != nil {
-		return
-	}
-	n := binary.BigEndian.Uint32(head[:4])
-	body := make([]byte, n-4)
-	if _, err := io.ReadFull(client, body); err != nil {
-		return
-	}
-	server.Write(head[:4])
-	server.Write(body)
-	for {
-		if _, err := io.ReadFull(client, head[:]); err != nil {
+		want := 5
+		if !f.started {
+			want = 4
+		}
+		n := copy(f.head[f.have:want], chunk)
+		f.have += n
+		chunk = chunk[n:]
+		if f.have < want {
 			return
 		}
-		if head[0] == 'Q' || head[0] == 'S' {
-			trips.Add(1)
+		if f.started {
+			message(f.head[0])
+			f.skip = binary.BigEndian.Uint32(f.head[1:5]) - 4
+		} else {
+			f.skip = binary.BigEndian.Uint32(f.head[:4]) - 4
+			f.started = true
 		}
-		n := binary.BigEndian.Uint32(head[1:])
-		body := make([]byte, n-4)
-		if _, err := io.ReadFull(client, body); err != nil {
-			return
-		}
-		if _, err := server.Write(append(head[:], body...)); err != nil {
-			return
-		}
+		f.have = 0
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/faultproxy"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -168,4 +169,21 @@ func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 func here(delta int) string {
 	_, file, line, _ := runtime.Caller(1)
 	return callsite.ShortFile(file) + ":" + strconv.Itoa(line+delta)
+}
+
+// throughFaultProxy starts a fault-injecting proxy in front of dsn's host,
+// closed when t ends (if not before), and returns dsn through it.
+func throughFaultProxy(t testing.TB, dsn string) (string, *faultproxy.Proxy) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	u.Host = proxy.Addr()
+	return u.String(), proxy
 }

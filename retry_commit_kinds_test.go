@@ -53,11 +53,9 @@ type cutCommitEnv struct {
 func newCutCommitEnv(t *testing.T, driverName string) *cutCommitEnv {
 	t.Helper()
 	dsn := pgtest.DSN(t)
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &cutCommitEnv{proxy: newCuttingProxy(t, u.Host)}
+	proxy, proxied := newCuttingProxy(t, dsn)
+	e := &cutCommitEnv{proxy: proxy}
+	var err error
 	if e.raw, err = sql.Open("pgx", dsn); err != nil {
 		t.Fatal(err)
 	}
@@ -71,8 +69,7 @@ func newCutCommitEnv(t *testing.T, driverName string) *cutCommitEnv {
 	if _, err := e.listen.Exec(ctx, "LISTEN lockhooks_cut"); err != nil {
 		t.Fatal(err)
 	}
-	u.Host = e.proxy.ln.Addr().String()
-	if e.db, err = Open(driverName, u.String()); err != nil {
+	if e.db, err = Open(driverName, proxied); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.db.Close() })

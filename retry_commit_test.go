@@ -5,14 +5,13 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/faultproxy"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -127,7 +126,7 @@ func TestRunInTxAmbiguousWithoutCommitCheck(t *testing.T) {
 	t.Log(err)
 }
 
-// cuttingProxy relays TCP connections to a Postgres server and, once
+// cuttingProxy is a fault proxy in front of a Postgres server that, once
 // armed, cuts the first connection whose client sends COMMIT: the COMMIT
 // reaches the server, which commits and answers, and then the client's
 // connection breaks; the answer never reaches the client.
@@ -136,120 +135,65 @@ func TestRunInTxAmbiguousWithoutCommitCheck(t *testing.T) {
 // COMMIT that never comes (a black-holed network). The database is real;
 // only the network fails.
 type cuttingProxy struct {
-	ln     net.Listener
-	target string
-	armed  atomic.Bool
-	drop   atomic.Bool
-	cut    atomic.Bool
-	mu     sync.Mutex
-	conns  []net.Conn
+	armed atomic.Bool
+	drop  atomic.Bool
+	cut   atomic.Bool // a COMMIT was cut
 }
 
-func newCuttingProxy(t *testing.T, target string) *cuttingProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cuttingProxy{ln: ln, target: target}
-	t.Cleanup(func() {
-		ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			c.Close()
+// newCuttingProxy starts a cutting proxy in front of dsn's server and
+// returns dsn through it.
+func newCuttingProxy(t *testing.T, dsn string) (*cuttingProxy, string) {
+	t.Helper()
+	proxied, proxy := throughFaultProxy(t, dsn)
+	p := &cuttingProxy{}
+	proxy.OnAccept(p.watch)
+	return p, proxied
+}
+
+// watch watches one link for the COMMIT to cut.
+func (p *cuttingProxy) watch(l *faultproxy.Link) {
+	// From the cut on, the server's bytes are swallowed: the first of them
+	// is COMMIT's answer, which closes replied.
+	var swallow atomic.Bool
+	replied := make(chan struct{})
+	var once sync.Once
+	l.Watch(faultproxy.ToClient, func([]byte) bool {
+		if swallow.Load() {
+			once.Do(func() { close(replied) })
+			return false
 		}
-		p.mu.Unlock()
+		return true
 	})
-	go p.serve()
-	return p
-}
-
-func (p *cuttingProxy) serve() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
+	l.Watch(faultproxy.ToServer, func(chunk []byte) bool {
+		if !p.armed.Load() || !bytes.Contains(bytes.ToLower(chunk), []byte("commit\x00")) || !p.cut.CompareAndSwap(false, true) {
+			return true
 		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
-			continue
+		if p.drop.Load() {
+			l.CutClient()
+			return false
 		}
-		p.mu.Lock()
-		p.conns = append(p.conns, client, server)
-		p.mu.Unlock()
-		// From the cut on, the server's bytes are swallowed: the first of
-		// them is COMMIT's answer, which closes replied.
-		var swallow atomic.Bool
-		replied := make(chan struct{})
-		var once sync.Once
-		go func() { // server -> client
-			defer once.Do(func() { close(replied) })
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := server.Read(buf)
-				if n > 0 && swallow.Load() {
-					once.Do(func() { close(replied) })
-				} else if n > 0 {
-					if _, werr := client.Write(buf[:n]); werr != nil {
-						return
-					}
-				}
-				if err != nil {
-					client.Close()
-					return
-				}
+		// The server commits and answers before the client's connection
+		// breaks, so the outcome is decided when RunInTx asks; the answer
+		// never reaches the client.
+		swallow.Store(true)
+		go func() {
+			select {
+			case <-replied:
+			case <-l.Done():
+			case <-time.After(30 * time.Second):
 			}
+			l.CutClient()
 		}()
-		go func() { // client -> server, watching for COMMIT
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := client.Read(buf)
-				if n > 0 {
-					if p.armed.Load() && bytes.Contains(bytes.ToLower(buf[:n]), []byte("commit\x00")) && p.cut.CompareAndSwap(false, true) {
-						if p.drop.Load() {
-							client.Close()
-							return
-						}
-						// The server commits and answers before the client's
-						// connection breaks, so the outcome is decided when
-						// RunInTx asks; the answer never reaches the client.
-						swallow.Store(true)
-						server.Write(buf[:n])
-						select {
-						case <-replied:
-						case <-time.After(30 * time.Second):
-						}
-						client.Close()
-						return
-					}
-					if _, werr := server.Write(buf[:n]); werr != nil {
-						return
-					}
-				}
-				if err != nil {
-					server.Close()
-					return
-				}
-			}
-		}()
-	}
+		return true
+	})
 }
 
 // TestRunInTxResolvesCommittedCommit: the connection breaks after COMMIT
 // reached the server; pg_xact_status says committed, so RunInTx reports
 // success and does not run the transaction again.
 func TestRunInTxResolvesCommittedCommit(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newCuttingProxy(t, u.Host)
-	u.Host = proxy.ln.Addr().String()
-	q := u.Query()
-	q.Set("sslmode", "disable")
-	u.RawQuery = q.Encode()
-	db, err := Open("pgx", u.String())
+	proxy, proxied := newCuttingProxy(t, pgtest.DSN(t))
+	db, err := Open("pgx", withDSNParam(t, proxied, "sslmode", "disable"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -247,10 +247,11 @@ type Link struct {
 	server      net.Conn   // nil until connected
 	delay       time.Duration
 	blackHoled  bool
-	dropAnswers bool // what the server sends is read and thrown away
-	clientGone  bool // the client's socket was reset; the server's is kept, silent
-	serverGone  bool // the server's socket was reset; the client's is kept, silent
-	cut         bool // both sockets closed
+	dropAnswers bool                                 // what the server sends is read and thrown away
+	watch       [2]func(chunk []byte) (forward bool) // [toServer], [toClient]: see Watch
+	clientGone  bool                                 // the client's socket was reset; the server's is kept, silent
+	serverGone  bool                                 // the server's socket was reset; the client's is kept, silent
+	cut         bool                                 // both sockets closed
 	stop        chan struct{}
 	stopOnce    sync.Once
 	done        chan struct{}
@@ -356,6 +357,28 @@ func (l *Link) DropAnswers() {
 	l.mu.Unlock()
 }
 
+// Direction is which way a chunk travels on a link.
+type Direction int
+
+// The two directions of a link.
+const (
+	ToServer Direction = iota // what the client sends
+	ToClient                  // what the server answers
+)
+
+// Watch calls fn with every chunk read in direction d from now on, before it
+// is forwarded; fn returns false to drop the chunk. A test reads the
+// protocol with it (counting messages, spotting a statement) and faults the
+// link at the right byte: fn may call the link's faults, or start a
+// goroutine that does. fn runs on the link's pump for d, one chunk at a
+// time; chunks are cut wherever the sockets' reads return, not at message
+// boundaries. Install it from OnAccept to see a link's first bytes.
+func (l *Link) Watch(d Direction, fn func(chunk []byte) (forward bool)) {
+	l.mu.Lock()
+	l.watch[d] = fn
+	l.mu.Unlock()
+}
+
 // Delay delays each chunk forwarded from now on by d (0: no delay).
 func (l *Link) Delay(d time.Duration) {
 	l.mu.Lock()
@@ -419,7 +442,14 @@ func (l *Link) pump(dst, src net.Conn, toClient bool) {
 			}
 			l.mu.Lock()
 			d, drop := l.delay, toClient && l.dropAnswers
+			watch := l.watch[ToServer]
+			if toClient {
+				watch = l.watch[ToClient]
+			}
 			l.mu.Unlock()
+			if watch != nil && !watch(buf[:n]) {
+				drop = true
+			}
 			if drop {
 				continue
 			}

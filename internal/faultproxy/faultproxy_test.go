@@ -2,6 +2,7 @@ package faultproxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -335,5 +336,41 @@ func TestCloseEndsEverything(t *testing.T) {
 	}
 	if len(p.Links()) != 0 {
 		t.Fatalf("%d links after Close", len(p.Links()))
+	}
+}
+
+// Watch sees every chunk each way before it is forwarded, and drops those
+// it refuses.
+func TestWatchSeesAndDrops(t *testing.T) {
+	s := startEcho(t)
+	p := startProxy(t, s.ln.Addr().String())
+	var mu sync.Mutex
+	var sent, answered []byte
+	p.OnAccept(func(l *Link) {
+		l.Watch(ToServer, func(chunk []byte) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			sent = append(sent, chunk...)
+			return !bytes.Contains(chunk, []byte("drop"))
+		})
+		l.Watch(ToClient, func(chunk []byte) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			answered = append(answered, chunk...)
+			return true
+		})
+	})
+	c := dial(t, p)
+	if got, err := roundTrip(c, "hello", 5*time.Second); err != nil || got != "hello" {
+		t.Fatalf("round trip: %q, %v", got, err)
+	}
+	// A dropped chunk never reaches the echo server: no answer comes.
+	if got, err := roundTrip(c, "drop", 300*time.Millisecond); err == nil || !isTimeout(err) {
+		t.Fatalf("a dropped chunk was answered: %q, %v", got, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if string(sent) != "hello\ndrop\n" || string(answered) != "hello\n" {
+		t.Fatalf("watched %q to the server and %q to the client", sent, answered)
 	}
 }
