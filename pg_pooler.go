@@ -413,10 +413,13 @@ func execDirect(ctx context.Context, c driver.Conn, query string) error {
 
 // readStaticRow reads the first row of rows and closes them.
 func readStaticRow(rows driver.Rows) (*staticRows, error) {
-	defer rows.Close()
+	// rows is closed once on every path: a driver's Close need not be
+	// idempotent (lib/pq's ends its context watch again and panics when the
+	// statement's context can be cancelled).
 	r := &staticRows{cols: rows.Columns()}
 	dest := make([]driver.Value, len(r.cols))
 	if err := rows.Next(dest); err != nil {
+		rows.Close()
 		if err == io.EOF {
 			return r, nil
 		}
