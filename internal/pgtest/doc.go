@@ -17,7 +17,7 @@
 //     version cannot be had for [PoolerDSN], [EachPooler] or [StartPooler]
 //     (CI sets it);
 //   - LOCKHOOKS_PGBOUNCER_1_25: the PgBouncer 1.25 binary (default: where
-//     ../shared/tools/build-pgbouncer puts it).
+//     .ci/build-pgbouncer puts it).
 //
 // [PoolerDSN] is DSN through a real PgBouncer in transaction mode (the
 // Debian package's /usr/sbin/pgbouncer, 1.18), started once per test binary

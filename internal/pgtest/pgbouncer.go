@@ -7,7 +7,7 @@ package pgtest
 //     predates prepared-statement support (1.21). Its DSNs carry
 //     default_query_exec_mode=exec (see below).
 //   - [PgBouncer125]: PgBouncer 1.25.2 built from source by
-//     ../shared/tools/build-pgbouncer (found through
+//     .ci/build-pgbouncer, from the release vendored in third_party/ (found through
 //     LOCKHOOKS_PGBOUNCER_1_25, else where that script puts it by default),
 //     run with max_prepared_statements = 200: PgBouncer keeps the named
 //     prepared statements of its clients and prepares them on whichever
@@ -101,7 +101,7 @@ import (
 const EnvRequirePgBouncer = "LOCKHOOKS_REQUIRE_PGBOUNCER"
 
 // EnvPgBouncer125 names the PgBouncer 1.25 binary; without it the binary is
-// looked for where ../shared/tools/build-pgbouncer puts it by default
+// looked for where .ci/build-pgbouncer puts it by default
 // ($XDG_CACHE_HOME or ~/.cache, then pgbouncer-1.25.2/pgbouncer-1.25.2/build/pgbouncer).
 const EnvPgBouncer125 = "LOCKHOOKS_PGBOUNCER_1_25"
 

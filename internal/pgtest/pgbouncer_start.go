@@ -48,7 +48,7 @@ func findPgBouncer(v Version) (string, error) {
 			bin = filepath.Join(cache, "pgbouncer-1.25.2", "pgbouncer-1.25.2", "build", "pgbouncer")
 		}
 		if _, err := os.Stat(bin); err != nil {
-			return "", fmt.Errorf("no PgBouncer 1.25 at %s (build it with ../shared/tools/build-pgbouncer, or set %s): %w", bin, EnvPgBouncer125, err)
+			return "", fmt.Errorf("no PgBouncer 1.25 at %s (build it with .ci/build-pgbouncer at the repository's root, or set %s): %w", bin, EnvPgBouncer125, err)
 		}
 		return bin, nil
 	}
