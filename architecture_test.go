@@ -17,7 +17,7 @@ import (
 // so a new package is placed in the picture when it is made.
 var importRules = map[string]packageRule{
 	// The public face and the database/sql adapter.
-	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/driverext"}},
+	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/telemetry", "internal/driverext"}},
 	"modernc": {may: []string{".", "internal/driverext"}},
 
 	// The core: one concept each, none of them on database/sql; the pure
@@ -37,6 +37,7 @@ var importRules = map[string]packageRule{
 	"internal/pgsession":  {core: true, may: []string{"internal/advisorykey"}},
 	"internal/retry":      {core: true, pure: true, may: []string{"internal/dberr"}},
 	"internal/debugpage":  {core: true, pure: true, may: []string{"internal/holders", "internal/advisorykey", "internal/callsite"}},
+	"internal/telemetry":  {core: true, pure: true, may: []string{"internal/holders", "internal/dberr"}},
 
 	// Driver plumbing shared by the root and its driver subpackages.
 	"internal/driverext": {},

@@ -230,7 +230,7 @@ func (c *conn) String() string { return connHolder(c).Who() }
 
 // ExecContext runs query through the statement hooks.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if c.connector.tel.statementSpans {
+	if c.connector.tel.StatementSpans() {
 		ctx, span := c.connector.tel.statementSpan(ctx, query)
 		res, err := c.exec(ctx, query, args)
 		endStatementSpan(span, err)
@@ -267,7 +267,7 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 		rows driver.Rows
 		err  error
 	)
-	if c.connector.tel.statementSpans {
+	if c.connector.tel.StatementSpans() {
 		ctx, span := c.connector.tel.statementSpan(ctx, query)
 		rows, err = c.query(ctx, query, args)
 		endStatementSpan(span, err)

@@ -121,7 +121,7 @@ func (c *connector) noteUnlock(from *conn, k lockKey, err error) {
 		c.events.add(eventUnlockRerouted, fmt.Sprintf("pg_advisory_unlock%s(%s) sent on %v ran on the parked connection that held the lock", sharedSuffix(k), k, from))
 	case errors.Is(err, ErrNotLockOwner):
 		c.events.add(eventUnlockRefused, err.Error())
-		c.tel.unlockRefused(context.Background())
+		c.tel.UnlockRefused(context.Background())
 	}
 }
 

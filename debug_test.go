@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/debugpage"
+	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
 // getDebug fetches url and returns the body, failing on a non-200.
@@ -354,7 +355,7 @@ func TestWaitTrackingAllocatesNothing(t *testing.T) {
 	wait := func() {
 		_, w := tel.startWait(ctx, "lockset", "exclusive", "transaction")
 		w.setWaiter(c, "", &site, "", nil)
-		w.end(ctx, outcomeAcquired, nil)
+		w.end(ctx, telemetry.OutcomeAcquired, nil)
 	}
 	wait() // starts the watcher
 	with := testing.AllocsPerRun(200, wait)

@@ -299,7 +299,7 @@ type connector struct {
 	driver   *Driver
 	opts     *options
 	rewriter *rewriter
-	tel      *telemetry
+	tel      *reporting
 	pins     *pinning               // Postgres only
 	named    lockTable[int64]       // SQLite's in-process advisory locks
 	turns    lockTable[int64]       // Postgres: AcquireAdvisoryLock's in-process queue per key
@@ -348,7 +348,7 @@ func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sql
 		c.pins = newPinning(c)
 		observe = c.pins.observe
 	}
-	c.tel = newTelemetry(o, c.pool, observe)
+	c.tel = newReporting(o, c.pool, observe)
 	c.events, c.waits = newEventRing(eventCapacity), newWaitWatch(c)
 	c.tel.events, c.tel.watch = c.events, c.waits
 	return c
@@ -430,7 +430,7 @@ func (c *connector) Close() error {
 	if c.pins != nil {
 		c.pins.close()
 	}
-	c.tel.close()
+	c.tel.Close()
 	c.waits.close()
 	c.side.close()
 	if cl, ok := c.inner.(io.Closer); ok {

@@ -1,11 +1,6 @@
 package lockhooks
 
 import (
-	"strconv"
-	"time"
-
-	"go.opentelemetry.io/otel/attribute"
-
 	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
@@ -24,34 +19,7 @@ import (
 //
 // The value, and how every consumer formats it, is package
 // internal/holders; this file builds it from the root's connections
-// (connHolder) and gives its span attributes (holderSpanAttrs), whose keys
-// are the root's exported ones.
-
-// holderSpanAttrs are h's attributes on a wait span (and its link).
-func holderSpanAttrs(h holders.Holder) []attribute.KeyValue {
-	site := h.Site
-	if site == "" && h.Running && h.Statement != "" {
-		site = "statement " + strconv.Quote(holders.Truncate(h.Statement, 120))
-	}
-	attrs := []attribute.KeyValue{AttrHolderSite.String(site)}
-	if !h.Since.IsZero() {
-		attrs = append(attrs, AttrHolderSince.String(h.Since.UTC().Format(time.RFC3339Nano)),
-			AttrHolderHeldSeconds.Float64(time.Since(h.Since).Round(time.Millisecond).Seconds()))
-	}
-	if h.PID != 0 {
-		attrs = append(attrs, AttrHolderPID.Int64(int64(h.PID)))
-	}
-	if h.Process != "" {
-		attrs = append(attrs, AttrHolderProcess.String(h.Process))
-	}
-	if h.Database != "" {
-		attrs = append(attrs, AttrHolderPool.String(h.Database))
-	}
-	if h.Conn != 0 {
-		attrs = append(attrs, AttrHolderConn.Int64(int64(h.Conn)))
-	}
-	return attrs
-}
+// (connHolder); its span attributes are internal/telemetry's.
 
 // connHolder is the identity of connection oc, without what it holds.
 func connHolder(oc *conn) holders.Holder {

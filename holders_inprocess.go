@@ -19,6 +19,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
+	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
 // txIdent is a connection's open transaction as other goroutines see it:
@@ -348,10 +349,10 @@ func (c *conn) nameHolder(w *lockWait, err error) error {
 	if w == nil || err == nil || errors.Is(err, ErrSelfWait) || errors.Is(err, ErrLockLost) {
 		return err
 	}
-	if o := outcomeOf(err); o != outcomeTimeout && o != outcomeCanceled {
+	if o := outcomeOf(err); o != telemetry.OutcomeTimeout && o != telemetry.OutcomeCanceled {
 		return err
 	}
-	waited := time.Since(w.start).Round(time.Millisecond)
+	waited := time.Since(w.Started()).Round(time.Millisecond)
 	text := w.holderNamed()
 	if text == "" && len(w.advKeys) > 0 && c.connector.opts.dialect == Postgres {
 		// Nobody looked in time; the keys' holders, as pg_locks shows them
@@ -364,7 +365,7 @@ func (c *conn) nameHolder(w *lockWait, err error) error {
 			text = b.String()
 		}
 	}
-	what := w.kind + " lock"
+	what := w.Kind() + " lock"
 	switch {
 	case w.namespace != "":
 		what += fmt.Sprintf(" %q ids %s", w.namespace, w.keys)

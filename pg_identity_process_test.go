@@ -18,6 +18,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
+	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
 // Two OS processes: the parent test is one replica, a child process (this
@@ -318,7 +319,7 @@ func TestIdentityLeakedLockInAnotherProcess(t *testing.T) {
 			s := waitSpan(t, tr, "lock.wait advisory")
 			wantAttrs(t, s, map[attribute.Key]string{
 				AttrHolderProcess: ch.label, AttrHolderPID: strconv.Itoa(int(hpid)),
-				AttrLockKeys: strconv.Itoa(identityKey), AttrLockOutcome: outcomeCanceled,
+				AttrLockKeys: strconv.Itoa(identityKey), AttrLockOutcome: telemetry.OutcomeCanceled,
 			})
 			wantSite(t, "the span", attrOf(s, AttrHolderSite).AsString(), site)
 			if held := attrOf(s, AttrHolderHeldSeconds).AsFloat64(); held <= 0 || held > maxAge.Seconds() {

@@ -186,7 +186,7 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 // pid (keys, the oldest of them taken as oldest says), records it among
 // the events and as a span, linked to the span the oldest was taken in.
 func (c *conn) reportLoss(pid int32, keys string, n int, oldest *heldLock, parked bool, lost, cause error, backend string) {
-	c.connector.tel.lockLost(context.Background(), "advisory", n)
+	c.connector.tel.LockLost(context.Background(), "advisory", n)
 	c.connector.events.add(eventLockLost, lost.Error())
 	heldFor := time.Since(oldest.since).Round(time.Millisecond)
 	attrs := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", pid,
@@ -199,7 +199,7 @@ func (c *conn) reportLoss(pid int32, keys string, n int, oldest *heldLock, parke
 	// span the lock was taken in.
 	h := connHolder(c)
 	h.Key, h.Site, h.Since, h.SiteKind = keys, oldest.site, oldest.since, holders.SiteTook
-	c.connector.tel.lockLostSpan(h.WithSpan(oldest.span), cause)
+	c.connector.tel.LockLostSpan(h.WithSpan(oldest.span), cause)
 }
 
 // setLostLocked finishes recording the loss set in c.pin.lost: statements

@@ -17,6 +17,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
+	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
 // ErrLockLost is wrapped by the errors that report a lock whose connection
@@ -245,7 +246,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		if key, ok := c.turnKey(plan); ok {
 			if !c.connector.turns.tryLock(ctx, key, c, nil, nil) {
 				// Counted and traced as a try-lock the server refused.
-				c.startAdvisoryWait(ctx, adv, plan.keys, plan.known, c.siteOf(ctx)).end(ctx, outcomeNotAcquired, nil)
+				c.startAdvisoryWait(ctx, adv, plan.keys, plan.known, c.siteOf(ctx)).end(ctx, telemetry.OutcomeNotAcquired, nil)
 				return plan, &staticRows{cols: []string{adv.Calls[0].Column}, row: []driver.Value{false}}, nil
 			}
 			c.notePendingTurn(key)
@@ -455,7 +456,7 @@ func (c *conn) checkUnlocks(adv *sqlscan.Advisory, keys []lockKey, site string) 
 		if h := c.connector.pins.holderOf(k, c); h != nil {
 			err := fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, in a statement with other advisory calls: the lock is held by %v, and an unlock inside a larger statement cannot be sent there; unlock it in a statement of its own", ErrNotLockOwner, sharedSuffix(k), k, c, h)
 			c.connector.events.add(eventUnlockRefused, err.Error())
-			c.connector.tel.unlockRefused(context.Background())
+			c.connector.tel.UnlockRefused(context.Background())
 			return err
 		}
 		c.connector.opts.logger.Warn("lockhooks: an unlock of a key this connection does not hold, inside a statement with other advisory calls; Postgres answers false for it",

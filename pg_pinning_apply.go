@@ -174,7 +174,7 @@ func (c *conn) apply(span trace.SpanContext, plan advisoryPlan, results []driver
 		switch {
 		case fn&sqlscan.FnUnlockAll != 0:
 			for h, l := range c.pin.held {
-				c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
+				c.connector.tel.RecordHold(context.Background(), "advisory", "session", l.since)
 				delete(c.pin.held, h)
 			}
 		case fn&sqlscan.FnXact != 0:
@@ -223,7 +223,7 @@ func (c *conn) forgetLocked(k lockKey) {
 	if l := c.pin.held[k]; l != nil {
 		if l.count--; l.count <= 0 {
 			delete(c.pin.held, k)
-			c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
+			c.connector.tel.RecordHold(context.Background(), "advisory", "session", l.since)
 		}
 	}
 }
@@ -299,7 +299,7 @@ func (c *conn) forgetLock(k lockKey) {
 func (c *conn) clearLocks() {
 	c.pin.mu.Lock()
 	for _, l := range c.pin.held {
-		c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
+		c.connector.tel.RecordHold(context.Background(), "advisory", "session", l.since)
 	}
 	c.pin.held = nil
 	c.pin.gen++

@@ -53,7 +53,7 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 	for k, l := range c.pin.held {
 		if !server.has(k) {
 			delete(c.pin.held, k)
-			c.connector.tel.recordHold(context.Background(), "advisory", "session", l.since)
+			c.connector.tel.RecordHold(context.Background(), "advisory", "session", l.since)
 		}
 	}
 	for k := range c.pin.xact {

@@ -82,7 +82,7 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 		h.reconcile(ctx, site, nil, true)
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, which lockhooks believed held it, returned false", ErrNotLockOwner, sharedSuffix(k), k, h)
 	}
-	h.connector.tel.unlockRerouted(ctx)
+	h.connector.tel.UnlockRerouted(ctx)
 	h.forgetLock(k)
 	h.releaseHolder(ctx)
 	if approx {

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/lockhooks/lockhooks/internal/pgtest"
+	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
 // The default pool name: host, port and database of a Postgres DSN in
@@ -90,7 +91,7 @@ func TestGaugesPerDatabase(t *testing.T) {
 	}
 	pools := map[string]uint64{}
 	for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
-		pool, _ := dp.Attributes.Value(attrPoolName)
+		pool, _ := dp.Attributes.Value(telemetry.AttrPoolName)
 		pools[pool.AsString()] += dp.Count
 	}
 	if pools["jobs-a"] != 1 || pools[pb] != 1 || len(pools) != 2 {
@@ -107,7 +108,7 @@ func gaugeByPool(t *testing.T, r *sdkmetric.ManualReader, name string) map[strin
 	}
 	out := map[string]int64{}
 	for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
-		pool, _ := dp.Attributes.Value(attrPoolName)
+		pool, _ := dp.Attributes.Value(telemetry.AttrPoolName)
 		out[pool.AsString()] += dp.Value
 	}
 	return out

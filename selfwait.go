@@ -13,6 +13,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
+	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
 // Self-waits: a statement that would wait for a lock held by a transaction
@@ -166,7 +167,7 @@ func (w *lockWait) withSelfHint(err error) error {
 	if w == nil || err == nil || errors.Is(err, ErrSelfWait) {
 		return err
 	}
-	if o := outcomeOf(err); o != outcomeTimeout && o != outcomeCanceled {
+	if o := outcomeOf(err); o != telemetry.OutcomeTimeout && o != telemetry.OutcomeCanceled {
 		return err
 	}
 	if w.t != nil && w.t.watch != nil {

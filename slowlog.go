@@ -122,7 +122,7 @@ func (ww *waitWatch) add(ctx context.Context, w *lockWait, attrs []attribute.Key
 		return
 	}
 	if deadline, ok := ctx.Deadline(); ok && ww.c != nil && ww.c.opts.dialect == Postgres {
-		w.lookAt = deadline.Add(-min(lookupLead, deadline.Sub(w.start)/4))
+		w.lookAt = deadline.Add(-min(lookupLead, deadline.Sub(w.Started())/4))
 	}
 	ww.started.Add(1)
 	for _, a := range attrs {
@@ -193,7 +193,7 @@ func (ww *waitWatch) remove(w *lockWait, outcome string) {
 	if ww == nil {
 		return
 	}
-	waited := time.Since(w.start)
+	waited := time.Since(w.Started())
 	ww.waitNS.Add(int64(waited))
 	ww.mu.Lock()
 	if !w.listed {
@@ -259,7 +259,7 @@ type waitView struct {
 // viewLocked copies w; ww.mu is held. The stack is symbolised later, by
 // symbolise, outside the lock every wait takes.
 func viewLocked(w *lockWait) waitView {
-	return waitView{w: w, kind: w.kind, mode: w.mode, scope: w.scope, start: w.start, conn: w.conn,
+	return waitView{w: w, kind: w.Kind(), mode: w.Mode(), scope: w.Scope(), start: w.Started(), conn: w.conn,
 		site: w.site, query: w.query, keys: w.keys, namespace: w.namespace, advKeys: w.advKeys, pcs: w.pcs, selfHint: w.selfHint}
 }
 
@@ -312,7 +312,7 @@ func (ww *waitWatch) run() {
 			ww.mu.Lock()
 			for w := ww.head; w != nil; w = w.next {
 				if ww.threshold > 0 && w.slow == slowNone {
-					left := ww.threshold - now.Sub(w.start)
+					left := ww.threshold - now.Sub(w.Started())
 					if left <= 0 {
 						w.slow = slowReporting
 						due = append(due, viewLocked(w))

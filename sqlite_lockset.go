@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
 // ErrLockAfterSnapshot is returned by Lock and TryLock in a transaction
@@ -253,7 +254,7 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 		}
 		outcome := ""
 		if err == nil && !ok {
-			outcome = outcomeNotAcquired
+			outcome = telemetry.OutcomeNotAcquired
 		}
 		w.end(ctx, outcome, err)
 		if ok {
@@ -307,7 +308,7 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 		if try {
 			if !table.tryLock(ctx, key, owner, t.run, &site) {
 				t.releaseLast(taken)
-				w.end(ctx, outcomeNotAcquired, nil)
+				w.end(ctx, telemetry.OutcomeNotAcquired, nil)
 				return false, nil
 			}
 		} else if err := table.lock(ctx, key, owner, t.run, &site, w); err != nil {
@@ -323,7 +324,7 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 		t.locks = append(t.locks, key)
 		taken++
 	}
-	w.end(ctx, outcomeAcquired, nil)
+	w.end(ctx, telemetry.OutcomeAcquired, nil)
 	t.took(&t.locksetSince)
 	return true, nil
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // noTelemetry is telemetry with the global (no-op) providers.
-var noTelemetry = newTelemetry(&options{}, "test", nil)
+var noTelemetry = newReporting(&options{}, "test", nil)
 
 // openSQLiteFile opens one SQLite file through lockhooks; raw opens the
 // same file through modernc as it is.

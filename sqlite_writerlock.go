@@ -21,7 +21,7 @@ type writerLock struct {
 // limit beyond ctx). stmt is the autocommit statement that takes it, or ""
 // for a transaction (begun with ctx, RunInTx's when it began it), whose
 // call site is recorded (see sqlitelock.Writer).
-func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeout time.Duration, stmt string) error {
+func (w *writerLock) lock(ctx context.Context, tel *reporting, owner any, timeout time.Duration, stmt string) error {
 	taker := lockTaker{chain: chainOf(ctx, runOf(ctx)), span: trace.SpanContextFromContext(ctx), hint: selfWaitHintTx}
 	if stmt != "" {
 		taker.hint = selfWaitHintStmt
@@ -34,7 +34,7 @@ func (w *writerLock) lock(ctx context.Context, tel *telemetry, owner any, timeou
 
 // lockContended is lock past its uncontended attempt, apart so that the
 // uncontended path keeps a small frame: it copies no holder.
-func (w *writerLock) lockContended(ctx context.Context, tel *telemetry, owner any, taker lockTaker, timeout time.Duration, stmt string) (err error) {
+func (w *writerLock) lockContended(ctx context.Context, tel *reporting, owner any, taker lockTaker, timeout time.Duration, stmt string) (err error) {
 	tk, h, self := w.core.Take(ctx, owner, taker, stmt)
 	if self {
 		// The holder is the transaction of RunInTx's fn, which runs on

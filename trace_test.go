@@ -21,6 +21,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
+	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
 // traced is what a telemetry test reads: spans and metrics.
@@ -395,7 +396,7 @@ func TestLockMetrics(t *testing.T) {
 	}
 	waits := points("lockhooks.lock.wait.duration")
 	for _, kind := range []string{"row", "lockset", "advisory"} {
-		if !has(waits, AttrLockKind.String(kind), AttrLockOutcome.String("acquired"), attrDBSystem.String("postgresql")) {
+		if !has(waits, AttrLockKind.String(kind), AttrLockOutcome.String("acquired"), telemetry.AttrDBSystem.String("postgresql")) {
 			t.Errorf("no wait point for kind %s: %v", kind, waits)
 		}
 	}
@@ -507,7 +508,7 @@ func TestLongWaitsWithoutAParentGetASpan(t *testing.T) {
 	waitFor(t, 10*time.Second, "the waiter", func() bool {
 		return w.waiting() == 1
 	})
-	for time.Since(start) < 2*orphanWait { // the wait must last; its outcome does not depend on it
+	for time.Since(start) < 2*telemetry.OrphanWait { // the wait must last; its outcome does not depend on it
 		time.Sleep(10 * time.Millisecond)
 	}
 	if err := tx.Commit(); err != nil {
@@ -522,7 +523,7 @@ func TestLongWaitsWithoutAParentGetASpan(t *testing.T) {
 		t.Fatalf("%d writer-wait spans, want 1: %v", len(spans), tr.spans.Ended())
 	}
 	s := spans[0]
-	if s.Parent().IsValid() || s.EndTime().Sub(s.StartTime()) < orphanWait || s.StartTime().Before(start) {
+	if s.Parent().IsValid() || s.EndTime().Sub(s.StartTime()) < telemetry.OrphanWait || s.StartTime().Before(start) {
 		t.Errorf("span from %v to %v (wait began %v), parent %v", s.StartTime(), s.EndTime(), start, s.Parent())
 	}
 	wantAttrs(t, s, map[attribute.Key]string{AttrLockOutcome: "acquired", AttrHolderSite: testDir + began})

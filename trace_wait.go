@@ -8,81 +8,51 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
+	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
-// lockWait times one lock acquisition: a span (when one is wanted) and the
-// wait histogram. Its zero value records nothing.
+// lockWait is one lock acquisition in progress: its span and histogram
+// (telemetry.Wait), the lookup of its blockers, its self-wait probe, and
+// what the debug page and the slow-wait log know of it (waitInfo). One
+// allocation per wait.
 type lockWait struct {
-	t     *telemetry
-	span  trace.Span
-	start time.Time
-	kind  string
-	mode  string
-	scope string
-	stop  chan struct{}  // stops the blockers lookup
-	self  *selfWaitProbe // a row-lock wait that may be a self-wait (selfwait.go)
-	// heldBy's holder, kept for a span started at the wait's end
-	// (orphanSpans) when the wait had none.
-	holders []holders.Holder
+	telemetry.Wait
+	t    *reporting
+	stop chan struct{}  // stops the blockers lookup
+	self *selfWaitProbe // a row-lock wait that may be a self-wait (selfwait.go)
 	waitInfo
 }
 
-// orphanWait is how long a wait outside a trace must last for lockhooks
-// to record it as a trace of its own (see WithRootSpans).
-const orphanWait = 100 * time.Millisecond
-
-// startWait begins timing an acquisition of a lock of kind.
-func (t *telemetry) startWait(ctx context.Context, kind, mode, scope string, attrs ...attribute.KeyValue) (context.Context, *lockWait) {
-	w := &lockWait{t: t, start: time.Now(), kind: kind, mode: mode, scope: scope}
-	if parent := trace.SpanFromContext(ctx); t.rootSpans || parent.IsRecording() {
-		all := append([]attribute.KeyValue{t.system, AttrLockKind.String(kind), AttrLockMode.String(mode), AttrLockScope.String(scope)}, attrs...)
-		ctx, w.span = t.tracer.Start(ctx, "lock.wait "+kind, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(all...))
-		if !w.span.IsRecording() {
-			w.span = nil
-		}
-	}
+// startWait begins timing an acquisition of a lock of kind, and lists it
+// among the database's waits in progress.
+func (t *reporting) startWait(ctx context.Context, kind, mode, scope string, attrs ...attribute.KeyValue) (context.Context, *lockWait) {
+	w := &lockWait{t: t}
+	ctx = t.StartWait(ctx, &w.Wait, kind, mode, scope, attrs...)
 	t.watch.add(ctx, w, attrs)
 	return ctx, w
 }
 
-// recording reports whether the wait has a recording span.
-func (w *lockWait) recording() bool { return w != nil && w.span != nil }
+// recording reports whether the wait (nil: none) has a recording span.
+func (w *lockWait) recording() bool { return w != nil && w.Recording() }
 
-// wantsHolder reports whether the wait records its holder: it has a
-// recording span, or may get one at its end (orphanSpans).
-func (w *lockWait) wantsHolder() bool {
-	return w.recording() || w != nil && w.span == nil && w.t.orphanSpans
-}
+// wantsHolder reports whether the wait (nil: none) records its holder.
+func (w *lockWait) wantsHolder() bool { return w != nil && w.WantsHolder() }
 
-// heldBy records what holds the lock this acquisition waits for, as the
-// model of holders names it: a link to the holder's span, and its
-// database, connection, backend pid, call site and since when.
+// heldBy records what holds the lock the wait (nil: none) waits for.
 func (w *lockWait) heldBy(h holders.Holder) {
-	if w != nil && w.span == nil && w.t.orphanSpans {
-		w.holders = append(w.holders, h) // for a span at the wait's end
-		return
+	if w != nil {
+		w.HeldBy(h)
 	}
-	if !w.recording() {
-		return
-	}
-	attrs := holderSpanAttrs(h)
-	if h.Span.IsValid() {
-		w.span.AddLink(trace.Link{SpanContext: h.Span, Attributes: attrs})
-	}
-	w.span.SetAttributes(append(attrs, AttrHolderDescription.String(h.String()))...)
 }
 
 // end finishes the acquisition with an outcome; a zero outcome is derived
@@ -98,37 +68,18 @@ func (w *lockWait) end(ctx context.Context, outcome string, err error) {
 		outcome = outcomeOf(err)
 	}
 	w.t.watch.remove(w, outcome)
-	if h := w.t.wait; h != nil && h.Enabled(ctx) {
-		h.Record(ctx, time.Since(w.start).Seconds(), w.t.base, metric.WithAttributes(
-			AttrLockKind.String(w.kind), AttrLockMode.String(w.mode), AttrLockScope.String(w.scope), AttrLockOutcome.String(outcome)))
-	}
-	if w.span == nil && w.t.orphanSpans && time.Since(w.start) >= orphanWait && !trace.SpanContextFromContext(ctx).IsValid() {
+	w.Record(ctx, outcome)
+	if w.WantsOrphanSpan(ctx) {
 		w.orphanSpan(ctx)
 	}
-	if w.span == nil {
-		return
-	}
-	w.span.SetAttributes(AttrLockOutcome.String(outcome))
-	switch outcome {
-	case outcomeAcquired, outcomeNotAcquired:
-	default:
-		if code := statusCode(err); code != "" {
-			w.span.SetAttributes(attrDBStatus.String(code))
-		}
-		w.span.SetAttributes(attrErrorType.String(errorType(outcome, err)))
-		if outcome != outcomeCanceled && err != nil {
-			w.span.RecordError(err)
-			w.span.SetStatus(codes.Error, err.Error())
-		}
-	}
-	w.span.End()
+	w.Finish(outcome, err)
 }
 
 // orphanSpan starts, at the end of a wait outside any trace, the span it
 // would have had as a root span, from the wait's start, with its holders
 // (see WithRootSpans).
 func (w *lockWait) orphanSpan(ctx context.Context) {
-	attrs := []attribute.KeyValue{w.t.system, AttrLockKind.String(w.kind), AttrLockMode.String(w.mode), AttrLockScope.String(w.scope)}
+	var attrs []attribute.KeyValue
 	if w.namespace != "" {
 		attrs = append(attrs, AttrLockNamespace.String(w.namespace))
 	}
@@ -140,7 +91,7 @@ func (w *lockWait) orphanSpan(ctx context.Context) {
 			attrs = append(attrs, AttrBackendPID.Int64(int64(pid)))
 		}
 	}
-	holders := w.holders
+	holders := w.Holders()
 	if len(holders) == 0 && w.t.watch != nil {
 		// Named by the slow-wait log or the lookup: on Postgres, the
 		// holders at the root of the chain the server showed.
@@ -158,59 +109,12 @@ func (w *lockWait) orphanSpan(ctx context.Context) {
 	if text := w.holderNamed(); text != "" && len(holders) == 0 {
 		attrs = append(attrs, AttrHolderDescription.String(text)) // backends nobody identified
 	}
-	_, w.span = w.t.tracer.Start(ctx, "lock.wait "+w.kind, trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithTimestamp(w.start), trace.WithAttributes(attrs...))
-	if !w.span.IsRecording() {
-		w.span = nil
-		return
-	}
-	for _, h := range holders {
-		w.heldBy(h)
-	}
+	w.StartOrphanSpan(ctx, attrs, holders)
 }
 
 // outcomeOf classifies the error of a lock acquisition.
 func outcomeOf(err error) string {
-	switch {
-	case err == nil:
-		return outcomeAcquired
-	case errors.Is(err, ErrLockLost):
-		return outcomeLost
-	case errors.Is(err, context.Canceled):
-		return outcomeCanceled
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrWriterLockTimeout):
-		return outcomeTimeout
-	}
-	switch dberr.SQLState(err) {
-	case "40P01":
-		return outcomeDeadlock
-	case "55P03":
-		return outcomeTimeout
-	case "57014":
-		return outcomeCanceled
-	}
-	return outcomeError
-}
-
-// statusCode returns the database's code for err: a SQLSTATE, or an SQLite
-// result code.
-func statusCode(err error) string {
-	if s := dberr.SQLState(err); s != "" {
-		return s
-	}
-	var lite interface{ Code() int }
-	if errors.As(err, &lite) {
-		return fmt.Sprint(lite.Code())
-	}
-	return ""
-}
-
-// errorType is error.type: the outcome for lock failures, else the Go type.
-func errorType(outcome string, err error) string {
-	if outcome != outcomeError || err == nil {
-		return outcome
-	}
-	return fmt.Sprintf("%T", err)
+	return telemetry.Outcomes{Lost: ErrLockLost, Timeout: ErrWriterLockTimeout}.Of(err)
 }
 
 // lookForBlockers asks, once the wait has lasted the threshold, who
@@ -221,12 +125,12 @@ func errorType(outcome string, err error) string {
 // on the waiting connection.
 func (w *lockWait) lookForBlockers(wc *conn, pid int32) {
 	c := wc.connector
-	if !w.recording() || w.t.blockerThreshold <= 0 || pid == 0 || c.opts.dialect != Postgres {
+	if !w.recording() || w.t.BlockerThreshold() <= 0 || pid == 0 || c.opts.dialect != Postgres {
 		return
 	}
 	w.stop = make(chan struct{})
-	stop, span, threshold := w.stop, w.span, w.t.blockerThreshold
-	v := waitView{w: w, kind: w.kind, conn: wc, advKeys: w.advKeys}
+	stop, span, threshold := w.stop, w.Span(), w.t.BlockerThreshold()
+	v := waitView{w: w, kind: w.Kind(), conn: wc, advKeys: w.advKeys}
 	go func() {
 		timer := time.NewTimer(threshold)
 		defer timer.Stop()
@@ -250,11 +154,7 @@ func (w *lockWait) lookForBlockers(wc *conn, pid int32) {
 		}
 		if _, ok := found.root(); !ok {
 			if x, ok := found.rootBlocker(); ok { // a backend nobody identified
-				attrs := []attribute.KeyValue{AttrHolderPID.Int64(int64(x.PID)), AttrHolderDescription.String(x.String())}
-				if x.XactSeconds >= 0 {
-					attrs = append(attrs, AttrHolderHeldSeconds.Float64(x.XactSeconds))
-				}
-				span.SetAttributes(attrs...)
+				span.SetAttributes(telemetry.UnknownBlocker(x)...)
 			}
 		}
 		w.noteFound(found)
@@ -262,42 +162,16 @@ func (w *lockWait) lookForBlockers(wc *conn, pid int32) {
 }
 
 // eventAttrs are the attributes of a wait span's lockhooks.lock.blockers
-// event: the backends that block the wait (of waiter pid) directly, as
-// Postgres shows them, the one at the root and those queued ahead.
+// event: the backends that block the wait (of waiter pid), and the one at
+// the root of the chain.
 func (b *blockage) eventAttrs(pid int32) []attribute.KeyValue {
-	var pids, queued []int64
-	var states, starts, queries, apps []string
-	for _, x := range b.server {
-		if x.Waiting {
-			queued = append(queued, int64(x.PID))
-		}
-		if x.Depth > 1 {
-			continue
-		}
-		start := ""
-		if x.XactSeconds >= 0 {
-			start = b.at.Add(-time.Duration(x.XactSeconds * float64(time.Second))).UTC().Format(time.RFC3339Nano)
-		}
-		pids, states, starts = append(pids, int64(x.PID)), append(states, x.State), append(starts, start)
-		queries, apps = append(queries, holders.Truncate(x.Query, 200)), append(apps, x.ApplicationName)
-	}
-	attrs := []attribute.KeyValue{
-		AttrBackendPID.Int64(int64(pid)),
-		attribute.Int64Slice("lockhooks.blocker.backend_pids", pids),
-		attribute.StringSlice("lockhooks.blocker.states", states),
-		attribute.StringSlice("lockhooks.blocker.xact_starts", starts),
-		attribute.StringSlice("lockhooks.blocker.queries", queries),
-		attribute.StringSlice("lockhooks.blocker.application_names", apps),
-	}
-	if len(queued) > 0 {
-		attrs = append(attrs, attribute.Int64Slice("lockhooks.blocker.queued_pids", queued))
-	}
+	var root int32
 	if h, ok := b.root(); ok && h.PID != 0 {
-		attrs = append(attrs, attribute.Int64("lockhooks.blocker.root_pid", int64(h.PID)))
+		root = h.PID
 	} else if x, ok := b.rootBlocker(); ok {
-		attrs = append(attrs, attribute.Int64("lockhooks.blocker.root_pid", int64(x.PID)))
+		root = x.PID
 	}
-	return attrs
+	return telemetry.BlockersEvent(pid, b.server, b.at, root)
 }
 
 // asString converts the text values drivers return.
@@ -381,14 +255,14 @@ func (c *conn) startRowLockWait(ctx context.Context, st statement) *lockWait {
 
 // watchBlockers starts the blockers lookup of a recorded Postgres wait.
 func (c *conn) watchBlockers(ctx context.Context, w *lockWait) {
-	if !w.recording() || c.connector.tel.blockerThreshold <= 0 {
+	if !w.recording() || c.connector.tel.BlockerThreshold() <= 0 {
 		return
 	}
 	pid, err := c.backendPID(ctx)
 	if err != nil {
 		return
 	}
-	w.span.SetAttributes(AttrBackendPID.Int64(int64(pid)))
+	w.Span().SetAttributes(AttrBackendPID.Int64(int64(pid)))
 	w.lookForBlockers(c, pid)
 }
 
@@ -403,18 +277,18 @@ func (c *conn) endLockWait(ctx context.Context, plan advisoryPlan, err error) {
 	st := plan.st
 	switch {
 	case err != nil && st.rowLock && st.locks&sqlscan.NoWait != 0 && dberr.SQLState(err) == "55P03":
-		outcome = outcomeNotAcquired // NOWAIT found the row locked
+		outcome = telemetry.OutcomeNotAcquired // NOWAIT found the row locked
 	case err == nil && st.advisory != nil && st.advisory.Simple && st.advisory.Calls[0].Func&sqlscan.FnTry != 0:
 		call := st.advisory.Calls[0]
 		if k, ok := keyOf(call, plan.args); ok && call.Func&sqlscan.FnXact == 0 && !c.holds(k) {
-			outcome = outcomeNotAcquired
+			outcome = telemetry.OutcomeNotAcquired
 		}
 	}
-	if outcome == outcomeAcquired && c.tx.inner != nil {
+	if outcome == telemetry.OutcomeAcquired && c.tx.inner != nil {
 		switch {
 		case st.rowLock:
 			c.tx.took(&c.tx.rowSince)
-		case w.scope == "transaction":
+		case w.Scope() == "transaction":
 			c.tx.took(&c.tx.xactSince)
 		}
 	}

@@ -209,7 +209,7 @@ func (t *tx) recordHolds() {
 		if h.since.IsZero() {
 			continue
 		}
-		t.c.connector.tel.recordHold(ctx, h.kind, "transaction", *h.since)
+		t.c.connector.tel.RecordHold(ctx, h.kind, "transaction", *h.since)
 		if t.span != nil && t.span.IsRecording() {
 			t.span.AddEvent("lockhooks.locks.released", trace.WithAttributes(
 				AttrLockKind.String(h.kind), AttrLockScope.String("transaction"),
