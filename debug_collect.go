@@ -10,6 +10,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/debugpage"
+	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
@@ -101,7 +102,7 @@ func advisoryCandidate(c *debugpage.Candidate, k lockKey) {
 		return
 	}
 	if name, ok := keyNames.lookup(k.K1); ok {
-		if i := strings.IndexByte(name, 0); i >= 0 && validCanonicalID(name[i+1:]) {
+		if i := strings.IndexByte(name, 0); i >= 0 && lockset.ValidID(name[i+1:]) {
 			c.Kind, c.Namespace, c.ID = "lockset", name[:i], name[i+1:]
 		}
 	}
@@ -168,10 +169,10 @@ func newPageNames() pageNames { return pageNames{sites: siteNames{}} }
 
 func (n pageNames) Site(s *callsite.Stack) string { return n.sites.of(s) }
 
-func (pageNames) ID(cid string) string { return describeID(cid) }
+func (pageNames) ID(cid string) string { return lockset.DescribeID(cid) }
 
 func (pageNames) StringID(cid string) (string, bool) {
-	if cid != "" && cid[0] == tagString {
+	if cid != "" && cid[0] == lockset.TagString {
 		return cid[1:], true
 	}
 	return "", false

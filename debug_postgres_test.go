@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/lockset"
 )
 
 // Postgres: a lock held by another process; the waiter's row names the
@@ -203,7 +204,7 @@ func TestDebugHandlerPostgresLocksetNames(t *testing.T) {
 	rep, _ := debugJSON(t, srv)
 	h := rep.Databases[0].Held
 	if len(h) != 1 || h[0].Kind != "lockset" || h[0].Scope != "transaction" || h[0].Namespace != "<orders>" || h[0].Key != "17" ||
-		h[0].AdvisoryKey != fmt.Sprint(LockID("<orders>\x00"+string(intKey(17)))) || !strings.Contains(h[0].Site, "debug_postgres_test.go:") || h[0].Since.IsZero() {
+		h[0].AdvisoryKey != fmt.Sprint(LockID("<orders>\x00"+lockset.IntID(17))) || !strings.Contains(h[0].Site, "debug_postgres_test.go:") || h[0].Since.IsZero() {
 		t.Errorf("held: %+v", h)
 	}
 	if g := rep.Databases[0].HeldGroups; len(g) != 1 || g[0].Kind != "lockset" || g[0].Namespace != "<orders>" || g[0].Count != 1 {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
@@ -241,7 +242,7 @@ func (c *connector) inProcessEdges() []inProcessEdge {
 	})
 	c.locksets.waits(func(key locksetKey, h holderInfo, w waiterInfo) {
 		out = append(out, inProcessEdge{kind: "lockset", waiter: ownerConn(w.owner), since: w.since, wsite: sym.of(&w.site),
-			holder: tableHolderNamed(lockKeyName(key.namespace, describeID(key.id)), h, sym)})
+			holder: tableHolderNamed(lockKeyName(key.namespace, lockset.DescribeID(key.id)), h, sym)})
 	})
 	c.writer.waits(func(h writerHolder, w writerWaiterInfo) {
 		out = append(out, inProcessEdge{kind: "sqlite_writer", waiter: ownerConn(w.owner), since: w.since, wsite: w.where,

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/lockset"
 )
 
 // Names of advisory-lock keys. An advisory key is a number; the name it
@@ -78,7 +79,7 @@ type keyOrigin struct {
 	name      string // LockID's argument (lockset false)
 	lockset   bool   // the key is one of Lock's: namespace and id are set
 	namespace string
-	cid       string // the id, canonical (see canonicalIDs)
+	cid       string // the id, canonical (see lockset.CanonicalIDs)
 }
 
 // originOf returns what key k was made from, if lockhooks saw it.
@@ -88,33 +89,17 @@ func originOf(k int64) (keyOrigin, bool) {
 		return keyOrigin{}, false
 	}
 	// Lock's keys are LockID(namespace + "\x00" + canonical id).
-	if i := strings.IndexByte(name, 0); i >= 0 && validCanonicalID(name[i+1:]) {
+	if i := strings.IndexByte(name, 0); i >= 0 && lockset.ValidID(name[i+1:]) {
 		return keyOrigin{lockset: true, namespace: name[:i], cid: name[i+1:]}, true
 	}
 	return keyOrigin{name: name}, true
-}
-
-// validCanonicalID reports whether s is an id as canonicalIDs encodes it.
-func validCanonicalID(s string) bool {
-	if s == "" {
-		return false
-	}
-	switch s[0] {
-	case tagInt:
-		return len(s) == 9
-	case tagUUID:
-		return len(s) == 17
-	case tagString:
-		return true
-	}
-	return false
 }
 
 // label is the origin as a reader names it: the LockID name, or
 // "namespace / id".
 func (o keyOrigin) label() string {
 	if o.lockset {
-		return o.namespace + " / " + describeID(o.cid)
+		return o.namespace + " / " + lockset.DescribeID(o.cid)
 	}
 	return o.name
 }

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/lockhooks/lockhooks/internal/lockset"
 )
 
 // LockID remembers the names it hashed, and every place that shows a key
@@ -27,11 +29,11 @@ func TestKeyNames(t *testing.T) {
 		id   any
 		want string
 	}{{42, "invoices / 42"}, {"a/b", `invoices / "a/b"`}, {[16]byte{1}, "invoices / 01000000000000000000000000000000"}} {
-		ids, err := canonicalIDs([]any{c.id})
+		ids, err := lockset.CanonicalIDs([]any{c.id})
 		if err != nil {
 			t.Fatal(err)
 		}
-		key := advisoryKeys("invoices", ids)[0]
+		key := lockset.AdvisoryKeys("invoices", ids, LockID)[0]
 		o, ok := originOf(key)
 		if !ok || !o.lockset || o.namespace != "invoices" || o.label() != c.want {
 			t.Errorf("Lock(%v): origin %+v %v, label %q, want %q", c.id, o, ok, o.label(), c.want)

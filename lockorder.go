@@ -10,6 +10,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/lockorder"
+	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -78,7 +79,7 @@ func (h *txLocks) describe() (held, waiting []string) {
 func (l *txLock) describe() string {
 	switch l.kind {
 	case heldLockset:
-		return fmt.Sprintf("lockset %q ids %s", l.name, describeIDs(l.ids))
+		return fmt.Sprintf("lockset %q ids %s", l.name, lockset.DescribeIDs(l.ids))
 	case heldAdvisory:
 		if l.keyOK {
 			return "advisory key " + l.key.String()
@@ -177,7 +178,7 @@ func (c *conn) noteLocks(st statement, query string, args []driver.NamedValue) {
 			}
 			if ok {
 				l.order.Column = strings.ToLower(tg.Column)
-				l.order.Lo = string(intKey(v))
+				l.order.Lo = lockset.IntID(v)
 				l.order.Hi = l.order.Lo
 			}
 		}
@@ -404,7 +405,7 @@ func (r LockOrderReport) String() string {
 func WithLockOrderCheck(handler func(LockOrderReport)) Option {
 	var g *lockOrder
 	if handler != nil {
-		g = &lockOrder{graph: lockorder.New[txLock](describeID), handler: handler}
+		g = &lockOrder{graph: lockorder.New[txLock](lockset.DescribeID), handler: handler}
 	}
 	return func(o *options) { o.lockOrder = g }
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
+	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -124,7 +125,7 @@ func argInt(args []driver.NamedValue, n int) (int64, bool) {
 				return 0, false
 			}
 		}
-		if n, isInt, fits := integerValue(v); isInt {
+		if n, isInt, fits := lockset.IntegerValue(v); isInt {
 			return n, fits
 		}
 		if x, ok := v.(string); ok {
@@ -135,35 +136,6 @@ func argInt(args []driver.NamedValue, n int) (int64, bool) {
 		return 0, false
 	}
 	return 0, false
-}
-
-// integerValue converts a value of any of Go's integer types to int64:
-// isInt reports whether v has an integer type, fits whether its value
-// fits an int64.
-func integerValue(v any) (n int64, isInt, fits bool) {
-	switch x := v.(type) {
-	case int64:
-		return x, true, true
-	case int:
-		return int64(x), true, true
-	case int32:
-		return int64(x), true, true
-	case int16:
-		return int64(x), true, true
-	case int8:
-		return int64(x), true, true
-	case uint32:
-		return int64(x), true, true
-	case uint16:
-		return int64(x), true, true
-	case uint8:
-		return int64(x), true, true
-	case uint:
-		return int64(x), true, uint64(x) <= 1<<63-1
-	case uint64:
-		return int64(x), true, x <= 1<<63-1
-	}
-	return 0, false, false
 }
 
 // coreKeys is keys as the core's key values.

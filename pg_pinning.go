@@ -16,6 +16,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
@@ -309,7 +310,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 // time.Time or a value of the driver's own types need not.
 func integerArgs(args []driver.NamedValue) bool {
 	for _, a := range args {
-		if _, isInt, fits := integerValue(a.Value); !isInt || !fits {
+		if _, isInt, fits := lockset.IntegerValue(a.Value); !isInt || !fits {
 			return false
 		}
 	}

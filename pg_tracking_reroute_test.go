@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/lockset"
 )
 
 // 6. A transaction whose context is cancelled rolls back; the connection
@@ -243,11 +245,11 @@ func TestPostgresTryLockIsAllOrNone(t *testing.T) {
 // locksetKeysOf returns the Postgres keys of Lock(namespace, ids...).
 func locksetKeysOf(t testing.TB, db *sql.DB, namespace string, ids ...any) []int64 {
 	t.Helper()
-	canon, err := canonicalIDs(ids)
+	canon, err := lockset.CanonicalIDs(ids)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return advisoryKeys(namespace, canon)
+	return lockset.AdvisoryKeys(namespace, canon, LockID)
 }
 
 // A rerouted unlock runs with a context of its own: the caller's deadline

@@ -4,14 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
@@ -67,11 +65,11 @@ func lockRequestExec(ctx context.Context, tx *sql.Tx, namespace string, ids []an
 	if tx == nil {
 		return false, errors.New("lockhooks: Lock needs a transaction (db.BeginTx); got a nil *sql.Tx")
 	}
-	keys, err := canonicalIDs(ids)
+	keys, err := lockset.CanonicalIDs(ids)
 	if err != nil {
 		return false, err
 	}
-	res, err := tx.ExecContext(ctx, lockMarker, encodeLockRequest(namespace, keys, try))
+	res, err := tx.ExecContext(ctx, lockMarker, lockRequest(lockset.Encode(namespace, keys, try)))
 	if err != nil {
 		if strings.Contains(err.Error(), "lockhooks_lock_needs_a_lockhooks_database") {
 			return false, fmt.Errorf("lockhooks: Lock needs a transaction of a database opened through lockhooks (lockhooks.Open, OpenDB or a lockhooks+ driver name); this one sent the request to the server: %w", err)
@@ -80,110 +78,6 @@ func lockRequestExec(ctx context.Context, tx *sql.Tx, namespace string, ids []an
 	}
 	n, err := res.RowsAffected()
 	return n == 1, err
-}
-
-// Type tags of canonical ids; their order is the order between types.
-const (
-	tagInt    = 'i'
-	tagString = 's'
-	tagUUID   = 'u'
-)
-
-// canonicalIDs encodes ids so that byte order is the documented lock
-// order, sorts them and drops duplicates.
-func canonicalIDs(ids []any) ([]string, error) {
-	if len(ids) == 0 {
-		return nil, errors.New("lockhooks: Lock needs at least one id")
-	}
-	keys := make([]string, 0, len(ids))
-	for _, id := range ids {
-		var b []byte
-		if n, isInt, fits := integerValue(id); isInt {
-			if !fits {
-				return nil, fmt.Errorf("lockhooks: id %d does not fit an int64", id)
-			}
-			keys = append(keys, string(intKey(n)))
-			continue
-		}
-		switch v := id.(type) {
-		case string:
-			b = append([]byte{tagString}, v...)
-		case [16]byte:
-			b = append([]byte{tagUUID}, v[:]...)
-		case fmt.Stringer:
-			b = append([]byte{tagString}, v.String()...)
-		default:
-			return nil, fmt.Errorf("lockhooks: cannot lock an id of type %T; use an integer, a string, a [16]byte UUID or a fmt.Stringer", id)
-		}
-		keys = append(keys, string(b))
-	}
-	slices.Sort(keys)
-	return slices.Compact(keys), nil
-}
-
-// intKey encodes n so that byte order is numeric order.
-func intKey(n int64) []byte {
-	b := make([]byte, 9)
-	b[0] = tagInt
-	binary.BigEndian.PutUint64(b[1:], uint64(n)^(1<<63))
-	return b
-}
-
-// describeID turns a canonical id back into text for messages.
-func describeID(key string) string {
-	switch key[0] {
-	case tagInt:
-		return strconv.FormatInt(int64(binary.BigEndian.Uint64([]byte(key[1:]))^(1<<63)), 10)
-	case tagUUID:
-		return fmt.Sprintf("%x", key[1:])
-	}
-	return strconv.Quote(key[1:])
-}
-
-// encodeLockRequest packs a request: try flag, namespace, then ids, each
-// length-prefixed.
-func encodeLockRequest(namespace string, keys []string, try bool) lockRequest {
-	b := []byte{0}
-	if try {
-		b[0] = 1
-	}
-	b = binary.AppendUvarint(b, uint64(len(namespace)))
-	b = append(b, namespace...)
-	for _, k := range keys {
-		b = binary.AppendUvarint(b, uint64(len(k)))
-		b = append(b, k...)
-	}
-	return b
-}
-
-// decodeLockRequest unpacks encodeLockRequest.
-func decodeLockRequest(b []byte) (namespace string, keys []string, try bool, err error) {
-	bad := errors.New("lockhooks: malformed lock request")
-	if len(b) < 1 {
-		return "", nil, false, bad
-	}
-	try, b = b[0] == 1, b[1:]
-	next := func() (string, bool) {
-		n, w := binary.Uvarint(b)
-		if w <= 0 || uint64(len(b)-w) < n {
-			return "", false
-		}
-		s := string(b[w : w+int(n)])
-		b = b[w+int(n):]
-		return s, true
-	}
-	var ok bool
-	if namespace, ok = next(); !ok {
-		return "", nil, false, bad
-	}
-	for len(b) > 0 {
-		k, ok := next()
-		if !ok || k == "" {
-			return "", nil, false, bad
-		}
-		keys = append(keys, k)
-	}
-	return namespace, keys, try, nil
 }
 
 // locksetKey is one in-memory lock.
@@ -213,7 +107,7 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 	default:
 		return nil, fmt.Errorf("lockhooks: malformed lock request (%T)", v)
 	}
-	namespace, keys, try, err := decodeLockRequest(raw)
+	namespace, keys, try, err := lockset.Decode(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -234,15 +128,15 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 		if !try {
 			names := map[int64]string{}
 			for i, id := range keys {
-				names[ks[i].K1] = lockKeyName(namespace, describeID(id))
+				names[ks[i].K1] = lockKeyName(namespace, lockset.DescribeID(id))
 			}
-			if hint, err = c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("Lock(%q, %s)", namespace, describeIDs(keys)) }, ks, names); err != nil {
+			if hint, err = c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("Lock(%q, %s)", namespace, lockset.DescribeIDs(keys)) }, ks, names); err != nil {
 				c.connector.events.add(eventSelfWait, err.Error())
 				return nil, err
 			}
 		}
 		_, w := c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
-			AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
+			AttrLockNamespace.String(namespace), AttrLockKeys.String(lockset.DescribeIDs(keys)))
 		w.noteSelfHint(hint)
 		var site callsite.Stack
 		site.CaptureFast()
@@ -293,7 +187,7 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 	table := &t.c.connector.locksets
 	owner := txOwner{t.c, t.gen}
 	_, w := t.c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
-		AttrLockNamespace.String(namespace), AttrLockKeys.String(describeIDs(keys)))
+		AttrLockNamespace.String(namespace), AttrLockKeys.String(lockset.DescribeIDs(keys)))
 	var site callsite.Stack
 	site.CaptureFast()
 	w.setWaiter(t.c, "", &site, "", nil)
@@ -302,7 +196,7 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 		key := locksetKey{namespace, k}
 		if w.wantsHolder() {
 			if h, ok := table.holder(key); ok && h.owner != owner {
-				w.heldBy(tableHolder(lockKeyName(namespace, describeID(k)), h))
+				w.heldBy(tableHolder(lockKeyName(namespace, lockset.DescribeID(k)), h))
 			}
 		}
 		if try {
@@ -313,8 +207,8 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 			}
 		} else if err := table.lock(ctx, key, owner, t.run, &site, w); err != nil {
 			t.releaseLast(taken)
-			name := lockKeyName(namespace, describeID(k))
-			err = explainTableWait(err, fmt.Sprintf("Lock(%q, %s)", namespace, describeIDs(keys)), "lockset id "+name, name)
+			name := lockKeyName(namespace, lockset.DescribeID(k))
+			err = explainTableWait(err, fmt.Sprintf("Lock(%q, %s)", namespace, lockset.DescribeIDs(keys)), "lockset id "+name, name)
 			if errors.Is(err, ErrSelfWait) {
 				t.c.connector.events.add(eventSelfWait, err.Error())
 			}
@@ -329,15 +223,6 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 	return true, nil
 }
 
-// describeIDs lists canonical ids as text.
-func describeIDs(keys []string) string {
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = describeID(k)
-	}
-	return strings.Join(parts, ", ")
-}
-
 // releaseLast releases the last n locks the transaction took.
 func (t *tx) releaseLast(n int) {
 	table := &t.c.connector.locksets
@@ -348,17 +233,6 @@ func (t *tx) releaseLast(n int) {
 	t.locks = t.locks[:len(t.locks)-n]
 }
 
-// advisoryKeys maps (namespace, id) to Postgres advisory keys, sorted,
-// and remembers what each was made from (see describeKey).
-func advisoryKeys(namespace string, keys []string) []int64 {
-	out := make([]int64, len(keys))
-	for i, k := range keys {
-		out[i] = LockID(namespace + "\x00" + k)
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
 // locksetPostgres takes the keys as transaction-level advisory locks, in
 // sorted order, in one statement (the target list runs left to right).
 // TryLock of several keys tries them inside a savepoint and rolls the
@@ -366,16 +240,16 @@ func advisoryKeys(namespace string, keys []string) []int64 {
 // subtransaction are released with it), so it holds all or none and never
 // a session lock.
 func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []string, try bool, site *callsite.Stack) (bool, error) {
-	ks := advisoryKeys(namespace, keys)
+	ks := lockset.AdvisoryKeys(namespace, keys, LockID)
 	if !try {
-		if _, err := c.queryRow(ctx, lockAll("pg_advisory_xact_lock", "count", ks), nil); err != nil {
+		if _, err := c.queryRow(ctx, lockset.Statement("pg_advisory_xact_lock", "count", ks), nil); err != nil {
 			return false, err
 		}
 		c.addXact(ks, site)
 		return true, nil
 	}
 	if len(ks) == 1 {
-		row, err := c.queryRow(ctx, "SELECT "+calls("pg_try_advisory_xact_lock", ks), nil)
+		row, err := c.queryRow(ctx, "SELECT "+lockset.Calls("pg_try_advisory_xact_lock", ks), nil)
 		if err != nil {
 			return false, err
 		}
@@ -388,7 +262,7 @@ func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []str
 	if err := c.execOwn(ctx, "SAVEPOINT lockhooks_trylock"); err != nil {
 		return false, err
 	}
-	row, err := c.queryRow(ctx, lockAll("pg_try_advisory_xact_lock", "bool_and", ks), nil)
+	row, err := c.queryRow(ctx, lockset.Statement("pg_try_advisory_xact_lock", "bool_and", ks), nil)
 	all := err == nil
 	for _, v := range row {
 		if ok, _ := v.(bool); !ok {
@@ -409,39 +283,4 @@ func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []str
 		c.addXact(ks, site)
 	}
 	return all, nil
-}
-
-// maxTargetCalls bounds the calls lockAll writes as a target list: Postgres
-// refuses a target list of more than 1664 entries (54011).
-const maxTargetCalls = 1000
-
-// lockAll returns the statement that calls fn on each key, in order: a
-// target list "SELECT fn(k1), fn(k2), …" (one column per key), or, for more
-// keys than a target list may have, "SELECT agg(fn(k)) FROM unnest(…) k"
-// (one column; unnest yields the keys in order, and the aggregate's
-// argument is evaluated row by row as they come, so the locks are taken in
-// the same order).
-func lockAll(fn, agg string, keys []int64) string {
-	if len(keys) <= maxTargetCalls {
-		return "SELECT " + calls(fn, keys)
-	}
-	var b strings.Builder
-	b.WriteString("SELECT " + agg + "(" + fn + "(k)) FROM unnest('{")
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(k, 10))
-	}
-	b.WriteString("}'::bigint[]) AS k")
-	return b.String()
-}
-
-// calls returns "fn(k1), fn(k2), …".
-func calls(fn string, keys []int64) string {
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fn + "(" + strconv.FormatInt(k, 10) + ")"
-	}
-	return strings.Join(parts, ", ")
 }

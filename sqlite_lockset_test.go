@@ -38,35 +38,6 @@ func beginTx(t testing.TB, db *sql.DB, opts *sql.TxOptions) *sql.Tx {
 
 var readOnly = &sql.TxOptions{ReadOnly: true}
 
-type stringer string
-
-func (s stringer) String() string { return string(s) }
-
-func TestCanonicalIDOrder(t *testing.T) {
-	uuidA, uuidB := [16]byte{1}, [16]byte{2}
-	keys, err := canonicalIDs([]any{"b", uuidB, int64(10), -3, "a", uuidA, stringer("c"), uint8(2), 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, k := range keys {
-		got = append(got, describeID(k))
-	}
-	want := `-3 2 10 "a" "b" "c" 01000000000000000000000000000000 02000000000000000000000000000000`
-	if s := strings.Join(got, " "); s != want {
-		t.Errorf("order %s\n want %s", s, want)
-	}
-	if _, err := canonicalIDs([]any{3.5}); err == nil || !strings.Contains(err.Error(), "float64") {
-		t.Errorf("a float id: %v", err)
-	}
-	if _, err := canonicalIDs([]any{uint64(1) << 63}); err == nil || !strings.Contains(err.Error(), "does not fit an int64") {
-		t.Errorf("an id too large for int64: %v", err)
-	}
-	if _, err := canonicalIDs(nil); err == nil {
-		t.Error("no ids accepted")
-	}
-}
-
 func TestLocksetBasics(t *testing.T) {
 	db, _ := openSQLiteFile(t)
 	ctx := context.Background()
