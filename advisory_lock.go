@@ -13,6 +13,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 )
 
 // AdvisoryLock is a session advisory lock held on one connection of a
@@ -265,7 +266,7 @@ func (l *AdvisoryLock) lockedWithToken(ctx context.Context) (got, tokened bool, 
 		return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
 	}
 	if n == 2 && row[1] != nil { // NULL on a hot standby: 0
-		l.token = asInt64(row[1])
+		l.token = pgdriver.AsInt64(row[1])
 	}
 	clear(row)
 	return true, n == 2, nil

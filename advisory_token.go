@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 )
 
 // Token returns the lock's fencing token: a number that grows with every
@@ -74,7 +76,7 @@ func (l *AdvisoryLock) readToken(ctx context.Context) {
 		row, err := l.c.queryRow(ctx, note+tokenQuery, args)
 		switch {
 		case err == nil && row[0] != nil:
-			l.token = asInt64(row[0])
+			l.token = pgdriver.AsInt64(row[0])
 		case err != nil && l.c.connectionBroken(err):
 			// The read bypasses the statement hooks, which would have
 			// found the loss: report it as they would (Lost, Err).

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 )
 
@@ -132,10 +133,10 @@ func (c *conn) backendPID(ctx context.Context) (int32, error) {
 		return 0, fmt.Errorf("lockhooks: pg_backend_pid() returned %T, want an integer", row[0])
 	}
 	if len(row) > 3 {
-		c.incarnation = pgsession.ReadIncarnation(asString(row[3]))
+		c.incarnation = pgsession.ReadIncarnation(pgdriver.AsString(row[3]))
 	}
 	if len(row) > 1 {
-		c.sawMarker(asString(row[1]), strconv.Itoa(int(c.pid.Load())))
+		c.sawMarker(pgdriver.AsString(row[1]), strconv.Itoa(int(c.pid.Load())))
 	}
 	return c.pid.Load(), nil
 }

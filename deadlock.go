@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 )
 
 // Explaining a deadlock (SQLSTATE 40P01): Postgres's DETAIL names the
@@ -116,13 +117,13 @@ SELECT 'r', c.oid::text, c.oid::regclass::text, '', '', '' FROM pg_class c WHERE
 				}
 				return err
 			}
-			switch asString(dest[0]) {
+			switch pgdriver.AsString(dest[0]) {
 			case "b":
-				pid, _ := strconv.ParseInt(asString(dest[1]), 10, 32)
-				age, _ := strconv.ParseFloat(asString(dest[4]), 64)
-				f.backends[int32(pid)] = backendFacts{app: asString(dest[2]), state: asString(dest[3]), xactAge: age, statement: asString(dest[5])}
+				pid, _ := strconv.ParseInt(pgdriver.AsString(dest[1]), 10, 32)
+				age, _ := strconv.ParseFloat(pgdriver.AsString(dest[4]), 64)
+				f.backends[int32(pid)] = backendFacts{app: pgdriver.AsString(dest[2]), state: pgdriver.AsString(dest[3]), xactAge: age, statement: pgdriver.AsString(dest[5])}
 			case "r":
-				f.relations[asString(dest[1])] = asString(dest[2])
+				f.relations[pgdriver.AsString(dest[1])] = pgdriver.AsString(dest[2])
 			}
 		}
 	})

@@ -24,7 +24,7 @@ type blockage struct {
 	holders  []holders.Holder  // the holders at the root first, then those queued ahead of the wait
 	blockers []holders.Blocker // backends no lockhooks identified, the root first
 	server   []holders.Blocker // every backend of the chain, as Postgres showed it (nil: not read)
-	queued   int               // how many backends block the wait directly while waiting themselves, listed in server or not (maxQueuedListed)
+	queued   int               // how many backends block the wait directly while waiting themselves, listed in server or not (pgserver.MaxQueuedListed)
 	err      error             // reading the server failed
 	at       time.Time         // when it was read
 }
@@ -124,7 +124,7 @@ func (b *blockage) String() string {
 }
 
 // queuedUnlisted is how many of the backends queued ahead of the wait
-// the server's read counted but did not list (maxQueuedListed).
+// the server's read counted but did not list (pgserver.MaxQueuedListed).
 func (b *blockage) queuedUnlisted() int {
 	n := b.queued
 	for _, s := range b.server {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/pgserver"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
@@ -150,10 +151,10 @@ func TestBlockersQueueNamesTheHolder(t *testing.T) {
 						t.Errorf("connection #%d (pid %d): second blocker %+v is not one queued ahead", oc.id, bb.pid, x)
 					}
 				}
-				if len(bb.blockers) > maxQueuedListed+1 {
-					t.Errorf("connection #%d: %d blockers listed, more than the holder and %d queued ahead", oc.id, len(bb.blockers), maxQueuedListed)
+				if len(bb.blockers) > pgserver.MaxQueuedListed+1 {
+					t.Errorf("connection #%d: %d blockers listed, more than the holder and %d queued ahead", oc.id, len(bb.blockers), pgserver.MaxQueuedListed)
 				}
-				if want := min(bb.queuedAhead, maxQueuedListed) + 1; len(bb.blockers) != want {
+				if want := min(bb.queuedAhead, pgserver.MaxQueuedListed) + 1; len(bb.blockers) != want {
 					t.Errorf("connection #%d: %d blockers listed with %d queued ahead, want %d", oc.id, len(bb.blockers), bb.queuedAhead, want)
 				}
 			}
@@ -182,7 +183,7 @@ func TestBlockersQueueNamesTheHolder(t *testing.T) {
 					}
 					queued++
 				}
-				if want := min(w.QueuedAhead, maxQueuedListed); len(w.Blockers) != 1 || queued != want {
+				if want := min(w.QueuedAhead, pgserver.MaxQueuedListed); len(w.Blockers) != 1 || queued != want {
 					t.Errorf("page: waiter conn #%d lists %d blockers and %d queued holders with %d queued ahead, want 1 and %d",
 						w.Conn, len(w.Blockers), queued, w.QueuedAhead, want)
 				}

@@ -85,7 +85,7 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("lockhooks: reading the backend pid of %v: %w", w, w.observe(err))
 	}
-	pid := int32(asInt64(row[0]))
+	pid := int32(pgdriver.AsInt64(row[0]))
 	w.pid.Store(pid)
 	if k, ok := pgdriver.BackendKeyPID(w.inner); ok && k == int64(pid) {
 		w.reachesServer = true
@@ -98,11 +98,11 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 		w.direct = w.reachesServer && !w.connector.opts.txPooler && !w.connector.opts.pinningPooler &&
 			pgdriver.DefaultMode(w.inner) != own.Args[0].Value
 	}
-	app := asString(row[1])
+	app := pgdriver.AsString(row[1])
 	w.pub.connectApp = app
 	w.pub.on = app == "" || strings.HasPrefix(app, identity.AppNamePrefix)
 	if len(row) > 2 {
-		w.incarnation = pgsession.ReadIncarnation(asString(row[2]))
+		w.incarnation = pgsession.ReadIncarnation(pgdriver.AsString(row[2]))
 		// The server's start time, the incarnation's second half, names
 		// the server (backend pids are per server).
 		if _, server, ok := strings.Cut(w.incarnation, "@"); ok && w.connector.server.Load() == nil {
@@ -110,7 +110,7 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 		}
 	}
 	if len(row) > 3 {
-		w.sawMarker(asString(row[3]), strconv.Itoa(int(pid)))
+		w.sawMarker(pgdriver.AsString(row[3]), strconv.Itoa(int(pid)))
 	}
 	return nil
 }

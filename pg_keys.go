@@ -8,6 +8,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/lockset"
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -105,9 +106,9 @@ func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []dr
 	if err != nil || len(row) != call.NArgs {
 		return k, false
 	}
-	k.K1 = asInt64(row[0])
+	k.K1 = pgdriver.AsInt64(row[0])
 	if k.Pair {
-		k.K2 = asInt64(row[1])
+		k.K2 = pgdriver.AsInt64(row[1])
 	}
 	return k, true
 }

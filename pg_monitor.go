@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 )
 
 // monitor checks, every interval, that the holders' backends still hold
@@ -396,11 +397,11 @@ LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted`
 			}
 			return v, err
 		}
-		v.ranOn, v.marker = int32(asInt64(dest[0])), asString(dest[1])
+		v.ranOn, v.marker = int32(pgdriver.AsInt64(dest[0])), pgdriver.AsString(dest[1])
 		if dest[2] == nil {
 			continue
 		}
-		pid := int32(asInt64(dest[2]))
+		pid := int32(pgdriver.AsInt64(dest[2]))
 		v.alive[pid] = true
 		if dest[3] == nil {
 			continue
@@ -408,7 +409,7 @@ LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted`
 		if v.held[pid] == nil {
 			v.held[pid] = map[lockKey]bool{}
 		}
-		v.held[pid][advisoryKeyOf(asInt64(dest[3]), asInt64(dest[4]), asInt64(dest[5]), dest[6])] = true
+		v.held[pid][advisoryKeyOf(pgdriver.AsInt64(dest[3]), pgdriver.AsInt64(dest[4]), pgdriver.AsInt64(dest[5]), dest[6])] = true
 	}
 }
 
@@ -432,23 +433,4 @@ func queryDirect(ctx context.Context, c driver.Conn, query string, args []driver
 		return nil, err
 	}
 	return closingRows{Rows: rows, stmt: s}, nil
-}
-
-// asInt64 converts the integer values drivers return.
-func asInt64(v driver.Value) int64 {
-	switch x := v.(type) {
-	case int64:
-		return x
-	case int32:
-		return int64(x)
-	case int:
-		return int64(x)
-	case []byte:
-		n, _ := strconv.ParseInt(string(x), 10, 64)
-		return n
-	case string:
-		n, _ := strconv.ParseInt(x, 10, 64)
-		return n
-	}
-	return 0
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
@@ -286,7 +287,7 @@ func (c *conn) beginHolder(ctx context.Context, h *holderConn) (pid int32, incar
 	if err != nil {
 		return 0, "", err
 	}
-	return int32(asInt64(row.row[0])), pgsession.ReadIncarnation(asString(row.row[1])), nil
+	return int32(pgdriver.AsInt64(row.row[0])), pgsession.ReadIncarnation(pgdriver.AsString(row.row[1])), nil
 }
 
 // holderFailed drops a holder whose statement failed outside the server's

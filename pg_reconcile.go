@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 )
 
 // Reading the truth: pg_locks for one connection's backend, and making
@@ -231,7 +232,7 @@ func queryLocks(ctx context.Context, on driver.Conn, query string, args []driver
 		}
 		return nil, 0, "", err
 	}
-	return parseLocksRow(asString(dest[0]))
+	return parseLocksRow(pgdriver.AsString(dest[0]))
 }
 
 // parseLocksRow reads the row of a read made by appendLocksQuery.

@@ -2,10 +2,8 @@ package lockhooks
 
 import (
 	"context"
-	"database/sql/driver"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -469,23 +467,4 @@ func (v waitView) logArgs() []any {
 		args = append(args, "waiting_at", v.site)
 	}
 	return args
-}
-
-// asFloat64 converts the float values drivers return.
-func asFloat64(v driver.Value) float64 {
-	switch x := v.(type) {
-	case float64:
-		return x
-	case float32:
-		return float64(x)
-	case int64:
-		return float64(x)
-	case []byte:
-		f, _ := strconv.ParseFloat(string(x), 64)
-		return f
-	case string:
-		f, _ := strconv.ParseFloat(x, 64)
-		return f
-	}
-	return 0
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/retry"
 )
 
@@ -37,7 +38,7 @@ func (c *connector) sqliteDefaults(ctx context.Context, inner driver.Conn) error
 		if err != nil {
 			return fmt.Errorf("lockhooks: reading PRAGMA busy_timeout on a new SQLite connection: %w", err)
 		}
-		if asInt64(v) != 0 {
+		if pgdriver.AsInt64(v) != 0 {
 			return nil
 		}
 		return c.sqlitePragma(ctx, inner, busy)
@@ -99,7 +100,7 @@ func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
 	if err != nil {
 		return fmt.Errorf("lockhooks: reading PRAGMA journal_mode on a new SQLite connection failed: %w", err)
 	}
-	switch strings.ToLower(asString(mode)) {
+	switch strings.ToLower(pgdriver.AsString(mode)) {
 	case "wal", "memory": // memory: an in-memory database, which has no WAL
 		return nil
 	}
@@ -110,7 +111,7 @@ func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
 		if err != nil {
 			return fmt.Errorf("lockhooks: reading PRAGMA busy_timeout on a new SQLite connection failed: %w", err)
 		}
-		budget = time.Duration(asInt64(v)) * time.Millisecond
+		budget = time.Duration(pgdriver.AsInt64(v)) * time.Millisecond
 	}
 	if c.takeWALTurn(ctx, budget) {
 		defer func() { <-c.walGate }()

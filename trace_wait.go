@@ -7,8 +7,6 @@ package lockhooks
 
 import (
 	"context"
-	"database/sql/driver"
-	"fmt"
 	"strings"
 	"time"
 
@@ -172,19 +170,6 @@ func (b *blockage) eventAttrs(pid int32) []attribute.KeyValue {
 		root = x.PID
 	}
 	return telemetry.BlockersEvent(pid, b.server, b.at, root)
-}
-
-// asString converts the text values drivers return.
-func asString(v driver.Value) string {
-	switch x := v.(type) {
-	case string:
-		return x
-	case []byte:
-		return string(x)
-	case nil:
-		return ""
-	}
-	return fmt.Sprint(v)
 }
 
 // startAdvisoryWait times a statement's advisory-lock acquisitions, naming

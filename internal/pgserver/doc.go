@@ -1,0 +1,14 @@
+// Package pgserver is what the Postgres server says about locks, as
+// lockhooks reads it on a side connection of its own: who blocks whom
+// (pg_blocking_pids, followed to the root of each chain, with what
+// pg_stat_activity shows of every backend met on the way: [BlockersQuery],
+// [ReadBackends], [Chain]) and who holds given advisory keys (pg_locks:
+// [KeyHoldersQuery], [ReadKeyHolders]). Each read is one statement; its
+// rows become values of the model of holders ([holders.Blocker]).
+//
+// It owns no state and runs nothing itself: the caller chooses the
+// connection, runs the statement and hands over the rows, and matches the
+// backends to its own connections. It may import database/sql/driver (the
+// rows), internal/pgdriver (the values drivers return), internal/holders
+// and internal/advisorykey, never the SQL scanner or the root.
+package pgserver
