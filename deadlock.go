@@ -4,14 +4,13 @@ import (
 	"context"
 	"database/sql/driver"
 	"fmt"
-	"io"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/holders"
-	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/pgserver"
 )
 
 // Explaining a deadlock (SQLSTATE 40P01): Postgres's DETAIL names the
@@ -35,97 +34,32 @@ type DeadlockSide struct {
 	Held      []string      // what it held that another side waited for, then the locks lockhooks saw it take
 }
 
-// deadlockEdge is one line of the DETAIL: "Process pid waits for mode on
-// target; blocked by process by."
-type deadlockEdge struct {
-	pid, by int32
-	mode    string
-	target  string
-}
-
-var deadlockLineRE = regexp.MustCompile(`Process (\d+) waits for (\w+) on (.+?); blocked by process (\d+)\.`)
-
-// parseDeadlockDetail reads the wait-for edges of a deadlock's DETAIL.
-func parseDeadlockDetail(detail string) []deadlockEdge {
-	var out []deadlockEdge
-	for _, m := range deadlockLineRE.FindAllStringSubmatch(detail, -1) {
-		pid, _ := strconv.ParseInt(m[1], 10, 32)
-		by, _ := strconv.ParseInt(m[4], 10, 32)
-		out = append(out, deadlockEdge{pid: int32(pid), by: int32(by), mode: m[2], target: m[3]})
-	}
-	return out
-}
-
 var (
 	relationRE = regexp.MustCompile(`^relation (\d+) of database \d+$`)
 	tupleRE    = regexp.MustCompile(`^tuple \((\d+,\d+)\) of relation (\d+) of database \d+$`)
 	advisoryRE = regexp.MustCompile(`^advisory lock \[\d+,(\d+),(\d+),([12])\]$`)
 	txRE       = regexp.MustCompile(`^transaction (\d+)$`)
-	relOIDRE   = regexp.MustCompile(`relation (\d+) of database`)
 	whereRowRE = regexp.MustCompile(`while (\w+) tuple \((\d+,\d+)\) in relation "([^"]+)"`)
 )
 
-// deadlockFacts is what a side connection read about the cycle: each
-// backend's pg_stat_activity row and the names of the relations.
-type deadlockFacts struct {
-	backends  map[int32]backendFacts
-	relations map[string]string // oid → name
-	err       error
-}
-
-type backendFacts struct {
-	app       string
-	state     string
-	xactAge   float64 // seconds; < 0: no transaction
-	statement string
-}
-
-// readDeadlockFacts reads, on the side connection (side_conn.go), the backends
-// of the cycle and the relations the DETAIL names by oid.
-func (c *connector) readDeadlockFacts(edges []deadlockEdge, detail string) deadlockFacts {
-	f := deadlockFacts{backends: map[int32]backendFacts{}, relations: map[string]string{}}
+// readDeadlockFacts reads, on the side connection (side_conn.go), the
+// backends of the cycle and the relations the DETAIL names by oid.
+func (c *connector) readDeadlockFacts(edges []pgserver.DeadlockEdge, detail string) pgserver.DeadlockFacts {
+	f := pgserver.DeadlockFacts{Backends: map[int32]pgserver.BackendFacts{}, Relations: map[string]string{}}
 	if len(edges) == 0 || c.opts.dialect != Postgres {
 		return f
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
 	defer cancel()
-	var pids []string
-	for _, e := range edges {
-		pids = append(pids, strconv.Itoa(int(e.pid)))
-	}
-	oids := []string{"0"}
-	for _, m := range relOIDRE.FindAllStringSubmatch(detail, -1) {
-		oids = append(oids, m[1])
-	}
-	f.err = c.side.use(ctx, func(side driver.Conn) error {
-		clear(f.backends)
-		clear(f.relations)
-		rows, err := queryDirect(ctx, side, `SELECT 'b', a.pid::text, coalesce(a.application_name, ''), coalesce(a.state, ''),
-	coalesce(extract(epoch FROM clock_timestamp() - a.xact_start)::float8, -1)::text, left(coalesce(a.query, ''), 500)
-FROM pg_stat_activity a WHERE a.pid IN (`+strings.Join(pids, ",")+`)
-UNION ALL
-SELECT 'r', c.oid::text, c.oid::regclass::text, '', '', '' FROM pg_class c WHERE c.oid IN (`+strings.Join(oids, ",")+`)`, nil)
+	query := pgserver.DeadlockFactsQuery(edges, detail)
+	f.Err = c.side.use(ctx, func(side driver.Conn) error {
+		clear(f.Backends)
+		clear(f.Relations)
+		rows, err := queryDirect(ctx, side, query, nil)
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		dest := make([]driver.Value, 6)
-		for {
-			if err := rows.Next(dest); err != nil {
-				if err == io.EOF {
-					return nil
-				}
-				return err
-			}
-			switch pgdriver.AsString(dest[0]) {
-			case "b":
-				pid, _ := strconv.ParseInt(pgdriver.AsString(dest[1]), 10, 32)
-				age, _ := strconv.ParseFloat(pgdriver.AsString(dest[4]), 64)
-				f.backends[int32(pid)] = backendFacts{app: pgdriver.AsString(dest[2]), state: pgdriver.AsString(dest[3]), xactAge: age, statement: pgdriver.AsString(dest[5])}
-			case "r":
-				f.relations[pgdriver.AsString(dest[1])] = pgdriver.AsString(dest[2])
-			}
-		}
+		return pgserver.ReadDeadlockFacts(rows, &f)
 	})
 	return f
 }
@@ -134,7 +68,7 @@ SELECT 'r', c.oid::text, c.oid::regclass::text, '', '', '' FROM pg_class c WHERE
 // error's CONTEXT (which row the victim's statement waited for, and
 // whether it was a foreign-key check).
 func (c *conn) explainDeadlock(de *DeadlockError, where string) {
-	edges := parseDeadlockDetail(de.Detail)
+	edges := pgserver.ParseDeadlockDetail(de.Detail)
 	if len(edges) == 0 {
 		de.Advice = deadlockAdvice(de, where, nil)
 		return
@@ -143,19 +77,19 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 	self := c.pid.Load()
 	held := map[int32][]string{}
 	for _, e := range edges {
-		held[e.by] = append(held[e.by], c.describeLockTarget(e, facts, true))
+		held[e.By] = append(held[e.By], c.describeLockTarget(e, facts, true))
 	}
 	for _, e := range edges {
-		s := DeadlockSide{PID: e.pid, BlockedBy: e.by, WaitedFor: c.describeLockTarget(e, facts, false), Held: held[e.pid], This: e.pid == self}
-		b, known := facts.backends[e.pid]
+		s := DeadlockSide{PID: e.PID, BlockedBy: e.By, WaitedFor: c.describeLockTarget(e, facts, false), Held: held[e.PID], This: e.PID == self}
+		b, known := facts.Backends[e.PID]
 		if known {
-			s.Statement = b.statement
-			if b.xactAge >= 0 {
-				s.Ran = time.Duration(b.xactAge * float64(time.Second)).Round(time.Millisecond)
+			s.Statement = b.Statement
+			if b.XactAge >= 0 {
+				s.Ran = time.Duration(b.XactAge * float64(time.Second)).Round(time.Millisecond)
 			}
 		}
 		var h holders.Holder
-		seen := holders.Blocker{SeenBy: c.connector, PID: e.pid, ApplicationName: b.app, State: b.state, XactSeconds: b.xactAge, Query: b.statement}
+		seen := holders.Blocker{SeenBy: c.connector, PID: e.PID, ApplicationName: b.App, State: b.State, XactSeconds: b.XactAge, Query: b.Statement}
 		if !known {
 			seen.XactSeconds = -1
 		}
@@ -163,8 +97,8 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 		switch {
 		case s.This:
 			h = c.asHolder(nil)
-			if m := whereRowRE.FindStringSubmatch(where); m != nil && txRE.MatchString(e.target) {
-				s.WaitedFor = fmt.Sprintf("row (%s) of %s (%s it), which backend %d's transaction locked or changed (%s on %s)", m[2], m[3], m[1], e.by, e.mode, e.target)
+			if m := whereRowRE.FindStringSubmatch(where); m != nil && txRE.MatchString(e.Target) {
+				s.WaitedFor = fmt.Sprintf("row (%s) of %s (%s it), which backend %d's transaction locked or changed (%s on %s)", m[2], m[3], m[1], e.By, e.Mode, e.Target)
 			}
 			if len(de.Waiting) > 0 {
 				s.WaitedFor = strings.Join(de.Waiting, ", ") + ": " + s.WaitedFor
@@ -185,25 +119,25 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 			h.Since = time.Time{} // Ran says it
 			s.Who = h.String()
 		} else {
-			s.Who = fmt.Sprintf("backend pid %d outside this process", e.pid)
-			if known && b.app != "" {
-				s.Who += fmt.Sprintf(" (application_name %q)", b.app)
+			s.Who = fmt.Sprintf("backend pid %d outside this process", e.PID)
+			if known && b.App != "" {
+				s.Who += fmt.Sprintf(" (application_name %q)", b.App)
 			}
 		}
 		de.Sides = append(de.Sides, s)
 	}
-	if facts.err != nil {
-		de.Note = "reading pg_stat_activity for the other side failed: " + facts.err.Error()
+	if facts.Err != nil {
+		de.Note = "reading pg_stat_activity for the other side failed: " + facts.Err.Error()
 	}
 	de.Advice = deadlockAdvice(de, where, edges)
 }
 
 // describeLockTarget names the lock an edge waits for, as its waiter
 // waits for it, or (held) as its holder holds it.
-func (c *conn) describeLockTarget(e deadlockEdge, f deadlockFacts, held bool) string {
-	t := e.target
+func (c *conn) describeLockTarget(e pgserver.DeadlockEdge, f pgserver.DeadlockFacts, held bool) string {
+	t := e.Target
 	rel := func(oid string) string {
-		if name := f.relations[oid]; name != "" {
+		if name := f.Relations[oid]; name != "" {
 			return name
 		}
 		return "relation " + oid
@@ -212,12 +146,12 @@ func (c *conn) describeLockTarget(e deadlockEdge, f deadlockFacts, held bool) st
 	case txRE.MatchString(t) && held:
 		return fmt.Sprintf("rows its transaction locked or changed (%s)", t)
 	case txRE.MatchString(t):
-		return fmt.Sprintf("a row backend %d's transaction locked or changed (%s on %s)", e.by, e.mode, t)
+		return fmt.Sprintf("a row backend %d's transaction locked or changed (%s on %s)", e.By, e.Mode, t)
 	case tupleRE.MatchString(t):
 		m := tupleRE.FindStringSubmatch(t)
-		return fmt.Sprintf("row (%s) of %s (%s)", m[1], rel(m[2]), e.mode)
+		return fmt.Sprintf("row (%s) of %s (%s)", m[1], rel(m[2]), e.Mode)
 	case relationRE.MatchString(t):
-		return fmt.Sprintf("table %s (%s)", rel(relationRE.FindStringSubmatch(t)[1]), e.mode)
+		return fmt.Sprintf("table %s (%s)", rel(relationRE.FindStringSubmatch(t)[1]), e.Mode)
 	case advisoryRE.MatchString(t):
 		m := advisoryRE.FindStringSubmatch(t)
 		hi, _ := strconv.ParseInt(m[1], 10, 64)
@@ -226,14 +160,14 @@ func (c *conn) describeLockTarget(e deadlockEdge, f deadlockFacts, held bool) st
 		if m[3] == "2" {
 			k = lockKey{Pair: true, K1: hi, K2: lo}
 		}
-		k.Shared = e.mode == "ShareLock"
+		k.Shared = e.Mode == "ShareLock"
 		return "advisory key " + k.String() // with its name, where lockhooks knows one
 	}
-	return e.mode + " on " + t
+	return e.Mode + " on " + t
 }
 
 // deadlockAdvice says what to change for the deadlock's pattern.
-func deadlockAdvice(de *DeadlockError, where string, edges []deadlockEdge) string {
+func deadlockAdvice(de *DeadlockError, where string, edges []pgserver.DeadlockEdge) string {
 	const retry = "retry the transaction (lockhooks.RunInTx does)"
 	keptForUpdate := false
 	for _, h := range de.Held {
@@ -249,9 +183,9 @@ func deadlockAdvice(de *DeadlockError, where string, edges []deadlockEdge) strin
 	advisory, rows, tables := false, false, false
 	for _, e := range edges {
 		switch {
-		case strings.HasPrefix(e.target, "advisory"):
+		case strings.HasPrefix(e.Target, "advisory"):
 			advisory = true
-		case strings.HasPrefix(e.target, "relation"):
+		case strings.HasPrefix(e.Target, "relation"):
 			tables = true
 		default:
 			rows = true

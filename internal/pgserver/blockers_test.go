@@ -2,6 +2,7 @@ package pgserver
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/lockhooks/lockhooks/internal/holders"
@@ -45,5 +46,20 @@ func TestChainBoundsTheQueue(t *testing.T) {
 	got := Chain(last, backends)
 	if len(got) != MaxQueuedListed+1 || got[0].PID != 1 || got[0].Waiting {
 		t.Fatalf("%d listed (first %+v), want the holder and %d queued", len(got), got[0], MaxQueuedListed)
+	}
+}
+
+func TestParseDeadlockDetail(t *testing.T) {
+	detail := "Process 901 waits for ShareLock on transaction 1234; blocked by process 902.\n" +
+		"Process 902 waits for ExclusiveLock on advisory lock [5,0,7,1]; blocked by process 901."
+	got := ParseDeadlockDetail(detail)
+	want := []DeadlockEdge{{PID: 901, By: 902, Mode: "ShareLock", Target: "transaction 1234"},
+		{PID: 902, By: 901, Mode: "ExclusiveLock", Target: "advisory lock [5,0,7,1]"}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("edges %v, want %v", got, want)
+	}
+	q := DeadlockFactsQuery(got, "tuple (0,1) of relation 16384 of database 5")
+	if !strings.Contains(q, "a.pid IN (901,902)") || !strings.Contains(q, "c.oid IN (0,16384)") {
+		t.Errorf("the facts' read does not ask for the cycle's backends and relations:\n%s", q)
 	}
 }

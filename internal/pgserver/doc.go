@@ -3,8 +3,11 @@
 // (pg_blocking_pids, followed to the root of each chain, with what
 // pg_stat_activity shows of every backend met on the way: [BlockersQuery],
 // [ReadBackends], [Chain]) and who holds given advisory keys (pg_locks:
-// [KeyHoldersQuery], [ReadKeyHolders]). Each read is one statement; its
-// rows become values of the model of holders ([holders.Blocker]).
+// [KeyHoldersQuery], [ReadKeyHolders]); and, after a deadlock, its cycle
+// as the error's DETAIL tells it and what pg_stat_activity still shows of
+// its backends ([ParseDeadlockDetail], [DeadlockFactsQuery],
+// [ReadDeadlockFacts]). Each read is one statement; its rows become values
+// (of the model of holders where they name a backend: [holders.Blocker]).
 //
 // It owns no state and runs nothing itself: the caller chooses the
 // connection, runs the statement and hands over the rows, and matches the
