@@ -134,7 +134,7 @@ func TestDeadlockRowsInOppositeOrder(t *testing.T) {
 	if victim.Who != "" && !strings.Contains(victim.Who, c.pool+"\"") {
 		c = connectorOf(t, b)
 	}
-	events, _ := c.events.snapshot()
+	events, _ := c.events.Snapshot()
 	found := false
 	for _, e := range events {
 		found = found || e.Kind == eventDeadlock && e.Message == de.Error()

@@ -68,9 +68,9 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 			if b.pid != 0 {
 				wt.PID, wt.WaitEvent = b.pid, b.waitEvent
 			}
-			found := &blockage{holders: wt.Holders, blockers: wt.Blockers, at: now}
-			found.add(b.blockers, v.advKeys)
-			wt.Holders, wt.Blockers, wt.QueuedAhead = found.holders, found.blockers, b.queuedAhead
+			found := &holders.Blockage{Holders: wt.Holders, Blockers: wt.Blockers, At: now}
+			addBlockers(found, b.blockers, v.advKeys)
+			wt.Holders, wt.Blockers, wt.QueuedAhead = found.Holders, found.Blockers, b.queuedAhead
 			shown[v.conn] = true
 		}
 		d.Waiters = append(d.Waiters, wt)
@@ -83,10 +83,10 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 			if len(d.Waiters) >= debugpage.MaxWaiters {
 				continue
 			}
-			found := &blockage{holders: []holders.Holder{}, blockers: []holders.Blocker{}, at: now}
-			found.add(b.blockers, nil)
+			found := &holders.Blockage{Holders: []holders.Holder{}, Blockers: []holders.Blocker{}, At: now}
+			addBlockers(found, b.blockers, nil)
 			w := debugpage.Waiter{Kind: "server", Conn: oc.id, PID: b.pid, Statement: holders.Truncate(b.query, 500),
-				WaitEvent: b.waitEvent, Holders: found.holders, Blockers: found.blockers, QueuedAhead: b.queuedAhead}
+				WaitEvent: b.waitEvent, Holders: found.Holders, Blockers: found.Blockers, QueuedAhead: b.queuedAhead}
 			if b.waitSeconds >= 0 {
 				w.WaitSeconds = math.Round(b.waitSeconds*1000) / 1000
 				w.Since = now.Add(-time.Duration(b.waitSeconds * float64(time.Second)))
@@ -102,7 +102,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 	d.Graph = debugpage.GraphOf(d.Waiters, pids, c.pool)
 
 	// Events and counters.
-	d.Events, d.Counters = c.events.snapshot()
+	d.Events, d.Counters = c.events.Snapshot()
 	d.Counters["waits_started"] = c.waits.started.Load()
 	d.Counters["waits_in_progress"] = int64(nwaits)
 	d.Counters["wait_milliseconds_total"] = c.waits.waitNS.Load() / int64(time.Millisecond)
@@ -118,9 +118,9 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 func (c *connector) noteUnlock(from *conn, k lockKey, err error) {
 	switch {
 	case err == nil:
-		c.events.add(eventUnlockRerouted, fmt.Sprintf("pg_advisory_unlock%s(%s) sent on %v ran on the parked connection that held the lock", sharedSuffix(k), k, from))
+		c.events.Add(eventUnlockRerouted, fmt.Sprintf("pg_advisory_unlock%s(%s) sent on %v ran on the parked connection that held the lock", sharedSuffix(k), k, from))
 	case errors.Is(err, ErrNotLockOwner):
-		c.events.add(eventUnlockRefused, err.Error())
+		c.events.Add(eventUnlockRefused, err.Error())
 		c.tel.UnlockRefused(context.Background())
 	}
 }

@@ -212,7 +212,7 @@ func TestDebugHandlerBoundedEvents(t *testing.T) {
 	sc.Close()
 	const n = 3*eventCapacity + 7
 	for i := range n {
-		c.events.add(eventDeadlock, fmt.Sprintf("event %d", i))
+		c.events.Add(eventDeadlock, fmt.Sprintf("event %d", i))
 	}
 	rep, _ := debugJSON(t, srv)
 	ev := rep.Databases[0].Events

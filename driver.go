@@ -33,6 +33,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/driverext"
+	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
@@ -317,9 +318,9 @@ type connector struct {
 	joined   bool                   // in the process's registry of databases (holders_registry.go)
 	sqlite   sqlitelock.DSN         // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
-	events   *eventRing // recent events, for DebugHandler
-	waits    *waitWatch // waits in progress, for DebugHandler and WithSlowLockLog
-	side     *sideConn  // Postgres: the one connection outside the pool for lookups (side_conn.go)
+	events   *holders.Events // recent events, for DebugHandler
+	waits    *waitWatch      // waits in progress, for DebugHandler and WithSlowLockLog
+	side     *sideConn       // Postgres: the one connection outside the pool for lookups (side_conn.go)
 
 	liveMu sync.RWMutex       // read: openConns, the model of holders (self-waits)
 	live   map[*conn]struct{} // every open wrapped connection
@@ -349,7 +350,7 @@ func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sql
 		observe = c.pins.observe
 	}
 	c.tel = newReporting(o, c.pool, observe)
-	c.events, c.waits = newEventRing(eventCapacity), newWaitWatch(c)
+	c.events, c.waits = holders.NewEvents(eventCapacity), newWaitWatch(c)
 	c.tel.events, c.tel.watch = c.events, c.waits
 	return c
 }

@@ -4,10 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sync"
-	"time"
-
-	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // Kinds of the events kept for the debug page ([DebugHandler]).
@@ -34,63 +30,6 @@ const (
 // eventCapacity bounds the events one database keeps.
 const eventCapacity = 256
 
-// eventRing keeps the last events of one database and counts every event
-// and counter by kind since the database was opened. It is written on
-// rare paths only (losses, reroutes, refusals, failures), never on a
-// lock's fast path.
-type eventRing struct {
-	mu     sync.Mutex
-	buf    []holders.Event // len ≤ capacity; next is the oldest once full
-	next   int
-	cap    int
-	counts map[string]int64
-}
-
-func newEventRing(capacity int) *eventRing {
-	return &eventRing{cap: capacity, counts: make(map[string]int64)}
-}
-
-// add records an event of kind. A nil ring records nothing.
-func (r *eventRing) add(kind, message string) {
-	if r == nil {
-		return
-	}
-	e := holders.Event{Time: time.Now(), Kind: kind, Message: message}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.counts[kind]++
-	if len(r.buf) < r.cap {
-		r.buf = append(r.buf, e)
-		return
-	}
-	r.buf[r.next] = e
-	r.next = (r.next + 1) % r.cap
-}
-
-// count adds n to the counter name, without an event.
-func (r *eventRing) count(name string, n int64) {
-	if r == nil || n == 0 {
-		return
-	}
-	r.mu.Lock()
-	r.counts[name] += n
-	r.mu.Unlock()
-}
-
-// snapshot returns the events, oldest first, and the counts.
-func (r *eventRing) snapshot() ([]holders.Event, map[string]int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	events := make([]holders.Event, 0, len(r.buf))
-	events = append(events, r.buf[r.next:]...)
-	events = append(events, r.buf[:r.next]...)
-	counts := make(map[string]int64, len(r.counts))
-	for k, v := range r.counts {
-		counts[k] = v
-	}
-	return events, counts
-}
-
 // noteRetry puts a RunInTx retry among the database's recent events (the
 // /debug/locks page). Retries are rare; finding the database's state takes
 // a connection from the pool for a moment.
@@ -100,5 +39,5 @@ func noteRetry(ctx context.Context, db *sql.DB, attempt int, err error) {
 		return
 	}
 	defer sc.Close()
-	c.connector.events.add(eventRetry, fmt.Sprintf("RunInTx attempt %d failed and is retried: %v", attempt, err))
+	c.connector.events.Add(eventRetry, fmt.Sprintf("RunInTx attempt %d failed and is retried: %v", attempt, err))
 }

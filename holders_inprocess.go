@@ -118,8 +118,8 @@ func conflicting(k lockKey) []lockKey {
 // this process or another), or, for a wait that does not wait on the
 // server (through a transaction pooler lockhooks polls), the backends
 // pg_locks shows holding its advisory keys.
-func (c *connector) holdersOf(ctx context.Context, v waitView) *blockage {
-	b := &blockage{holders: c.inProcessHolders(v, c.inProcessEdges()), at: time.Now()}
+func (c *connector) holdersOf(ctx context.Context, v waitView) *holders.Blockage {
+	b := &holders.Blockage{Holders: c.inProcessHolders(v, c.inProcessEdges()), At: time.Now()}
 	if c.opts.dialect != Postgres || v.conn == nil || v.conn.pid.Load() == 0 {
 		return b
 	}
@@ -135,12 +135,12 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) *blockage {
 	}
 	switch {
 	case err != nil:
-		b.err = err
+		b.Err = err
 	case bb != nil:
-		b.add(bb.blockers, v.advKeys)
-		b.queued = bb.queuedAhead
-	case len(b.holders) == 0 && len(v.advKeys) > 0:
-		b.add(c.keyHolders(ctx, v.conn, v.advKeys), v.advKeys)
+		addBlockers(b, bb.blockers, v.advKeys)
+		b.Queued = bb.queuedAhead
+	case len(b.Holders) == 0 && len(v.advKeys) > 0:
+		addBlockers(b, c.keyHolders(ctx, v.conn, v.advKeys), v.advKeys)
 	}
 	return b // otherwise not waiting on the server (an in-process queue)
 }
@@ -359,10 +359,10 @@ func (c *conn) nameHolder(w *lockWait, err error) error {
 		// Nobody looked in time; the keys' holders, as pg_locks shows them
 		// now (the server forgot the wait).
 		ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
-		b := &blockage{at: time.Now()}
-		b.add(c.connector.keyHolders(ctx, c, w.advKeys), w.advKeys)
+		b := &holders.Blockage{At: time.Now()}
+		addBlockers(b, c.connector.keyHolders(ctx, c, w.advKeys), w.advKeys)
 		cancel()
-		if !b.empty() {
+		if !b.Empty() {
 			text = b.String()
 		}
 	}

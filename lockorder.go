@@ -244,7 +244,7 @@ func (c *conn) noteLockOrder(found []lockorder.Report) {
 		g.handler(reports[i])
 	}
 	for _, r := range reports {
-		c.connector.events.add(eventLockOrder, r.String())
+		c.connector.events.Add(eventLockOrder, r.String())
 	}
 }
 

@@ -37,8 +37,8 @@ func TestIdentityAsHolder(t *testing.T) {
 	// The chain: 8161 (another process) holds, 8170 (a third) waits for it
 	// and blocks the waiter too, 8180 (no lockhooks) holds something else.
 	app := func(id identity.Holder) string { return id.AppName() }
-	b := &blockage{at: time.Now()}
-	b.add([]holders.Blocker{
+	b := &holders.Blockage{At: time.Now()}
+	addBlockers(b, []holders.Blocker{
 		{PID: 8170, Depth: 1, Waiting: true, WaitSeconds: 2.1, State: "active", XactSeconds: 3, Query: "UPDATE t SET v = 2 WHERE id = 1",
 			ApplicationName: app(identity.Holder{Process: "web-2/12", Database: 1, Conn: 5, Holds: "tx", Site: "jobs/b.go:9"})},
 		{PID: 8161, Depth: 2, State: "idle in transaction", XactSeconds: 12.3, Query: "UPDATE t SET v = 1 WHERE id = 1", ApplicationName: app(*tx)},
@@ -55,7 +55,7 @@ func TestIdentityAsHolder(t *testing.T) {
 	if strings.Index(line, "8161") > strings.Index(line, "8170") {
 		t.Errorf("the root holder is not named first: %s", line)
 	}
-	args := fmt.Sprintln(b.logArgs()...)
+	args := fmt.Sprintln(b.LogArgs()...)
 	for _, s := range []string{"holder_process web-1/4711", "holder_pid 8161", "holder_site jobs/run.go:7", "blocking_pids 8180", "queued_pids 8170"} {
 		if !strings.Contains(args, s) {
 			t.Errorf("log attributes %q lack %q", args, s)

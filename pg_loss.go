@@ -187,7 +187,7 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 // the events and as a span, linked to the span the oldest was taken in.
 func (c *conn) reportLoss(pid int32, keys string, n int, oldest *heldLock, parked bool, lost, cause error, backend string) {
 	c.connector.tel.LockLost(context.Background(), "advisory", n)
-	c.connector.events.add(eventLockLost, lost.Error())
+	c.connector.events.Add(eventLockLost, lost.Error())
 	heldFor := time.Since(oldest.since).Round(time.Millisecond)
 	attrs := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", pid,
 		"keys", keys, "taken_at", oldest.site, "held_for", heldFor.String(), "parked", parked, "cause", cause.Error()}

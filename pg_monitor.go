@@ -360,7 +360,7 @@ func (p *pinning) warnParked() {
 	// be slow.
 	for _, f := range found {
 		held := time.Since(f.since).Round(time.Millisecond)
-		p.c.events.add(eventLongHold, fmt.Sprintf("session advisory lock %s held by parked %v for %v, taken at %s", f.k, f.h, held, f.site))
+		p.c.events.Add(eventLongHold, fmt.Sprintf("session advisory lock %s held by parked %v for %v, taken at %s", f.k, f.h, held, f.site))
 		p.c.opts.logger.Warn("lockhooks: a session advisory lock is still held by a connection withdrawn from the pool; unlock it with pg_advisory_unlock through this database",
 			"key", f.k.String(), "backend_pid", f.h.pid.Load(), "held_for", held.String(), "taken_at", f.site, "connection", f.h.id)
 	}

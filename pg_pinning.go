@@ -281,7 +281,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	c.warnSelfWait(adv, plan.keys, plan.known, plan.site)
 	hint, err := c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("the statement %.120q", st.text) }, waitingKeys(adv, plan.keys, plan.known), nil)
 	if err != nil {
-		c.connector.events.add(eventSelfWait, err.Error())
+		c.connector.events.Add(eventSelfWait, err.Error())
 		return plan, nil, err
 	}
 	plan.wait = c.startAdvisoryWait(ctx, adv, plan.keys, plan.known, plan.site)
@@ -456,7 +456,7 @@ func (c *conn) checkUnlocks(adv *sqlscan.Advisory, keys []lockKey, site string) 
 	for _, k := range unheld {
 		if h := c.connector.pins.holderOf(k, c); h != nil {
 			err := fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, in a statement with other advisory calls: the lock is held by %v, and an unlock inside a larger statement cannot be sent there; unlock it in a statement of its own", ErrNotLockOwner, sharedSuffix(k), k, c, h)
-			c.connector.events.add(eventUnlockRefused, err.Error())
+			c.connector.events.Add(eventUnlockRefused, err.Error())
 			c.connector.tel.UnlockRefused(context.Background())
 			return err
 		}

@@ -229,7 +229,7 @@ func (p *pinning) poolDeadlock(key int64) error {
 		p.c.opts.logger.Warn("lockhooks: the pool deadlocked; a waiting lock statement gives its connection up", "database", p.c.pool,
 			"key", describeKey(key), "holder", holder, "connections", s.InUse, "error", err.Error())
 	}
-	p.c.events.add(eventPoolDeadlock, err.Error())
+	p.c.events.Add(eventPoolDeadlock, err.Error())
 	return err
 }
 

@@ -344,7 +344,7 @@ func (w *lockWait) selfWaitResult(c *conn, statement string, err error) error {
 	}
 	e := fmt.Errorf("%w; Postgres cancelled the waiting statement: %w",
 		selfWaitError(fmt.Sprintf("the statement %.120q", statement), "a row lock", p.holder), err)
-	c.connector.events.add(eventSelfWait, e.Error())
+	c.connector.events.Add(eventSelfWait, e.Error())
 	return e
 }
 

@@ -366,7 +366,7 @@ func TestSelfWaitPostgres(t *testing.T) {
 // eventsOf counts the database's events of kind.
 func eventsOf(t *testing.T, db *sql.DB, kind string) int {
 	t.Helper()
-	events, _ := connectorOf(t, db).events.snapshot()
+	events, _ := connectorOf(t, db).events.Snapshot()
 	n := 0
 	for _, e := range events {
 		if e.Kind == kind {

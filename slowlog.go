@@ -74,7 +74,7 @@ type waitInfo struct {
 	// found is who held what the wait waits for, as the slow-wait log, the
 	// span's blockers read or the lookup found them first (named again,
 	// with their ages now, by holderNamed).
-	found *blockage
+	found *holders.Blockage
 }
 
 // lookupLead is how long before its context's deadline a Postgres wait
@@ -360,17 +360,17 @@ func (ww *waitWatch) report(v waitView) {
 	cancel()
 	holder := found.String()
 	at := time.Since(v.start).Round(time.Millisecond)
-	args := append(append(v.logArgs(), "waited", at.String()), found.logArgs()...)
+	args := append(append(v.logArgs(), "waited", at.String()), found.LogArgs()...)
 	if v.selfHint != "" {
 		args = append(args, "self_wait", v.selfHint)
 		holder += " (" + v.selfHint + ")"
 	}
 	ww.logger.Warn("lockhooks: slow lock wait: still waiting", args...)
-	ww.c.events.add(eventSlowWait, fmt.Sprintf("%s lock %s waited more than %v; held by %s", v.kind, v.what(), ww.threshold, holder))
+	ww.c.events.Add(eventSlowWait, fmt.Sprintf("%s lock %s waited more than %v; held by %s", v.kind, v.what(), ww.threshold, holder))
 
 	ww.mu.Lock()
 	v.w.slow, v.w.holderText, v.w.holderAt = slowReported, holder, at
-	if !found.empty() {
+	if !found.Empty() {
 		v.w.found = found
 	}
 	ended, outcome, waited := v.w.ended, v.w.endOutcome, v.w.endWaited
@@ -392,8 +392,8 @@ func (ww *waitWatch) lookUp(v waitView) {
 
 // noteFound keeps found as who holds what w waits for, unless someone
 // found them first.
-func (w *lockWait) noteFound(found *blockage) {
-	if found.empty() || w == nil || w.t == nil || w.t.watch == nil {
+func (w *lockWait) noteFound(found *holders.Blockage) {
+	if found.Empty() || w == nil || w.t == nil || w.t.watch == nil {
 		return
 	}
 	w.t.watch.mu.Lock()
@@ -413,10 +413,10 @@ func (w *lockWait) holderNamed() string {
 	w.t.watch.mu.Lock()
 	found := w.found
 	w.t.watch.mu.Unlock()
-	if found.empty() {
+	if found.Empty() {
 		return ""
 	}
-	return found.aged().String()
+	return found.Aged().String()
 }
 
 // logEnd writes the last line of a slow wait. The holder is not read

@@ -131,7 +131,7 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 				names[ks[i].K1] = lockKeyName(namespace, lockset.DescribeID(id))
 			}
 			if hint, err = c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("Lock(%q, %s)", namespace, lockset.DescribeIDs(keys)) }, ks, names); err != nil {
-				c.connector.events.add(eventSelfWait, err.Error())
+				c.connector.events.Add(eventSelfWait, err.Error())
 				return nil, err
 			}
 		}
@@ -210,7 +210,7 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 			name := lockKeyName(namespace, lockset.DescribeID(k))
 			err = explainTableWait(err, fmt.Sprintf("Lock(%q, %s)", namespace, lockset.DescribeIDs(keys)), "lockset id "+name, name)
 			if errors.Is(err, ErrSelfWait) {
-				t.c.connector.events.add(eventSelfWait, err.Error())
+				t.c.connector.events.Add(eventSelfWait, err.Error())
 			}
 			w.end(ctx, "", err)
 			return false, err

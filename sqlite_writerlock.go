@@ -45,7 +45,7 @@ func (w *writerLock) lockContended(ctx context.Context, tel *reporting, owner an
 			waiter = fmt.Sprintf("the statement %.120q", stmt)
 		}
 		err := selfWaitError(waiter, "the SQLite writer lock", holder.identity())
-		tel.events.add(eventSelfWait, err.Error())
+		tel.events.Add(eventSelfWait, err.Error())
 		return err
 	}
 	if tk == nil {
@@ -79,7 +79,7 @@ func (w *writerLock) lockContended(ctx context.Context, tel *reporting, owner an
 	}
 	err = fmt.Errorf("%w: waited %v; held by %s%s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
 		ErrWriterLockTimeout, timeout, holder.describe(), hint)
-	tel.events.add(eventWriterTimeout, err.Error())
+	tel.events.Add(eventWriterTimeout, err.Error())
 	return err
 }
 

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
@@ -84,7 +85,7 @@ func WithStatementSpans(on bool) Option {
 type reporting struct {
 	*telemetry.Set
 	watch  *waitWatch
-	events *eventRing
+	events *holders.Events
 }
 
 // newReporting creates the database's tracer and instruments; observe is
@@ -107,9 +108,9 @@ func newReporting(o *options, pool string, observe func() (held, parked int64)) 
 func (t *reporting) countError(ctx context.Context, err error) {
 	switch t.CountError(ctx, err) {
 	case "55P03":
-		t.events.count(countLockTimeout, 1)
+		t.events.Count(countLockTimeout, 1)
 	case "40001":
-		t.events.count(countSerialization, 1)
+		t.events.Count(countSerialization, 1)
 	}
 }
 

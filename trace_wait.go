@@ -97,7 +97,7 @@ func (w *lockWait) orphanSpan(ctx context.Context) {
 		found := w.found
 		w.t.watch.mu.Unlock()
 		if found != nil {
-			for _, h := range found.holders {
+			for _, h := range found.Holders {
 				if !h.Queued {
 					holders = append(holders, h)
 				}
@@ -140,36 +140,23 @@ func (w *lockWait) lookForBlockers(wc *conn, pid int32) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.lockCheckTimeout)
 		defer cancel()
 		found := c.holdersOf(ctx, v)
-		if found.err != nil {
-			span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attribute.String("lockhooks.error", found.err.Error())))
+		if found.Err != nil {
+			span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attribute.String("lockhooks.error", found.Err.Error())))
 			return
 		}
-		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(found.eventAttrs(pid)...))
-		for _, h := range found.holders {
+		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(telemetry.BlockersEvent(pid, found.Server, found.At, found.RootPID())...))
+		for _, h := range found.Holders {
 			if h.Depth > 0 && !h.Queued { // the in-process holders were named when the wait began
 				w.heldBy(h)
 			}
 		}
-		if _, ok := found.root(); !ok {
-			if x, ok := found.rootBlocker(); ok { // a backend nobody identified
+		if _, ok := found.Root(); !ok {
+			if x, ok := found.RootBlocker(); ok { // a backend nobody identified
 				span.SetAttributes(telemetry.UnknownBlocker(x)...)
 			}
 		}
 		w.noteFound(found)
 	}()
-}
-
-// eventAttrs are the attributes of a wait span's lockhooks.lock.blockers
-// event: the backends that block the wait (of waiter pid), and the one at
-// the root of the chain.
-func (b *blockage) eventAttrs(pid int32) []attribute.KeyValue {
-	var root int32
-	if h, ok := b.root(); ok && h.PID != 0 {
-		root = h.PID
-	} else if x, ok := b.rootBlocker(); ok {
-		root = x.PID
-	}
-	return telemetry.BlockersEvent(pid, b.server, b.at, root)
 }
 
 // startAdvisoryWait times a statement's advisory-lock acquisitions, naming

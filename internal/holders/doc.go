@@ -9,12 +9,18 @@
 // Holder only through it ([Holder.String], [Holder.LogArgs],
 // [Holder.Who], [Holder.Where]), so a holder reads the same everywhere.
 // A [Blocker] is a Postgres backend that blocks a wait as the server
-// shows it, before (or instead of) being named as a Holder.
+// shows it, before (or instead of) being named as a Holder; a [Blockage]
+// is all that blocks one wait (the holders named, the backends nobody
+// identified, what the server showed), formatted once for every consumer.
+// An [Event] is
+// one thing that happened to a database's locks; [Events] keeps a
+// database's last ones for the page.
 // Finding the holders (connections, pg_locks rows, the registry of
 // databases) and the span attributes of a holder are the root package's
 // business.
 //
-// State: none.
+// State: none but a database's [Events] (a bounded ring, written on rare
+// paths only).
 //
 // Imports: nothing of lockhooks' own; OpenTelemetry's trace package for a
 // holder's span.
