@@ -11,6 +11,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/pgserver"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"go.opentelemetry.io/otel/trace"
@@ -230,7 +231,7 @@ func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue)
 	}
 	var buf [1024]byte
 	b := id.AppendAnnotation(buf[:0])
-	b = appendLocksQuery(b, "(SELECT 1) one", pid, c.afterDiscard())
+	b = pgserver.AppendOwnLocksQuery(b, "(SELECT 1) one", pid, c.afterDiscard())
 	return string(b), own.Args // a text of this hold's: not for pgx's statement cache
 }
 
@@ -244,7 +245,7 @@ func (c *conn) fixedLocksQuery(pid int32) string {
 	t := &c.readTexts
 	if t.pid != pid || t.discards != discards || t.plain == "" {
 		*t = fixedReads{pid: pid, discards: discards,
-			plain: string(appendLocksQuery(nil, "(SELECT 1) one", pid, c.afterDiscard()))}
+			plain: string(pgserver.AppendOwnLocksQuery(nil, "(SELECT 1) one", pid, c.afterDiscard()))}
 	}
 	return t.plain
 }

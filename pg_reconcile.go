@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/pgserver"
 )
 
 // Reading the truth: pg_locks for one connection's backend, and making
@@ -185,30 +186,7 @@ func (c *conn) queryOwnLocks(ctx context.Context, pid int32) (held lockSet, ranO
 // backend pid (0: of the backend that answers), and the pid and session
 // marker of the backend that answers; suffix ends the query's text.
 func queryLocksOn(ctx context.Context, on driver.Conn, pid int32, suffix string) (held lockSet, ranOn int32, marker string, err error) {
-	return queryLocks(ctx, on, string(appendLocksQuery(nil, "(SELECT 1) one", pid, suffix)), nil)
-}
-
-// appendLocksQuery appends the text of a pg_locks read of backend pid's
-// granted advisory locks (0: of the backend that answers) to b: from is
-// what the read selects from (a one-row subquery), suffix ends it.
-//
-// The read returns one row of one text column, whatever the backend holds
-// (parseLocksRow reads it): "<pid>[ <classid> <objid> <objsubid><x|s>]…|<marker>",
-// the backend that answers, its granted advisory locks (x: ExclusiveLock,
-// s: ShareLock) and its session marker ("" when it has none). One column
-// of one row is what a driver reads at the least cost: pgx allocates per
-// column of a result and per value of a row.
-func appendLocksQuery[T string | []byte](b []byte, from T, pid int32, suffix string) []byte {
-	b = append(b, `SELECT pg_backend_pid() || coalesce((SELECT string_agg(' ' || l.classid || ' ' || l.objid || ' ' || l.objsubid || CASE WHEN l.mode = 'ShareLock' THEN 's' ELSE 'x' END, '') FROM pg_locks l WHERE l.pid = `...)
-	if pid != 0 {
-		b = strconv.AppendInt(b, int64(pid), 10)
-	} else {
-		b = append(b, "pg_backend_pid()"...)
-	}
-	b = append(b, ` AND l.locktype = 'advisory' AND l.granted), '') || '|' || coalesce(current_setting('lockhooks.session', true), '')
-FROM `...)
-	b = append(b, from...)
-	return append(b, suffix...)
+	return queryLocks(ctx, on, string(pgserver.AppendOwnLocksQuery(nil, "(SELECT 1) one", pid, suffix)), nil)
 }
 
 // lockSet is the advisory locks a pg_locks read found on a backend, each
@@ -218,7 +196,7 @@ type lockSet []lockKey
 // has reports whether s holds k.
 func (s lockSet) has(k lockKey) bool { return slices.Contains(s, k) }
 
-// queryLocks runs a pg_locks read made by appendLocksQuery on on.
+// queryLocks runs a pg_locks read made by pgserver.AppendOwnLocksQuery on on.
 func queryLocks(ctx context.Context, on driver.Conn, query string, args []driver.NamedValue) (held lockSet, ranOn int32, marker string, err error) {
 	rows, err := queryDirect(ctx, on, query, args)
 	if err != nil {
@@ -235,48 +213,18 @@ func queryLocks(ctx context.Context, on driver.Conn, query string, args []driver
 	return parseLocksRow(pgdriver.AsString(dest[0]))
 }
 
-// parseLocksRow reads the row of a read made by appendLocksQuery.
+// parseLocksRow reads the row of a read made by
+// pgserver.AppendOwnLocksQuery: the locks it names, each once.
 func parseLocksRow(row string) (held lockSet, ranOn int32, marker string, err error) {
-	head, marker, ok := strings.Cut(row, "|")
-	if !ok {
-		return nil, 0, "", fmt.Errorf("lockhooks: the pg_locks read returned %q, not <pid> <locks>|<marker>", row)
+	ranOn, marker, err = pgserver.ParseOwnLocks(row, func(k advisorykey.Key) {
+		if !held.has(lockKey(k)) {
+			held = append(held, lockKey(k))
+		}
+	})
+	if err != nil {
+		return nil, 0, "", err
 	}
-	next := func() (int64, string, bool) {
-		head = strings.TrimPrefix(head, " ")
-		i := strings.IndexByte(head, ' ')
-		if i < 0 {
-			i = len(head)
-		}
-		field := head[:i]
-		head = head[i:]
-		var mode string
-		if n := len(field); n > 0 && (field[n-1] == 'x' || field[n-1] == 's') {
-			field, mode = field[:n-1], field[n-1:]
-		}
-		v, err := strconv.ParseInt(field, 10, 64)
-		return v, mode, err == nil
-	}
-	pid, _, ok := next()
-	for ok && head != "" {
-		classid, _, ok1 := next()
-		objid, _, ok2 := next()
-		objsubid, mode, ok3 := next()
-		if ok = ok1 && ok2 && ok3 && mode != ""; !ok {
-			break
-		}
-		var lockMode driver.Value = "ExclusiveLock"
-		if mode == "s" {
-			lockMode = "ShareLock"
-		}
-		k := advisoryKeyOf(classid, objid, objsubid, lockMode)
-		if !held.has(k) {
-			held = append(held, k)
-		}
-	}
-	if !ok {
-		return nil, 0, "", fmt.Errorf("lockhooks: the pg_locks read returned %q, not <pid> <locks>|<marker>", row)
-	}
-	return held, int32(pid), marker, nil
+	return held, ranOn, marker, nil
 }
 
 // markUnverified records that what c's backend holds is unknown: the read

@@ -3,7 +3,9 @@
 // (pg_blocking_pids, followed to the root of each chain, with what
 // pg_stat_activity shows of every backend met on the way: [BlockersQuery],
 // [ReadBackends], [Chain]) and who holds given advisory keys (pg_locks:
-// [KeyHoldersQuery], [ReadKeyHolders]); and, after a deadlock, its cycle
+// [KeyHoldersQuery], [ReadKeyHolders]) or which ones a backend holds
+// itself, in one row of one column ([AppendOwnLocksQuery],
+// [ParseOwnLocks], fuzzed); and, after a deadlock, its cycle
 // as the error's DETAIL tells it and what pg_stat_activity still shows of
 // its backends ([ParseDeadlockDetail], [DeadlockFactsQuery],
 // [ReadDeadlockFacts]). Each read is one statement; its rows become values
