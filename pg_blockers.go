@@ -209,10 +209,9 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 	if len(keys) == 0 {
 		return nil
 	}
-	query := pgserver.KeyHoldersQuery(coreKeys(keys), waiter.shownPID())
 	var out []holders.Blocker
 	c.side.use(ctx, func(side driver.Conn) error {
-		rows, err := queryDirect(ctx, side, query, c.own.Of(side).Args)
+		rows, err := queryDirect(ctx, side, pgserver.KeyHoldersQuery(coreKeys(keys), waiter.shownPID()), c.own.Of(side).Args)
 		if err != nil {
 			out = nil
 			return err

@@ -28,7 +28,7 @@ type roundTrips struct {
 // trips, and returns dsn through it.
 func startRoundTrips(t *testing.T, dsn string) (*roundTrips, string) {
 	t.Helper()
-	proxied, proxy := throughFaultProxy(t, dsn)
+	proxied, proxy := throughFaultProxy(t, withDSNParam(t, dsn, "sslmode", "disable")) // messageFramer reads no TLS
 	p := &roundTrips{}
 	proxy.OnAccept(func(l *faultproxy.Link) {
 		trips := &atomic.Int64{}
@@ -75,8 +75,8 @@ func busiest(before, after []int64) int64 {
 
 // messageFramer splits what a client sends into protocol messages, fed in
 // chunks cut anywhere: the startup message first (a length, no type byte;
-// the DSN disables TLS, so no SSLRequest precedes it), then a type byte and
-// a length each.
+// startRoundTrips disables TLS, so no SSLRequest precedes it), then a type
+// byte and a length each.
 type messageFramer struct {
 	started bool
 	head    [5]byte

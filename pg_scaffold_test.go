@@ -3,8 +3,8 @@ package lockhooks
 // The connection setup the Postgres tests share: opening databases with and
 // without lockhooks, naming a connection's backend, reading and ending
 // backends, running a statement that must succeed, and waiting for a
-// condition. Child processes are in child_process_test.go, the fault proxy
-// in throughFaultProxy (pg_faults_pooler_test.go).
+// condition, and a fault proxy in front of a server (throughFaultProxy).
+// Child processes are in child_process_test.go.
 
 import (
 	"context"

@@ -133,7 +133,9 @@ func TestRunInTxAmbiguousWithoutCommitCheck(t *testing.T) {
 // With drop set, the COMMIT is lost instead of forwarded, and the server's
 // side stays open: the backend waits, idle in the transaction, for a
 // COMMIT that never comes (a black-holed network). The database is real;
-// only the network fails.
+// only the network fails. The client's side is cut with a reset
+// (faultproxy.Link.CutClient), so the driver sees ECONNRESET; between the
+// COMMIT and the cut it sends nothing more (it waits for COMMIT's answer).
 type cuttingProxy struct {
 	armed atomic.Bool
 	drop  atomic.Bool

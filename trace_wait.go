@@ -44,12 +44,12 @@ func (t *reporting) startWait(ctx context.Context, kind, mode, scope string, att
 func (w *lockWait) recording() bool { return w != nil && w.Recording() }
 
 // wantsHolder reports whether the wait (nil: none) records its holder.
-func (w *lockWait) wantsHolder() bool { return w != nil && w.WantsHolder() }
+func (w *lockWait) wantsHolder() bool { return w != nil && w.t.WantsHolder(&w.Wait) }
 
 // heldBy records what holds the lock the wait (nil: none) waits for.
 func (w *lockWait) heldBy(h holders.Holder) {
 	if w != nil {
-		w.HeldBy(h)
+		w.t.HeldBy(&w.Wait, h)
 	}
 }
 
@@ -66,8 +66,8 @@ func (w *lockWait) end(ctx context.Context, outcome string, err error) {
 		outcome = outcomeOf(err)
 	}
 	w.t.watch.remove(w, outcome)
-	w.Record(ctx, outcome)
-	if w.WantsOrphanSpan(ctx) {
+	w.t.Record(ctx, &w.Wait, outcome)
+	if w.t.WantsOrphanSpan(ctx, &w.Wait) {
 		w.orphanSpan(ctx)
 	}
 	w.Finish(outcome, err)
@@ -107,7 +107,7 @@ func (w *lockWait) orphanSpan(ctx context.Context) {
 	if text := w.holderNamed(); text != "" && len(holders) == 0 {
 		attrs = append(attrs, AttrHolderDescription.String(text)) // backends nobody identified
 	}
-	w.StartOrphanSpan(ctx, attrs, holders)
+	w.t.StartOrphanSpan(ctx, &w.Wait, attrs, holders)
 }
 
 // outcomeOf classifies the error of a lock acquisition.
@@ -144,7 +144,8 @@ func (w *lockWait) lookForBlockers(wc *conn, pid int32) {
 			span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attribute.String("lockhooks.error", found.Err.Error())))
 			return
 		}
-		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(telemetry.BlockersEvent(pid, found.Server, found.At, found.RootPID())...))
+		rootPID, hasRoot := found.RootPID()
+		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(telemetry.BlockersEvent(pid, found.Server, found.At, rootPID, hasRoot)...))
 		for _, h := range found.Holders {
 			if h.Depth > 0 && !h.Queued { // the in-process holders were named when the wait began
 				w.heldBy(h)

@@ -67,7 +67,7 @@ type Waiter struct {
 	WaitEvent   string            `json:"wait_event,omitempty"`
 	Holders     []holders.Holder  `json:"holders"`
 	Blockers    []holders.Blocker `json:"blockers"`
-	QueuedAhead int               `json:"queued_ahead,omitempty"` // backends queued ahead of it on the server (waiting themselves): at most maxQueuedListed are listed
+	QueuedAhead int               `json:"queued_ahead,omitempty"` // backends queued ahead of it on the server (waiting themselves): at most pgserver.MaxQueuedListed are listed
 }
 
 // Graph is the wait-for graph: an edge from a waiter to what it waits

@@ -65,16 +65,17 @@ func (b *Blockage) RootBlocker() (Blocker, bool) {
 	return Blocker{}, false
 }
 
-// RootPID is the backend at the root of the chain: the root holder's, else
-// the root blocker's; 0 when neither is known.
-func (b *Blockage) RootPID() int32 {
+// RootPID is the backend at the root of the chain: the root holder's
+// (when it names one), else the root blocker's; ok is false when neither
+// is known.
+func (b *Blockage) RootPID() (pid int32, ok bool) {
 	if h, ok := b.Root(); ok && h.PID != 0 {
-		return h.PID
+		return h.PID, true
 	}
 	if x, ok := b.RootBlocker(); ok {
-		return x.PID
+		return x.PID, true
 	}
-	return 0
+	return 0, false
 }
 
 // Aged is b with the ages the server gave brought up to now (the holders'

@@ -16,8 +16,8 @@
 // one thing that happened to a database's locks; [Events] keeps a
 // database's last ones for the page.
 // Finding the holders (connections, pg_locks rows, the registry of
-// databases) and the span attributes of a holder are the root package's
-// business.
+// databases) is the root package's business, and the span attributes of a
+// holder internal/telemetry's.
 //
 // State: none but a database's [Events] (a bounded ring, written on rare
 // paths only).

@@ -49,8 +49,12 @@ func (r *Events) Count(name string, n int64) {
 	r.mu.Unlock()
 }
 
-// Snapshot returns the events, oldest first, and the counts.
+// Snapshot returns the events, oldest first, and the counts (none for a
+// nil ring).
 func (r *Events) Snapshot() ([]Event, map[string]int64) {
+	if r == nil {
+		return nil, nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	events := make([]Event, 0, len(r.buf))

@@ -24,7 +24,10 @@ func Encode(namespace string, ids []string, try bool) []byte {
 	return b
 }
 
-// Decode unpacks what Encode wrote; anything else is an error.
+// Decode unpacks what Encode wrote. Bytes too short for their length
+// prefixes, or an empty id, are an error; a first byte other than 1 reads
+// as "not try", and a length prefix may be written with more bytes than
+// Encode uses: what decodes is read as it decodes.
 func Decode(b []byte) (namespace string, ids []string, try bool, err error) {
 	if len(b) < 1 {
 		return "", nil, false, errMalformed

@@ -12,7 +12,9 @@
 // transaction status of the server's last ReadyForQuery ([TxStatus]), the
 // connection's configured default mode ([DefaultMode]), and the process id
 // of the BackendKeyData the server or a pooler sent at connect
-// ([BackendKeyPID]).
+// ([BackendKeyPID]); and the values drivers return for lockhooks' own
+// reads, converted whatever their Go type ([AsString], [AsInt64],
+// [AsFloat64], [AsBool]).
 //
 // State: a database's [Statements], worked out from its first connection
 // and then read; nothing else.

@@ -63,8 +63,8 @@ func AsFloat64(v driver.Value) float64 {
 	return 0
 }
 
-// AsBool converts the boolean values drivers return: true, or Postgres's
-// text forms "t", "true" and "1".
+// AsBool converts the boolean values drivers return: a bool; text
+// ([]byte) whose first byte is 't' or '1'; the strings "t" and "true".
 func AsBool(v driver.Value) bool {
 	switch x := v.(type) {
 	case bool:

@@ -38,8 +38,8 @@ func HolderAttrs(h holders.Holder) []attribute.KeyValue {
 // BlockersEvent is the attributes of a wait span's lockhooks.lock.blockers
 // event: the backends that block the wait of backend pid directly, as
 // Postgres showed them at at (server), those queued ahead, and the backend
-// at the root of the chain (rootPID, 0 when none).
-func BlockersEvent(pid int32, server []holders.Blocker, at time.Time, rootPID int32) []attribute.KeyValue {
+// at the root of the chain (rootPID, when hasRoot).
+func BlockersEvent(pid int32, server []holders.Blocker, at time.Time, rootPID int32, hasRoot bool) []attribute.KeyValue {
 	var pids, queued []int64
 	var states, starts, queries, apps []string
 	for _, x := range server {
@@ -67,7 +67,7 @@ func BlockersEvent(pid int32, server []holders.Blocker, at time.Time, rootPID in
 	if len(queued) > 0 {
 		attrs = append(attrs, attribute.Int64Slice("lockhooks.blocker.queued_pids", queued))
 	}
-	if rootPID != 0 {
+	if hasRoot {
 		attrs = append(attrs, attribute.Int64("lockhooks.blocker.root_pid", int64(rootPID)))
 	}
 	return attrs

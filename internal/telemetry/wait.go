@@ -21,10 +21,12 @@ const OrphanWait = 100 * time.Millisecond
 
 // Wait times one lock acquisition: a span (when one is wanted) and the
 // wait histogram. A caller keeps it by value inside its own record of the
-// wait, so timing a wait allocates nothing of its own; its zero value
-// records nothing.
+// wait, so timing a wait allocates nothing of its own, and keeps the [Set]
+// it started the wait with beside it: the Set's methods that take a *Wait
+// (StartWait, WantsHolder, HeldBy, Record, WantsOrphanSpan,
+// StartOrphanSpan) are given the wait's own. Its zero value records
+// nothing.
 type Wait struct {
-	set   *Set
 	span  trace.Span
 	start time.Time
 	kind  string
@@ -40,7 +42,7 @@ type Wait struct {
 // ("session", "transaction"); attrs are further span attributes (the keys,
 // the namespace). The span, if one is wanted, is a child of ctx's.
 func (t *Set) StartWait(ctx context.Context, w *Wait, kind, mode, scope string, attrs ...attribute.KeyValue) context.Context {
-	*w = Wait{set: t, start: time.Now(), kind: kind, mode: mode, scope: scope}
+	*w = Wait{start: time.Now(), kind: kind, mode: mode, scope: scope}
 	if parent := trace.SpanFromContext(ctx); t.rootSpans || parent.IsRecording() {
 		all := append([]attribute.KeyValue{t.system, AttrLockKind.String(kind), AttrLockMode.String(mode), AttrLockScope.String(scope)}, attrs...)
 		ctx, w.span = t.tracer.Start(ctx, "lock.wait "+kind, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(all...))
@@ -65,17 +67,17 @@ func (w *Wait) Span() trace.Span { return w.span }
 // Recording reports whether the wait has a recording span.
 func (w *Wait) Recording() bool { return w != nil && w.span != nil }
 
-// WantsHolder reports whether the wait records its holder: it has a
+// WantsHolder reports whether wait w records its holder: it has a
 // recording span, or may get one at its end (an orphan span).
-func (w *Wait) WantsHolder() bool {
-	return w.Recording() || w != nil && w.span == nil && w.set != nil && w.set.orphanSpans
+func (t *Set) WantsHolder(w *Wait) bool {
+	return w.Recording() || w != nil && w.span == nil && t.orphanSpans
 }
 
-// HeldBy records what holds the lock this acquisition waits for, as the
-// model of holders names it: a link to the holder's span, and its
-// database, connection, backend pid, call site and since when.
-func (w *Wait) HeldBy(h holders.Holder) {
-	if w != nil && w.span == nil && w.set != nil && w.set.orphanSpans {
+// HeldBy records what holds the lock wait w waits for, as the model of
+// holders names it: a link to the holder's span, and its database,
+// connection, backend pid, call site and since when.
+func (t *Set) HeldBy(w *Wait, h holders.Holder) {
+	if w != nil && w.span == nil && t.orphanSpans {
 		w.holders = append(w.holders, h) // for a span at the wait's end
 		return
 	}
@@ -92,39 +94,36 @@ func (w *Wait) HeldBy(h holders.Holder) {
 // Holders are the holders HeldBy kept for an orphan span.
 func (w *Wait) Holders() []holders.Holder { return w.holders }
 
-// Record records the wait's duration in the wait histogram, with its
+// Record records wait w's duration in the wait histogram, with its
 // outcome: the first step of ending it.
-func (w *Wait) Record(ctx context.Context, outcome string) {
-	if w.set == nil {
-		return
-	}
-	if h := w.set.wait; h != nil && h.Enabled(ctx) {
-		h.Record(ctx, time.Since(w.start).Seconds(), w.set.base, metric.WithAttributes(
+func (t *Set) Record(ctx context.Context, w *Wait, outcome string) {
+	if h := t.wait; h != nil && h.Enabled(ctx) {
+		h.Record(ctx, time.Since(w.start).Seconds(), t.base, metric.WithAttributes(
 			AttrLockKind.String(w.kind), AttrLockMode.String(w.mode), AttrLockScope.String(w.scope), AttrLockOutcome.String(outcome)))
 	}
 }
 
-// WantsOrphanSpan reports whether the wait, now ending in ctx, gets the
+// WantsOrphanSpan reports whether wait w, now ending in ctx, gets the
 // span it would have had as a root span: it had none, spans outside traces
 // are wanted, it lasted long enough, and ctx is in no trace.
-func (w *Wait) WantsOrphanSpan(ctx context.Context) bool {
-	return w.set != nil && w.span == nil && w.set.orphanSpans && time.Since(w.start) >= OrphanWait &&
+func (t *Set) WantsOrphanSpan(ctx context.Context, w *Wait) bool {
+	return w.span == nil && t.orphanSpans && time.Since(w.start) >= OrphanWait &&
 		!trace.SpanContextFromContext(ctx).IsValid()
 }
 
-// StartOrphanSpan starts, at the end of a wait outside any trace, the span
-// it would have had as a root span, from the wait's start, with attrs
-// (beyond the lock's kind, mode and scope) and its holders.
-func (w *Wait) StartOrphanSpan(ctx context.Context, attrs []attribute.KeyValue, holders []holders.Holder) {
-	attrs = append([]attribute.KeyValue{w.set.system, AttrLockKind.String(w.kind), AttrLockMode.String(w.mode), AttrLockScope.String(w.scope)}, attrs...)
-	_, w.span = w.set.tracer.Start(ctx, "lock.wait "+w.kind, trace.WithSpanKind(trace.SpanKindInternal),
+// StartOrphanSpan starts, at the end of wait w outside any trace, the
+// span it would have had as a root span, from the wait's start, with
+// attrs (beyond the lock's kind, mode and scope) and its holders.
+func (t *Set) StartOrphanSpan(ctx context.Context, w *Wait, attrs []attribute.KeyValue, holders []holders.Holder) {
+	attrs = append([]attribute.KeyValue{t.system, AttrLockKind.String(w.kind), AttrLockMode.String(w.mode), AttrLockScope.String(w.scope)}, attrs...)
+	_, w.span = t.tracer.Start(ctx, "lock.wait "+w.kind, trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithTimestamp(w.start), trace.WithAttributes(attrs...))
 	if !w.span.IsRecording() {
 		w.span = nil
 		return
 	}
 	for _, h := range holders {
-		w.HeldBy(h)
+		t.HeldBy(w, h)
 	}
 }
 

@@ -52,15 +52,15 @@ func TestWaitSpan(t *testing.T) {
 
 	var outside Wait
 	set.StartWait(context.Background(), &outside, "advisory", "exclusive", "session")
-	if outside.Recording() || !outside.WantsHolder() {
-		t.Fatalf("outside a trace: recording %v, wants its holder %v (for an orphan span)", outside.Recording(), outside.WantsHolder())
+	if outside.Recording() || !set.WantsHolder(&outside) {
+		t.Fatalf("outside a trace: recording %v, wants its holder %v (for an orphan span)", outside.Recording(), set.WantsHolder(&outside))
 	}
 
 	ctx, parent := tp.Tracer("test").Start(context.Background(), "request")
 	var w Wait
 	set.StartWait(ctx, &w, "row", "for_update", "transaction", AttrLockKeys.String("7"))
-	w.HeldBy(holders.Holder{Database: "orders", Conn: 2, PID: 900, Site: "app.go:10"})
-	w.Record(ctx, OutcomeDeadlock)
+	set.HeldBy(&w, holders.Holder{Database: "orders", Conn: 2, PID: 900, Site: "app.go:10"})
+	set.Record(ctx, &w, OutcomeDeadlock)
 	w.Finish(OutcomeDeadlock, sqlStateError("40P01"))
 	parent.End()
 
