@@ -367,9 +367,9 @@ func (l *AdvisoryLock) Lost() <-chan struct{} {
 // Err returns nil while the lock is held, and an error wrapping
 // [ErrLockLost] once it is lost.
 func (l *AdvisoryLock) Err() error {
-	l.c.pin.mu.Lock()
-	defer l.c.pin.mu.Unlock()
-	return l.c.pin.lost
+	l.c.pin.Lock()
+	defer l.c.pin.Unlock()
+	return l.c.pin.Lost
 }
 
 // Release unlocks the lock, checking that the unlock released it, and gives
@@ -448,9 +448,9 @@ func (l *AdvisoryLock) unlock(ctx context.Context) error {
 	var textTx bool
 	if dberr.SQLState(err) == "25P02" {
 		l.conn.Raw(func(any) error {
-			l.c.pin.mu.Lock()
-			textTx = l.c.pin.textTx && l.c.tx.inner == nil
-			l.c.pin.mu.Unlock()
+			l.c.pin.Lock()
+			textTx = l.c.pin.TextTx && l.c.tx.inner == nil
+			l.c.pin.Unlock()
 			return nil
 		})
 	}

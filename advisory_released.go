@@ -31,12 +31,12 @@ const releasedOnOwnConn = "released by a statement on its own connection"
 // in which span), for the report of its loss should a statement on the
 // connection release it: by then the tracking has forgotten the key.
 func (l *AdvisoryLock) noteTaken() {
-	l.c.pin.mu.Lock()
-	defer l.c.pin.mu.Unlock()
-	if h := l.c.pin.held[lockKey{K1: l.key}]; h != nil {
-		l.taken = heldLock{since: h.since, site: h.site, span: h.span}
+	l.c.pin.Lock()
+	defer l.c.pin.Unlock()
+	if h := l.c.pin.Held[lockKey{K1: l.key}]; h != nil {
+		l.taken = heldLock{Since: h.Since, Site: h.Site, Span: h.Span}
 	} else {
-		l.taken = heldLock{since: time.Now(), site: "unknown"}
+		l.taken = heldLock{Since: time.Now(), Site: "unknown"}
 	}
 }
 
@@ -52,9 +52,9 @@ func (c *conn) loseIfReleased(text string) {
 		return
 	}
 	k := lockKey{K1: l.key}
-	c.pin.mu.Lock()
-	if c.pin.lost != nil || c.pin.closed || c.pin.held[k] != nil {
-		c.pin.mu.Unlock()
+	c.pin.Lock()
+	if c.pin.Lost != nil || c.pin.Closed || c.pin.Held[k] != nil {
+		c.pin.Unlock()
 		return
 	}
 	taken := l.taken
@@ -62,13 +62,13 @@ func (c *conn) loseIfReleased(text string) {
 	if text != "" {
 		by = fmt.Sprintf("%.200q", text)
 	}
-	ago := time.Since(taken.since).Round(time.Millisecond)
+	ago := time.Since(taken.Since).Round(time.Millisecond)
 	cause := errors.New(releasedOnOwnConn + " (" + by + ")")
-	c.pin.lost = fmt.Errorf("%w: advisory lock %s (taken at %s, %v ago) held on %v was %s; the work it protected must stop, as another session may hold the lock now; end the lock with AdvisoryLock.Release, not by unlocking it on its connection (pg_advisory_unlock, pg_advisory_unlock_all, DISCARD ALL)",
-		ErrLockLost, describeKey(l.key), taken.site, ago, c, cause)
+	c.pin.Lost = fmt.Errorf("%w: advisory lock %s (taken at %s, %v ago) held on %v was %s; the work it protected must stop, as another session may hold the lock now; end the lock with AdvisoryLock.Release, not by unlocking it on its connection (pg_advisory_unlock, pg_advisory_unlock_all, DISCARD ALL)",
+		ErrLockLost, describeKey(l.key), taken.Site, ago, c, cause)
 	lostCh, parked := c.setLostLocked()
-	lost := c.pin.lost
-	c.pin.mu.Unlock()
+	lost := c.pin.Lost
+	c.pin.Unlock()
 
 	c.reportLoss(c.lockPID(), k.String(), 1, &taken, parked, lost, cause, "")
 	l.freeTurn()  // another acquirer of this process may take the key at once

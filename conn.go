@@ -252,7 +252,7 @@ func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue)
 		}
 		defer c.connector.writer.unlock()
 	}
-	if st.advisory != nil || st.rowLock || c.pin.active.Load() {
+	if st.advisory != nil || st.rowLock || c.pin.Active.Load() {
 		return c.execTracked(ctx, st, args, true, func(text string, args []driver.NamedValue) (driver.Result, error) {
 			return c.execer.ExecContext(ctx, text, args)
 		})
@@ -287,7 +287,7 @@ func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue
 	if c.needsWriterLock(st) {
 		return c.queryWriting(ctx, st, query, func() (driver.Rows, error) { return c.queryer.QueryContext(ctx, st.text, args) })
 	}
-	if st.advisory != nil || st.rowLock || c.pin.active.Load() {
+	if st.advisory != nil || st.rowLock || c.pin.Active.Load() {
 		return c.queryTracked(ctx, st, args, true, func(text string, args []driver.NamedValue) (driver.Rows, error) {
 			return c.queryer.QueryContext(ctx, text, args)
 		})

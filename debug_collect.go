@@ -25,31 +25,31 @@ func (c *connector) collectHeld(hc *debugpage.Collector, conns []*conn, waited m
 			if hc.Full() {
 				break
 			}
-			oc.pin.mu.Lock()
+			oc.pin.Lock()
 			state := "in use"
-			if oc.pin.parked {
+			if oc.pin.Parked {
 				state = "parked"
 			}
 			pid := oc.lockPID()
 			if oc.holderPID.Load() != 0 {
 				state += ", pooler holder"
 			}
-			for k, l := range oc.pin.held {
+			for k, l := range oc.pin.Held {
 				cand = debugpage.Candidate{Mode: modeOf(k), Scope: "session", Conn: oc.id, PID: pid, State: state,
-					Since: l.since, Site: l.site, Count: l.count, Waiters: waited[k.exclusive()]}
+					Since: l.Since, Site: l.Site, Count: l.Count, Waiters: waited[k.exclusive()]}
 				advisoryCandidate(&cand, k.exclusive())
 				hc.Offer(&cand)
 			}
-			for k, n := range oc.pin.xact {
+			for k, n := range oc.pin.Xact {
 				if hc.Full() {
 					break
 				}
 				cand = debugpage.Candidate{Mode: modeOf(k), Scope: "transaction", Conn: oc.id, PID: pid, State: state,
-					Since: oc.pin.xactSince, Site: oc.pin.xactSite, Stack: &oc.pin.xactPCs, Count: n, Waiters: waited[k.exclusive()]}
+					Since: oc.pin.XactSince, Site: oc.pin.XactSite, Stack: &oc.pin.XactPCs, Count: n, Waiters: waited[k.exclusive()]}
 				advisoryCandidate(&cand, k.exclusive())
 				hc.Offer(&cand)
 			}
-			oc.pin.mu.Unlock()
+			oc.pin.Unlock()
 		}
 	}
 	c.named.eachHeld(func(key int64, e *sqlitelock.Hold[lockTaker]) bool {

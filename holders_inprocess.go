@@ -74,16 +74,16 @@ func (t *txIdent) snapshot() (since time.Time, site callsite.Stack, span trace.S
 func (oc *conn) asHolder(keys []lockKey) holders.Holder {
 	h := connHolder(oc)
 	if oc.connector.pins != nil {
-		oc.pin.mu.Lock()
+		oc.pin.Lock()
 		for _, k := range keys {
 			for _, hk := range conflicting(k) {
-				if l := oc.pin.held[hk]; l != nil && h.SiteKind == holders.SiteNone {
-					h.Key, h.Site, h.Since, h.SiteKind = hk.String(), l.site, l.since, holders.SiteTook
-					h = h.WithSpan(l.span)
+				if l := oc.pin.Held[hk]; l != nil && h.SiteKind == holders.SiteNone {
+					h.Key, h.Site, h.Since, h.SiteKind = hk.String(), l.Site, l.Since, holders.SiteTook
+					h = h.WithSpan(l.Span)
 				}
 			}
 		}
-		oc.pin.mu.Unlock()
+		oc.pin.Unlock()
 		if h.SiteKind != holders.SiteNone {
 			return h
 		}
@@ -173,15 +173,15 @@ func (c *connector) pinHolders(k lockKey, except *conn) []holders.Holder {
 		if h == except {
 			continue
 		}
-		h.pin.mu.Lock()
+		h.pin.Lock()
 		for _, hk := range conflicting(k) {
-			if l := h.pin.held[hk]; l != nil {
+			if l := h.pin.Held[hk]; l != nil {
 				x := connHolder(h)
-				x.Key, x.Site, x.Since, x.SiteKind = hk.String(), l.site, l.since, holders.SiteTook
-				out = append(out, x.WithSpan(l.span))
+				x.Key, x.Site, x.Since, x.SiteKind = hk.String(), l.Site, l.Since, holders.SiteTook
+				out = append(out, x.WithSpan(l.Span))
 			}
 		}
-		h.pin.mu.Unlock()
+		h.pin.Unlock()
 	}
 	return out
 }

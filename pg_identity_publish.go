@@ -167,11 +167,11 @@ func (c *conn) holderIdentityWithoutLocked(skip *lockKey) *identity.Holder {
 func (c *conn) holderIdentityInto(id *identity.Holder, skip *lockKey) bool {
 	var oldest *heldLock
 	var key lockKey
-	for k, l := range c.pin.held {
+	for k, l := range c.pin.Held {
 		if skip != nil && k == *skip {
 			continue
 		}
-		if oldest == nil || l.since.Before(oldest.since) {
+		if oldest == nil || l.Since.Before(oldest.Since) {
 			oldest, key = l, k
 		}
 	}
@@ -181,8 +181,8 @@ func (c *conn) holderIdentityInto(id *identity.Holder, skip *lockKey) bool {
 	c.baseIdentityInto(id)
 	var holds [48]byte
 	id.Holds = string(advisorykey.Key(key).AppendToken(append(holds[:0], "lock "...)))
-	id.Site, id.Since = identity.SafeToken(oldest.site, "_"), oldest.since
-	id.TraceID, id.SpanID = identity.TraceIDs(oldest.span)
+	id.Site, id.Since = identity.SafeToken(oldest.Site, "_"), oldest.Since
+	id.TraceID, id.SpanID = identity.TraceIDs(oldest.Span)
 	return true
 }
 
@@ -223,9 +223,9 @@ func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue)
 		return c.fixedLocksQuery(pid), nil
 	}
 	var id identity.Holder
-	c.pin.mu.Lock()
+	c.pin.Lock()
 	holding := c.holderIdentityInto(&id, nil)
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 	if !holding {
 		return c.fixedLocksQuery(pid), nil
 	}
@@ -240,8 +240,8 @@ func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue)
 // composed once.
 func (c *conn) fixedLocksQuery(pid int32) string {
 	discards := c.discards.Load()
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
+	c.pin.Lock()
+	defer c.pin.Unlock()
 	t := &c.readTexts
 	if t.pid != pid || t.discards != discards || t.plain == "" {
 		*t = fixedReads{pid: pid, discards: discards,
@@ -274,9 +274,9 @@ func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 	if !own.OK() || c.connector.opts.txPooler {
 		return "", nil
 	}
-	c.pin.mu.Lock()
+	c.pin.Lock()
 	id := c.holderIdentityWithoutLocked(skip)
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 	if id == nil {
 		return "", nil
 	}
@@ -304,13 +304,13 @@ func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall, k lockKey, site, text, suffix string) string {
 	var id identity.Holder
 	unlock := call.Func&sqlscan.FnUnlock != 0
-	c.pin.mu.Lock()
+	c.pin.Lock()
 	var skip *lockKey
-	if l := c.pin.held[k]; unlock && l != nil && l.count <= 1 {
+	if l := c.pin.Held[k]; unlock && l != nil && l.Count <= 1 {
 		skip = &k
 	}
 	holding := c.holderIdentityInto(&id, skip)
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 	if !holding {
 		if unlock {
 			return ""
@@ -347,9 +347,9 @@ func (c *conn) releaseLockSavepoint(ctx context.Context, h *holderConn) error {
 	if !c.connector.own.OK() {
 		return execDirect(ctx, h.inner, release)
 	}
-	c.pin.mu.Lock()
+	c.pin.Lock()
 	id := c.holderIdentityLocked()
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 	if id == nil {
 		id = c.baseIdentity()
 		id.Holds, id.Site, id.Since = "lock", identity.SafeToken(siteOf(ctx), "_"), time.Now()

@@ -104,14 +104,14 @@ func (c *conn) endTransactionLocks() {
 	if c.connector.pins == nil || !c.endable() {
 		return
 	}
-	c.pin.mu.Lock()
+	c.pin.Lock()
 	var keys []lockKey
-	for k, n := range c.pin.xact {
+	for k, n := range c.pin.Xact {
 		if n > 0 {
 			keys = append(keys, k)
 		}
 	}
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 	if t := c.endTarget(); t.PID != 0 && len(keys) > 0 {
 		c.connector.pins.ends.Add(t, coreKeys(keys), false)
 	}
@@ -130,36 +130,36 @@ func (c *conn) markLost(why string, cause error, flags lossFlags) error {
 // other clients once lockhooks' client connection is gone, and the pooler
 // resets it (which frees session locks) or closes it.
 func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) error {
-	c.pin.mu.Lock()
-	if c.pin.lost != nil {
-		defer c.pin.mu.Unlock()
-		return c.pin.lost
+	c.pin.Lock()
+	if c.pin.Lost != nil {
+		defer c.pin.Unlock()
+		return c.pin.Lost
 	}
-	if len(c.pin.held) == 0 {
-		c.pin.mu.Unlock()
+	if len(c.pin.Held) == 0 {
+		c.pin.Unlock()
 		return nil
 	}
-	keys := make([]string, 0, len(c.pin.held))
-	held := make([]lockKey, 0, len(c.pin.held))
+	keys := make([]string, 0, len(c.pin.Held))
+	held := make([]lockKey, 0, len(c.pin.Held))
 	var oldest *heldLock
-	for k, l := range c.pin.held {
+	for k, l := range c.pin.Held {
 		keys = append(keys, k.String())
 		held = append(held, k)
-		if oldest == nil || l.since.Before(oldest.since) {
+		if oldest == nil || l.Since.Before(oldest.Since) {
 			oldest = l
 		}
 	}
 	sort.Strings(keys)
-	n := len(c.pin.held)
-	c.pin.lost = fmt.Errorf("%w: %v held advisory lock %s (taken at %s, %v ago) and %s; the work it protected must stop",
-		ErrLockLost, c, strings.Join(keys, ", "), oldest.site, time.Since(oldest.since).Round(time.Millisecond), why)
+	n := len(c.pin.Held)
+	c.pin.Lost = fmt.Errorf("%w: %v held advisory lock %s (taken at %s, %v ago) and %s; the work it protected must stop",
+		ErrLockLost, c, strings.Join(keys, ", "), oldest.Site, time.Since(oldest.Since).Round(time.Millisecond), why)
 	if flags&lossPooler != 0 {
-		c.pin.lost = fmt.Errorf("%w (%w)", c.pin.lost, ErrTransactionPooler)
+		c.pin.Lost = fmt.Errorf("%w (%w)", c.pin.Lost, ErrTransactionPooler)
 	}
-	c.pin.held = nil
+	c.pin.Held = nil
 	lostCh, parked := c.setLostLocked()
-	lost := c.pin.lost
-	c.pin.mu.Unlock()
+	lost := c.pin.Lost
+	c.pin.Unlock()
 
 	// What becomes of the backend, for the log line.
 	backend := "left to the server's own timeouts"
@@ -188,9 +188,9 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 func (c *conn) reportLoss(pid int32, keys string, n int, oldest *heldLock, parked bool, lost, cause error, backend string) {
 	c.connector.tel.LockLost(context.Background(), "advisory", n)
 	c.connector.events.Add(eventLockLost, lost.Error())
-	heldFor := time.Since(oldest.since).Round(time.Millisecond)
+	heldFor := time.Since(oldest.Since).Round(time.Millisecond)
 	attrs := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", pid,
-		"keys", keys, "taken_at", oldest.site, "held_for", heldFor.String(), "parked", parked, "cause", cause.Error()}
+		"keys", keys, "taken_at", oldest.Site, "held_for", heldFor.String(), "parked", parked, "cause", cause.Error()}
 	if backend != "" {
 		attrs = append(attrs, "backend", backend)
 	}
@@ -198,20 +198,20 @@ func (c *conn) reportLoss(pid int32, keys string, n int, oldest *heldLock, parke
 	// A span of its own (issue 20: the model of holders), linked to the
 	// span the lock was taken in.
 	h := connHolder(c)
-	h.Key, h.Site, h.Since, h.SiteKind = keys, oldest.site, oldest.since, holders.SiteTook
-	c.connector.tel.LockLostSpan(h.WithSpan(oldest.span), cause)
+	h.Key, h.Site, h.Since, h.SiteKind = keys, oldest.Site, oldest.Since, holders.SiteTook
+	c.connector.tel.LockLostSpan(h.WithSpan(oldest.Span), cause)
 }
 
 // setLostLocked finishes recording the loss set in c.pin.lost: statements
 // now fail with it; it returns the channel to close once the loss is
 // reported, and whether c was parked. c.pin.mu is held.
 func (c *conn) setLostLocked() (lostCh chan struct{}, parked bool) {
-	c.pin.gen++
-	if c.pin.lostCh == nil {
-		c.pin.lostCh = make(chan struct{})
+	c.pin.Gen++
+	if c.pin.LostCh == nil {
+		c.pin.LostCh = make(chan struct{})
 	}
 	c.updateActiveLocked() // statements now fail with lost
-	return c.pin.lostCh, c.pin.parked
+	return c.pin.LostCh, c.pin.Parked
 }
 
 // lostError combines the lost-lock error with the driver's error; a
@@ -229,12 +229,12 @@ func (c *conn) lostError(lost, err error) error {
 
 // lostChan returns the channel closed when c's locks are lost.
 func (c *conn) lostChan() <-chan struct{} {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	if c.pin.lostCh == nil {
-		c.pin.lostCh = make(chan struct{})
+	c.pin.Lock()
+	defer c.pin.Unlock()
+	if c.pin.LostCh == nil {
+		c.pin.LostCh = make(chan struct{})
 	}
-	return c.pin.lostCh
+	return c.pin.LostCh
 }
 
 // monoBase is the origin of monoNow's readings (set once, never changed).

@@ -200,8 +200,8 @@ func (m *model) state(w *conn) string {
 	_, registered := p.holders[w]
 	monitor := p.cancelMonitor != nil
 	p.mu.Unlock()
-	w.pin.mu.Lock()
-	defer w.pin.mu.Unlock()
+	w.pin.Lock()
+	defer w.pin.Unlock()
 	return fmt.Sprintf("registered %v, monitor running %v, busy %d, gen %d, held %d, lost %v, pid %d, holder pid %d",
-		registered, monitor, w.pin.busy, w.pin.gen, len(w.pin.held), w.pin.lost, w.pid.Load(), w.holderPID.Load())
+		registered, monitor, w.pin.Busy, w.pin.Gen, len(w.pin.Held), w.pin.Lost, w.pid.Load(), w.holderPID.Load())
 }

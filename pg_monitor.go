@@ -74,18 +74,18 @@ type holderSnapshot struct {
 func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, error) {
 	var snaps, all []holderSnapshot
 	for _, h := range p.snapshot() {
-		h.pin.mu.Lock()
-		if pid := h.lockPID(); pid != 0 && h.pin.lost == nil && len(h.pin.held) > 0 {
-			s := holderSnapshot{c: h, pid: pid, gen: h.pin.gen, parked: h.pin.parked}
+		h.pin.Lock()
+		if pid := h.lockPID(); pid != 0 && h.pin.Lost == nil && len(h.pin.Held) > 0 {
+			s := holderSnapshot{c: h, pid: pid, gen: h.pin.Gen, parked: h.pin.Parked}
 			all = append(all, s)
-			if h.pin.busy == 0 {
-				for k := range h.pin.held {
+			if h.pin.Busy == 0 {
+				for k := range h.pin.Held {
 					s.keys = append(s.keys, k)
 				}
 				snaps = append(snaps, s)
 			}
 		}
-		h.pin.mu.Unlock()
+		h.pin.Unlock()
 	}
 	p.warnParked()
 	if len(snaps) == 0 && p.ends.Empty() && (p.c.opts.txPooler || len(all) == 0) {
@@ -210,9 +210,9 @@ func (p *pinning) stillHolding(s holderSnapshot) bool {
 	if !registered {
 		return false
 	}
-	s.c.pin.mu.Lock()
-	defer s.c.pin.mu.Unlock()
-	return len(s.c.pin.held) > 0 && s.c.pin.lost == nil && s.c.lockPID() == s.pid
+	s.c.pin.Lock()
+	defer s.c.pin.Unlock()
+	return len(s.c.pin.Held) > 0 && s.c.pin.Lost == nil && s.c.lockPID() == s.pid
 }
 
 // lookForPooler looks at where the side connection's check ran: on a
@@ -256,9 +256,9 @@ func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) (suspects 
 // holdsOn reports whether backend pid held, when the check read it, one
 // of the session locks lockhooks tracks on c.
 func (c *conn) holdsOn(v sideView, pid int32) bool {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	for k := range c.pin.held {
+	c.pin.Lock()
+	defer c.pin.Unlock()
+	for k := range c.pin.Held {
 		if v.held[pid][k] {
 			return true
 		}
@@ -289,9 +289,9 @@ func (p *pinning) unreachable(ctx context.Context, snaps []holderSnapshot, cause
 // changedSince reports whether c ran a lock statement since generation gen,
 // or runs one now.
 func (c *conn) changedSince(gen uint64) bool {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	return c.pin.gen != gen || c.pin.busy > 0
+	c.pin.Lock()
+	defer c.pin.Unlock()
+	return c.pin.Gen != gen || c.pin.Busy > 0
 }
 
 // answers reports whether the parked connection c still answers a
@@ -316,9 +316,9 @@ func (c *conn) verifyParked(ctx context.Context) {
 func (c *conn) onParked(ctx context.Context, run func(context.Context) error) bool {
 	c.pin.exec.Lock()
 	defer c.pin.exec.Unlock()
-	c.pin.mu.Lock()
-	closed := c.pin.closed
-	c.pin.mu.Unlock()
+	c.pin.Lock()
+	closed := c.pin.Closed
+	c.pin.Unlock()
 	if closed {
 		return false
 	}
@@ -347,14 +347,14 @@ func (p *pinning) warnParked() {
 	}
 	var found []longHold
 	for _, h := range p.snapshot() {
-		h.pin.mu.Lock()
-		if h.pin.parked && !h.pin.warned && time.Since(h.pin.parkedAt) > threshold {
-			h.pin.warned = true
-			for k, l := range h.pin.held {
-				found = append(found, longHold{h, k, l.since, l.site})
+		h.pin.Lock()
+		if h.pin.Parked && !h.pin.Warned && time.Since(h.pin.ParkedAt) > threshold {
+			h.pin.Warned = true
+			for k, l := range h.pin.Held {
+				found = append(found, longHold{h, k, l.Since, l.Site})
 			}
 		}
-		h.pin.mu.Unlock()
+		h.pin.Unlock()
 	}
 	// Logged after the mutexes are released: the application's handler may
 	// be slow.

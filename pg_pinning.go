@@ -9,14 +9,10 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
-	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
-	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/lockset"
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
@@ -57,59 +53,14 @@ func lockID(name string) int64 {
 	return int64(binary.BigEndian.Uint64(sum[24:]) & (1<<63 - 1))
 }
 
-// heldLock is one session lock a connection holds.
-type heldLock struct {
-	count int // re-entrant acquisitions (Postgres stacks them)
-	// approx: count may be off, because a statement lockhooks could not
-	// read ran while the key was held (pg_locks shows no counts); the next
-	// statement on the key is checked against pg_locks.
-	approx bool
-	since  time.Time
-	site   string            // where it was taken: file:line
-	span   trace.SpanContext // the span of the statement that took it
-}
+// heldLock is one session lock a connection holds (pgsession.Held).
+type heldLock = pgsession.Held
 
-// pinState is what a connection knows of its advisory locks: a cache of
-// pg_locks for its backend, kept exact where statement text tells the
-// effect and refreshed from pg_locks where it does not.
+// pinState is what a connection knows of its advisory locks: the state
+// pgsession keeps of them (its mutex is what the code here calls c.pin's
+// mutex), and the serialisation of lockhooks' own statements on it.
 type pinState struct {
-	// active: the connection holds session locks, lost them, or is in a
-	// transaction block lockhooks follows: its statements take the slow
-	// path.
-	active atomic.Bool
-
-	mu   sync.Mutex
-	held map[lockKey]*heldLock // session locks
-	xact map[lockKey]int       // transaction-level locks of the current transaction, as taken by this connection
-	// When and where the transaction took its first transaction-level
-	// lock, for /debug/locks (xact is empty: unset).
-	xactSince time.Time
-	xactSite  string
-	xactPCs   callsite.Stack // when xactSite is "": symbolised only when shown
-	textTx    bool           // in a transaction block opened by statement text (BEGIN), not by database/sql
-	parked    bool           // withdrawn from the pool; owned by the pinning registry
-	parkedAt  time.Time
-	closed    bool // the physical connection was closed by lockhooks
-	warned    bool
-	lost      error         // non-nil once the locks are known lost
-	lostCh    chan struct{} // closed when lost is set
-	gen       uint64        // changes whenever held may have changed
-	busy      int           // advisory statements in flight
-	recheck   bool          // read pg_locks again once the transaction ends
-	// unverified: the pg_locks read that must follow a failed lock
-	// statement failed, so what the backend holds is unknown: the next
-	// statement reads it first, and a return to the pool reads it or
-	// closes the connection (verifyUnknown).
-	unverified bool
-	everHeld   bool  // has held a session lock (a session-pinning pooler keeps it pinned)
-	pinnedTo   int32 // WithSessionPinningPooler: the backend pg_locks found its session locks on
-
-	// turns are the keys whose turn in the database's in-process queue
-	// the connection owns (pg_turns.go); pendingTurn is the one it took
-	// for a lock statement not yet settled (hasPendingTurn).
-	turns          map[int64]struct{}
-	pendingTurn    int64
-	hasPendingTurn bool
+	pgsession.State[lockKey]
 
 	// exec serialises what lockhooks itself runs on a connection that
 	// database/sql no longer uses (a parked one): rerouted unlocks, reads of
@@ -117,14 +68,10 @@ type pinState struct {
 	exec sync.Mutex
 }
 
-// updateActiveLocked recomputes whether statements need the slow path;
-// c.pin.mu is held.
+// updateActiveLocked recomputes whether statements need the slow path,
+// and gives up the turns c no longer needs; c.pin is locked.
 func (c *conn) updateActiveLocked() {
-	if len(c.pin.held) > 0 {
-		c.pin.everHeld = true
-	}
-	c.pin.active.Store(len(c.pin.held) > 0 || c.pin.lost != nil || c.pin.textTx || c.pin.recheck || c.pin.unverified || len(c.pin.xact) > 0)
-	if len(c.pin.turns) > 0 {
+	if c.pin.UpdateActiveLocked() {
 		c.releaseTurnsLocked()
 	}
 }
@@ -135,9 +82,9 @@ func (c *conn) inTx() bool {
 	if c.tx.inner != nil {
 		return true
 	}
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	return c.pin.textTx
+	c.pin.Lock()
+	defer c.pin.Unlock()
+	return c.pin.TextTx
 }
 
 // advisoryPlan is what the hooks do around one statement that calls
@@ -175,16 +122,16 @@ type advisoryPlan struct {
 func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.NamedValue, retext bool) (plan advisoryPlan, answer *staticRows, err error) {
 	plan = advisoryPlan{st: st, args: args}
 	c.noteSent(st.text)
-	c.pin.mu.Lock()
-	lost := c.pin.lost
-	c.pin.mu.Unlock()
+	c.pin.Lock()
+	lost := c.pin.Lost
+	c.pin.Unlock()
 	if lost != nil {
 		return plan, nil, lost
 	}
 	if err := c.refuseThroughPooler(st.advisory); err != nil {
 		return plan, nil, err
 	}
-	if c.pin.active.Load() {
+	if c.pin.Active.Load() {
 		// database/sql would let the driver see a cancelled context, and pgx
 		// then closes the connection: every lock it holds would be gone.
 		if err := ctx.Err(); err != nil {
@@ -296,10 +243,10 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 			c.noteSent(st.text) // sent now, after its wait in memory (pg_loss.go's quiet)
 		}
 	}
-	c.pin.mu.Lock()
-	c.pin.busy++
-	c.pin.gen++
-	c.pin.mu.Unlock()
+	c.pin.Lock()
+	c.pin.Busy++
+	c.pin.Gen++
+	c.pin.Unlock()
 	return plan, nil, nil
 }
 
@@ -354,10 +301,10 @@ func (c *conn) afterDiscard() string {
 
 // anyApprox reports whether c holds one of keys with a count that may be off.
 func (c *conn) anyApprox(keys []lockKey, known []bool) bool {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
+	c.pin.Lock()
+	defer c.pin.Unlock()
 	for i, k := range keys {
-		if l := c.pin.held[k]; known[i] && l != nil && l.approx {
+		if l := c.pin.Held[k]; known[i] && l != nil && l.Approx {
 			return true
 		}
 	}
@@ -391,10 +338,10 @@ func (c *conn) refuseUselessXact(ctx context.Context, adv *sqlscan.Advisory) err
 		return err
 	}
 	if inBlock {
-		c.pin.mu.Lock()
-		c.pin.textTx = true
+		c.pin.Lock()
+		c.pin.TextTx = true
 		c.updateActiveLocked()
-		c.pin.mu.Unlock()
+		c.pin.Unlock()
 		return nil
 	}
 	if !all || !adv.TargetList {
@@ -432,10 +379,10 @@ func (c *conn) inTransactionBlock(ctx context.Context) (bool, error) {
 // a warning says so.
 func (c *conn) checkUnlocks(adv *sqlscan.Advisory, keys []lockKey, site string) error {
 	var unheld []lockKey
-	c.pin.mu.Lock()
+	c.pin.Lock()
 	taken := map[lockKey]int{}
-	for k, l := range c.pin.held {
-		taken[k] = l.count
+	for k, l := range c.pin.Held {
+		taken[k] = l.Count
 	}
 	for i, call := range adv.Calls {
 		k := keys[i]
@@ -452,7 +399,7 @@ func (c *conn) checkUnlocks(adv *sqlscan.Advisory, keys []lockKey, site string) 
 			taken[k]++
 		}
 	}
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 	for _, k := range unheld {
 		if h := c.connector.pins.holderOf(k, c); h != nil {
 			err := fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, in a statement with other advisory calls: the lock is held by %v, and an unlock inside a larger statement cannot be sent there; unlock it in a statement of its own", ErrNotLockOwner, sharedSuffix(k), k, c, h)
@@ -482,13 +429,13 @@ func (c *conn) warnSelfWait(adv *sqlscan.Advisory, keys []lockKey, known []bool,
 		if h == nil {
 			continue
 		}
-		h.pin.mu.Lock()
-		parked, l := h.pin.parked, h.pin.held[k]
+		h.pin.Lock()
+		parked, l := h.pin.Parked, h.pin.Held[k]
 		var taken string
 		if l != nil {
-			taken = l.site
+			taken = l.Site
 		}
-		h.pin.mu.Unlock()
+		h.pin.Unlock()
 		if parked && (!k.Shared || h.holds(k.exclusive())) {
 			c.connector.opts.logger.Warn("lockhooks: an advisory lock request waits for a connection of this same database that holds the lock outside the pool; if the same code took it, it waits for itself: unlock it first (pg_advisory_unlock through this database), or take locks with lockhooks.AcquireAdvisoryLock",
 				"key", k.String(), "requested_at", site, "holder", h.id, "holder_pid", h.pid.Load(), "taken_at", taken)

@@ -33,10 +33,10 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		return err
 	}
 	defer func() {
-		c.pin.mu.Lock()
-		c.pin.busy--
-		c.pin.gen++
-		c.pin.mu.Unlock()
+		c.pin.Lock()
+		c.pin.Busy--
+		c.pin.Gen++
+		c.pin.Unlock()
 	}()
 	span := trace.SpanContextFromContext(ctx)
 	// lockhooks' own statements below run whether or not ctx ended
@@ -143,8 +143,8 @@ func (c *conn) endAfterBreak(plan advisoryPlan) {
 func (c *conn) apply(span trace.SpanContext, plan advisoryPlan, results []driver.Value) (pending map[lockKey]int) {
 	adv := plan.st.advisory
 	inTx := c.inTx()
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
+	c.pin.Lock()
+	defer c.pin.Unlock()
 	for i, call := range adv.Calls {
 		k := plan.keys[i]
 		fn := call.Func
@@ -153,7 +153,7 @@ func (c *conn) apply(span trace.SpanContext, plan advisoryPlan, results []driver
 			if i < len(results) {
 				got, sure = results[i].(bool)
 			}
-			if !sure && c.tryCertainLocked(k) {
+			if !sure && c.pin.TryCertainLocked(k) {
 				got, sure = true, true
 			}
 			if !sure {
@@ -173,59 +173,33 @@ func (c *conn) apply(span trace.SpanContext, plan advisoryPlan, results []driver
 		}
 		switch {
 		case fn&sqlscan.FnUnlockAll != 0:
-			for h, l := range c.pin.held {
-				c.connector.tel.RecordHold(context.Background(), "advisory", "session", l.since)
-				delete(c.pin.held, h)
-			}
+			c.pin.ForgetAllLocked(c.sessionLockFreed)
 		case fn&sqlscan.FnXact != 0:
 			if inTx {
-				if c.pin.xact == nil {
-					c.pin.xact = make(map[lockKey]int)
-					c.pin.xactSince, c.pin.xactSite = time.Now(), plan.site
-					c.pin.xactPCs.Reset()
-				}
-				c.pin.xact[k]++
+				c.pin.AddXactLocked(k, plan.site)
 			}
 		case fn&sqlscan.FnUnlock != 0:
 			c.forgetLocked(k)
 		default:
-			c.addLocked(k, plan.site, span, 1)
+			c.pin.AddLocked(k, plan.site, span, 1)
 		}
 	}
-	c.pin.gen++
+	c.pin.Gen++
 	c.updateActiveLocked()
 	return pending
 }
 
-// tryCertainLocked reports whether a try-lock of k on this connection
-// certainly succeeds: the backend already holds k in that mode, or holds it
-// exclusively (a backend's own locks never conflict with its requests, and
-// nobody else can hold a key it holds exclusively); c.pin.mu is held.
-func (c *conn) tryCertainLocked(k lockKey) bool {
-	return c.pin.held[k] != nil || c.pin.held[k.exclusive()] != nil || c.pin.xact[k] > 0 || c.pin.xact[k.exclusive()] > 0
-}
-
-// addLocked records n more acquisitions of k; c.pin.mu is held.
-func (c *conn) addLocked(k lockKey, site string, span trace.SpanContext, n int) {
-	if c.pin.held == nil {
-		c.pin.held = make(map[lockKey]*heldLock)
-	}
-	l := c.pin.held[k]
-	if l == nil {
-		l = &heldLock{since: time.Now(), site: site, span: span}
-		c.pin.held[k] = l
-	}
-	l.count += n
-}
-
-// forgetLocked records one release of k; c.pin.mu is held.
+// forgetLocked records one release of k; c.pin is locked.
 func (c *conn) forgetLocked(k lockKey) {
-	if l := c.pin.held[k]; l != nil {
-		if l.count--; l.count <= 0 {
-			delete(c.pin.held, k)
-			c.connector.tel.RecordHold(context.Background(), "advisory", "session", l.since)
-		}
+	if since, freed := c.pin.ForgetLocked(k); freed {
+		c.sessionLockFreed(since)
 	}
+}
+
+// sessionLockFreed records, for the hold-time metric, a session lock held
+// since then that c holds no more.
+func (c *conn) sessionLockFreed(since time.Time) {
+	c.connector.tel.RecordHold(context.Background(), "advisory", "session", since)
 }
 
 // followTxControl follows the transaction blocks that statement text opens
@@ -237,9 +211,9 @@ func (c *conn) followTxControl(text string, always, failed bool) {
 	if c.tx.inner != nil {
 		return
 	}
-	c.pin.mu.Lock()
-	if !always && !c.pin.active.Load() && !c.pin.textTx {
-		c.pin.mu.Unlock()
+	c.pin.Lock()
+	if !always && !c.pin.Active.Load() && !c.pin.TextTx {
+		c.pin.Unlock()
 		return
 	}
 	effect := sqlscan.TxControl(text)
@@ -248,16 +222,16 @@ func (c *conn) followTxControl(text string, always, failed bool) {
 	}
 	switch effect {
 	case sqlscan.TxNone:
-		c.pin.mu.Unlock()
+		c.pin.Unlock()
 		return
 	case sqlscan.TxBegin:
-		c.pin.textTx = true
+		c.pin.TextTx = true
 		c.updateActiveLocked()
-		c.pin.mu.Unlock()
+		c.pin.Unlock()
 		return
 	}
-	c.pin.textTx = effect == sqlscan.TxChain
-	c.pin.mu.Unlock()
+	c.pin.TextTx = effect == sqlscan.TxChain
+	c.pin.Unlock()
 	c.transactionEnded() // COMMIT or ROLLBACK: the text does not say which took effect
 }
 
@@ -266,12 +240,10 @@ func (c *conn) followTxControl(text string, always, failed bool) {
 // only pg_locks can tell, reads pg_locks now that the transaction's own
 // locks are gone.
 func (c *conn) transactionEnded() {
-	c.pin.mu.Lock()
-	c.pin.xact = nil
-	recheck := c.pin.recheck
-	c.pin.recheck = false
+	c.pin.Lock()
+	recheck := c.pin.EndTransactionLocked()
 	c.updateActiveLocked()
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 	if recheck {
 		c.reconcile(context.Background(), "unknown", nil, true)
 		c.loseIfReleased("")
@@ -280,44 +252,30 @@ func (c *conn) transactionEnded() {
 }
 
 // holds reports whether c holds the session lock k.
-func (c *conn) holds(k lockKey) bool {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	return c.pin.held[k] != nil
-}
+func (c *conn) holds(k lockKey) bool { return c.pin.Holds(k) }
 
 // forgetLock records one release of k found by the monitor or a reroute.
 func (c *conn) forgetLock(k lockKey) {
-	c.pin.mu.Lock()
+	c.pin.Lock()
 	c.forgetLocked(k)
-	c.pin.gen++
+	c.pin.Gen++
 	c.updateActiveLocked()
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 }
 
 // clearLocks records that c holds no session lock.
 func (c *conn) clearLocks() {
-	c.pin.mu.Lock()
-	for _, l := range c.pin.held {
-		c.connector.tel.RecordHold(context.Background(), "advisory", "session", l.since)
-	}
-	c.pin.held = nil
-	c.pin.gen++
+	c.pin.Lock()
+	c.pin.ClearLocked(c.sessionLockFreed)
 	c.updateActiveLocked()
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 }
 
 // addXact records transaction-level keys the transaction took through
 // lockhooks' own statements (Lock on Postgres).
 func (c *conn) addXact(keys []int64, site *callsite.Stack) {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	if c.pin.xact == nil {
-		c.pin.xact = make(map[lockKey]int)
-		c.pin.xactSince, c.pin.xactSite, c.pin.xactPCs = time.Now(), "", *site
-	}
-	for _, k := range keys {
-		c.pin.xact[lockKey{K1: k}]++
-	}
+	c.pin.Lock()
+	defer c.pin.Unlock()
+	c.pin.AddXactKeysLocked(keys, site)
 	c.updateActiveLocked()
 }

@@ -124,10 +124,10 @@ func TestCancelDuringLockWaitKeepsTrackingTrue(t *testing.T) {
 	waitFor(t, 10*time.Second, "lock 30 to be released", func() bool { return heldCount(t, e.raw, 30) == 0 })
 	c.Raw(func(dc any) error {
 		w := dc.(connCore).state()
-		w.pin.mu.Lock()
-		defer w.pin.mu.Unlock()
-		if len(w.pin.held) != 0 {
-			t.Errorf("tracking still holds %d keys", len(w.pin.held))
+		w.pin.Lock()
+		defer w.pin.Unlock()
+		if len(w.pin.Held) != 0 {
+			t.Errorf("tracking still holds %d keys", len(w.pin.Held))
 		}
 		return nil
 	})

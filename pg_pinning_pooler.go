@@ -47,14 +47,14 @@ var errPoolerOptions = errors.New("lockhooks: WithTransactionPooler and WithSess
 // connection is pinned, ranOn becomes its backend; once pinned, another
 // backend means the pooler did not pin it.
 func (c *conn) followPin(ranOn int32, holding bool) error {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	if to := c.pin.pinnedTo; to != 0 && to != ranOn {
+	c.pin.Lock()
+	defer c.pin.Unlock()
+	if to := c.pin.PinnedTo; to != 0 && to != ranOn {
 		return c.poolerDetected(fmt.Sprintf("held session locks on backend pid %d, pinned there by the pooler (WithSessionPinningPooler), but its statements now run on backend pid %d, so the pooler does not pin it", to, ranOn))
 	}
 	c.pid.Store(ranOn)
 	if holding {
-		c.pin.pinnedTo = ranOn
+		c.pin.PinnedTo = ranOn
 	}
 	return nil
 }
@@ -65,7 +65,7 @@ func (c *conn) pinnedUntilClosed() bool {
 	if !c.connector.opts.pinningPooler {
 		return false
 	}
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	return c.pin.everHeld
+	c.pin.Lock()
+	defer c.pin.Unlock()
+	return c.pin.EverHeld
 }

@@ -127,8 +127,8 @@ func blocking(adv *sqlscan.Advisory) bool {
 // the two run on different backends there, which would wait for each
 // other, where one backend's own locks never conflict.
 func (c *conn) splitConflict(adv *sqlscan.Advisory, keys []lockKey, known []bool) error {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
+	c.pin.Lock()
+	defer c.pin.Unlock()
 	for i, call := range adv.Calls {
 		if !known[i] || call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 {
 			continue
@@ -138,9 +138,9 @@ func (c *conn) splitConflict(adv *sqlscan.Advisory, keys []lockKey, known []bool
 		shared.Shared = true
 		var other bool
 		if call.Func&sqlscan.FnXact != 0 {
-			other = c.pin.held[shared] != nil || c.pin.held[excl] != nil
+			other = c.pin.Held[shared] != nil || c.pin.Held[excl] != nil
 		} else {
-			other = c.pin.xact[shared] > 0 || c.pin.xact[excl] > 0
+			other = c.pin.Xact[shared] > 0 || c.pin.Xact[excl] > 0
 		}
 		if other {
 			return fmt.Errorf("lockhooks: through a transaction-mode pooler (WithTransactionPooler), %s(%s) on %v would wait for this connection's own lock on the same key, held on another server connection (session locks live on a holder connection there); do not mix session and transaction-level locks on one key", call.Func.Name(), k, c)
@@ -343,9 +343,9 @@ func (c *conn) checkHolder(ctx context.Context) error {
 // releaseHolder ends the holder's transaction once c holds nothing: the
 // pooler may then give its server connection to others.
 func (c *conn) releaseHolder(ctx context.Context) {
-	c.pin.mu.Lock()
-	empty := len(c.pin.held) == 0
-	c.pin.mu.Unlock()
+	c.pin.Lock()
+	empty := len(c.pin.Held) == 0
+	c.pin.Unlock()
 	if empty {
 		c.endHolderTxWithin(c.connector.opts.lockCheckTimeout)
 	}
@@ -567,9 +567,9 @@ func (c *conn) refuseThroughPooler(adv *sqlscan.Advisory) error {
 	if perr == nil {
 		return nil
 	}
-	c.pin.mu.Lock()
-	holding := len(c.pin.held) > 0
-	c.pin.mu.Unlock()
+	c.pin.Lock()
+	holding := len(c.pin.Held) > 0
+	c.pin.Unlock()
 	if holding {
 		lost := c.markLost("may no longer be held: "+perr.Error(), perr, lossReport|lossPooler)
 		c.connector.pins.settle(c)

@@ -37,64 +37,64 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 	inTx := c.inTx()
 	server, err := c.readAdvisoryLocks(ctx)
 	if err != nil {
-		c.pin.mu.Lock()
+		c.pin.Lock()
 		if dberr.SQLState(err) == "25P01" {
-			c.pin.textTx = false // the block lockhooks believed open is not
+			c.pin.TextTx = false // the block lockhooks believed open is not
 		} else if inTx {
-			c.pin.recheck = true // an aborted transaction: read once it ends
+			c.pin.Recheck = true // an aborted transaction: read once it ends
 		}
 		c.updateActiveLocked()
-		c.pin.mu.Unlock()
+		c.pin.Unlock()
 		if !inTx {
 			c.connector.opts.logger.Warn("lockhooks: cannot read pg_locks to track advisory locks", "connection", c.String(), "error", err)
 		}
 		return err
 	}
 	now := time.Now()
-	c.pin.mu.Lock()
-	for k, l := range c.pin.held {
+	c.pin.Lock()
+	for k, l := range c.pin.Held {
 		if !server.has(k) {
-			delete(c.pin.held, k)
-			c.connector.tel.RecordHold(context.Background(), "advisory", "session", l.since)
+			delete(c.pin.Held, k)
+			c.connector.tel.RecordHold(context.Background(), "advisory", "session", l.Since)
 		}
 	}
-	for k := range c.pin.xact {
+	for k := range c.pin.Xact {
 		if !server.has(k) {
-			delete(c.pin.xact, k) // released by ROLLBACK TO SAVEPOINT
+			delete(c.pin.Xact, k) // released by ROLLBACK TO SAVEPOINT
 		}
 	}
 	for _, k := range server {
 		n := pending[k]
 		switch {
 		case n < 0:
-			if c.pin.xact == nil {
-				c.pin.xact = make(map[lockKey]int)
+			if c.pin.Xact == nil {
+				c.pin.Xact = make(map[lockKey]int)
 			}
-			c.pin.xact[k] -= n
-		case c.pin.held[k] != nil:
+			c.pin.Xact[k] -= n
+		case c.pin.Held[k] != nil:
 			if uncertain {
-				c.pin.held[k].approx = true
+				c.pin.Held[k].Approx = true
 			}
-		case inTx && c.pin.xact[k] > 0:
+		case inTx && c.pin.Xact[k] > 0:
 			// the transaction's own lock (a session lock on the same key
 			// taken by a statement lockhooks cannot read is found at the end)
 		default:
-			if c.pin.held == nil {
-				c.pin.held = make(map[lockKey]*heldLock)
+			if c.pin.Held == nil {
+				c.pin.Held = make(map[lockKey]*heldLock)
 			}
 			// A key it did not know: taken by this statement's try-lock
 			// (pending: that many times), or where no text showed how
 			// often (pg_locks shows no counts), so the count may be off.
-			c.pin.held[k] = &heldLock{count: max(n, 1), since: now, site: site, approx: uncertain || n == 0}
+			c.pin.Held[k] = &heldLock{Count: max(n, 1), Since: now, Site: site, Approx: uncertain || n == 0}
 		}
 	}
 	if inTx {
-		c.pin.recheck = true
+		c.pin.Recheck = true
 	}
-	c.pin.unverified = false
-	c.pin.gen++
+	c.pin.Unverified = false
+	c.pin.Gen++
 	c.updateActiveLocked()
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 	return nil
 }
 
@@ -231,22 +231,22 @@ func parseLocksRow(row string) (held lockSet, ranOn int32, marker string, err er
 // of pg_locks that had to follow a failed lock statement failed (the
 // statement may have taken its lock: a lock_timeout racing the grant).
 func (c *conn) markUnverified() {
-	c.pin.mu.Lock()
-	c.pin.unverified = true
+	c.pin.Lock()
+	c.pin.Unverified = true
 	c.updateActiveLocked()
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 }
 
 // verifyUnknown reads pg_locks for a connection whose holdings are
 // unknown (markUnverified) and reports whether they are known now. It
 // costs an atomic load on a connection lockhooks does not follow.
 func (c *conn) verifyUnknown(ctx context.Context) bool {
-	if !c.pin.active.Load() {
+	if !c.pin.Active.Load() {
 		return true
 	}
-	c.pin.mu.Lock()
-	unverified := c.pin.unverified
-	c.pin.mu.Unlock()
+	c.pin.Lock()
+	unverified := c.pin.Unverified
+	c.pin.Unlock()
 	if !unverified {
 		return true
 	}
@@ -288,16 +288,16 @@ type heldView struct {
 
 // view returns c's tracked locks.
 func (c *conn) view() heldView {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	v := heldView{pid: c.lockPID(), session: map[lockKey]int{}, approx: map[lockKey]bool{}, xact: map[lockKey]int{}, lost: c.pin.lost != nil, parked: c.pin.parked}
-	for k, l := range c.pin.held {
-		v.session[k] = l.count
-		if l.approx {
+	c.pin.Lock()
+	defer c.pin.Unlock()
+	v := heldView{pid: c.lockPID(), session: map[lockKey]int{}, approx: map[lockKey]bool{}, xact: map[lockKey]int{}, lost: c.pin.Lost != nil, parked: c.pin.Parked}
+	for k, l := range c.pin.Held {
+		v.session[k] = l.Count
+		if l.Approx {
 			v.approx[k] = true
 		}
 	}
-	for k, n := range c.pin.xact {
+	for k, n := range c.pin.Xact {
 		v.xact[k] = n
 	}
 	return v

@@ -23,11 +23,11 @@ import (
 // connections holding session locks (in use or parked), the AdvisoryLocks
 // handed out, and the monitor that checks holders are still alive.
 //
-// Lock order: pinning.mu, then a connection's pin.exec, then its pin.mu.
-// Code holding a pin.mu never calls into pinning; code holding pinning.mu
-// never takes a pin.exec. The end queue's mutex and the in-process turn
-// table's are leaves: taken under any of these, nothing is taken under
-// them.
+// Lock order: pinning.mu, then a connection's pin.exec, then its pin's
+// mutex (pgsession.State's, c.pin.Lock). Code holding a pin's mutex never
+// calls into pinning; code holding pinning.mu never takes a pin.exec. The
+// end queue's mutex and the in-process turn table's are leaves: taken
+// under any of these, nothing is taken under them.
 type pinning struct {
 	c     *connector
 	ends  *pgsession.EndQueue // backends of lost holders to end on the server
@@ -84,12 +84,12 @@ func (p *pinning) startMonitorLocked() {
 // observe returns the gauges' values.
 func (p *pinning) observe() (held, parked int64) {
 	for _, h := range p.snapshot() {
-		h.pin.mu.Lock()
-		held += int64(len(h.pin.held))
-		if h.pin.parked {
+		h.pin.Lock()
+		held += int64(len(h.pin.Held))
+		if h.pin.Parked {
 			parked++
 		}
-		h.pin.mu.Unlock()
+		h.pin.Unlock()
 	}
 	return held, parked
 }
@@ -105,9 +105,9 @@ func (p *pinning) snapshot() []*conn {
 func (p *pinning) register(c *conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	c.pin.mu.Lock()
-	live := len(c.pin.held) > 0 && c.pin.lost == nil && !c.pin.closed
-	c.pin.mu.Unlock()
+	c.pin.Lock()
+	live := len(c.pin.Held) > 0 && c.pin.Lost == nil && !c.pin.Closed
+	c.pin.Unlock()
 	if !live {
 		return // emptied, lost or closed meanwhile by another goroutine
 	}
@@ -168,10 +168,10 @@ func (p *pinning) holderOf(k lockKey, except *conn) *conn {
 		if h == except {
 			continue
 		}
-		h.pin.mu.Lock()
-		_, ok := h.pin.held[k]
-		parked := h.pin.parked
-		h.pin.mu.Unlock()
+		h.pin.Lock()
+		_, ok := h.pin.Held[k]
+		parked := h.pin.Parked
+		h.pin.Unlock()
 		switch {
 		case ok && parked:
 			return h
@@ -212,18 +212,18 @@ func (p *pinning) isClosed() bool {
 // holds nothing more is forgotten, and if it was parked it is closed, by
 // whoever found out. It must be called without c.pin.exec held.
 func (p *pinning) settle(c *conn) {
-	c.pin.mu.Lock()
-	empty := len(c.pin.held) == 0
-	lost := c.pin.lost != nil
-	closeIt := c.pin.parked && (empty || lost) && !c.pin.closed
-	c.pin.mu.Unlock()
+	c.pin.Lock()
+	empty := len(c.pin.Held) == 0
+	lost := c.pin.Lost != nil
+	closeIt := c.pin.Parked && (empty || lost) && !c.pin.Closed
+	c.pin.Unlock()
 	if empty || lost {
 		p.mu.Lock()
-		c.pin.mu.Lock()
-		if len(c.pin.held) == 0 || c.pin.lost != nil {
+		c.pin.Lock()
+		if len(c.pin.Held) == 0 || c.pin.Lost != nil {
 			delete(p.holders, c)
 		}
-		c.pin.mu.Unlock()
+		c.pin.Unlock()
 		if !p.ends.Empty() {
 			p.startMonitorLocked() // a lost backend to end on the server
 		}
@@ -241,14 +241,14 @@ func (p *pinning) settle(c *conn) {
 func (c *conn) closeInner() error {
 	c.pin.exec.Lock()
 	defer c.pin.exec.Unlock()
-	c.pin.mu.Lock()
-	if c.pin.closed {
-		c.pin.mu.Unlock()
+	c.pin.Lock()
+	if c.pin.Closed {
+		c.pin.Unlock()
 		return nil
 	}
-	c.pin.closed = true
+	c.pin.Closed = true
 	c.releaseTurnsLocked()
-	c.pin.mu.Unlock()
+	c.pin.Unlock()
 	c.connector.forget(c)
 	c.closeHolder()
 	return c.inner.Close()
@@ -276,15 +276,15 @@ func (p *pinning) close() {
 	}
 	var released []string
 	for _, h := range holders {
-		h.pin.mu.Lock()
-		for k, l := range h.pin.held {
+		h.pin.Lock()
+		for k, l := range h.pin.Held {
 			state := "in use"
-			if h.pin.parked {
+			if h.pin.Parked {
 				state = "parked"
 			}
-			released = append(released, fmt.Sprintf("%s on %v (%s, taken at %s, %v ago)", k, h, state, l.site, time.Since(l.since).Round(time.Millisecond)))
+			released = append(released, fmt.Sprintf("%s on %v (%s, taken at %s, %v ago)", k, h, state, l.Site, time.Since(l.Since).Round(time.Millisecond)))
 		}
-		h.pin.mu.Unlock()
+		h.pin.Unlock()
 		h.markLost("db.Close closed its connection, which released it", nil, 0)
 		p.settle(h)
 	}
@@ -304,21 +304,8 @@ func (c *conn) park() bool {
 	if c.connector.pins.isClosed() {
 		return false
 	}
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	if len(c.pin.held) == 0 || c.pin.lost != nil {
-		return false
-	}
-	c.pin.parked, c.pin.parkedAt = true, time.Now()
-	return true
+	return c.pin.Park(time.Now())
 }
 
 // holdsLocks reports whether c must stay out of the pool.
-func (c *conn) holdsLocks() bool {
-	if !c.pin.active.Load() {
-		return false
-	}
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	return len(c.pin.held) > 0 || c.pin.lost != nil
-}
+func (c *conn) holdsLocks() bool { return c.pin.MustStayOut() }

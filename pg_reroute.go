@@ -22,15 +22,15 @@ func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) (err
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v: no connection of this database holds that lock (Postgres would answer false); unlock only what you locked, with the same key and mode",
 			ErrNotLockOwner, sharedSuffix(k), k, from)
 	}
-	h.pin.mu.Lock()
-	parked := h.pin.parked
-	l := h.pin.held[k]
+	h.pin.Lock()
+	parked := h.pin.Parked
+	l := h.pin.Held[k]
 	var site string
 	var since time.Time
 	if l != nil {
-		site, since = l.site, l.since
+		site, since = l.Site, l.Since
 	}
-	h.pin.mu.Unlock()
+	h.pin.Unlock()
 	if !parked {
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v: the lock is held by %v, which is in use (taken at %s, %v ago); unlock it on that connection (hold a *sql.Conn, or use lockhooks.AcquireAdvisoryLock)",
 			ErrNotLockOwner, sharedSuffix(k), k, from, h, site, time.Since(since).Round(time.Millisecond))
@@ -45,10 +45,10 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 	defer cancel()
 	h.pin.exec.Lock()
 	defer h.pin.exec.Unlock()
-	h.pin.mu.Lock()
-	closed, held := h.pin.closed, h.pin.held[k] != nil
-	approx := held && h.pin.held[k].approx
-	h.pin.mu.Unlock()
+	h.pin.Lock()
+	closed, held := h.pin.Closed, h.pin.Held[k] != nil
+	approx := held && h.pin.Held[k].Approx
+	h.pin.Unlock()
 	if closed || !held {
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s): the parked connection that held it released it meanwhile", ErrNotLockOwner, sharedSuffix(k), k)
 	}

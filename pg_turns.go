@@ -67,10 +67,7 @@ func (c *conn) turnKey(plan advisoryPlan) (int64, bool) {
 	if k.Pair || k.Shared || c.acquiring.Load() || c.holds(k) {
 		return 0, false
 	}
-	c.pin.mu.Lock()
-	_, owned := c.pin.turns[k.K1]
-	c.pin.mu.Unlock()
-	return k.K1, !owned
+	return k.K1, !c.pin.OwnsTurn(k.K1)
 }
 
 // takeTurn takes key's turn for c before its lock statement is sent,
@@ -111,59 +108,39 @@ var errDatabaseClosedWhileQueued = errors.New("lockhooks: the database was close
 // adoptTurn makes c the owner of key's turn, which from owned (an
 // AdvisoryLock released while c still holds the key, stacked).
 func (c *conn) adoptTurn(key int64, from any) {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
+	c.pin.Lock()
+	defer c.pin.Unlock()
 	if !c.connector.turns.handOver(key, from, c) {
 		return
 	}
-	if c.pin.turns == nil {
-		c.pin.turns = make(map[int64]struct{})
-	}
-	c.pin.turns[key] = struct{}{}
+	c.pin.AdoptTurnLocked(key)
 	c.releaseTurnsLocked()
 }
 
 // notePendingTurn records that c took key's turn for a statement whose
 // outcome is not settled yet.
-func (c *conn) notePendingTurn(key int64) {
-	c.pin.mu.Lock()
-	c.pin.pendingTurn, c.pin.hasPendingTurn = key, true
-	c.pin.mu.Unlock()
-}
+func (c *conn) notePendingTurn(key int64) { c.pin.NotePendingTurn(key) }
 
 // settleTurn settles the turn c took for its last lock statement: c keeps
 // it while it holds the key, and gives it up otherwise (the statement
 // failed, or was cancelled before the grant).
 func (c *conn) settleTurn() {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	if !c.pin.hasPendingTurn {
-		return
+	c.pin.Lock()
+	defer c.pin.Unlock()
+	if c.pin.SettlePendingTurnLocked() {
+		c.releaseTurnsLocked()
 	}
-	key := c.pin.pendingTurn
-	c.pin.hasPendingTurn = false
-	if c.pin.turns == nil {
-		c.pin.turns = make(map[int64]struct{})
-	}
-	c.pin.turns[key] = struct{}{}
-	c.releaseTurnsLocked()
 }
 
 // releaseTurnsLocked gives up the turns of keys c no longer holds (all of
-// them once it is closed); c.pin.mu is held (the turn table's mutex is a
+// them once it is closed); c.pin is locked (the turn table's mutex is a
 // leaf). While what the backend holds is unknown (unverified), c keeps its
 // turns: the server may hold the key.
-func (c *conn) releaseTurnsLocked() {
-	if c.pin.unverified && !c.pin.closed {
-		return
-	}
-	for key := range c.pin.turns {
-		if c.pin.closed || c.pin.held[lockKey{K1: key}] == nil {
-			delete(c.pin.turns, key)
-			c.connector.turns.unlock(key, c)
-		}
-	}
-}
+func (c *conn) releaseTurnsLocked() { c.pin.ReleaseTurnsLocked(c.releaseTurn) }
+
+// releaseTurn gives key's turn, which c owned, back to the database's
+// queue.
+func (c *conn) releaseTurn(key int64) { c.connector.turns.unlock(key, c) }
 
 // noteDB records the *sql.DB that uses c, whose pool counts tell a
 // deadlocked pool (the first one given wins: a connector serves one).
@@ -243,15 +220,15 @@ func (p *pinning) poolDeadlock(key int64) error {
 func (p *pinning) stuckWaits(key int64) (stuck int, holder string) {
 	parked := map[int64]*conn{} // keys held by parked connections
 	for _, h := range p.snapshot() {
-		h.pin.mu.Lock()
-		if h.pin.parked && h.pin.lost == nil {
-			for k := range h.pin.held {
+		h.pin.Lock()
+		if h.pin.Parked && h.pin.Lost == nil {
+			for k := range h.pin.Held {
 				if !k.Pair {
 					parked[k.K1] = h
 				}
 			}
 		}
-		h.pin.mu.Unlock()
+		h.pin.Unlock()
 	}
 	holder = "a holder that needs a connection of the pool"
 	if h := parked[key]; h != nil {
@@ -265,9 +242,9 @@ func (p *pinning) stuckWaits(key int64) (stuck int, holder string) {
 	for i, e := range entries {
 		switch o := e.owner.(type) {
 		case *conn:
-			o.pin.mu.Lock()
-			owners[i] = ownerState{parked: o.pin.parked, serverWait: o.pin.hasPendingTurn && o.pin.pendingTurn == e.key && o.pin.busy > 0}
-			o.pin.mu.Unlock()
+			o.pin.Lock()
+			owners[i] = ownerState{parked: o.pin.Parked, serverWait: o.pin.AwaitsOnServerLocked(e.key)}
+			o.pin.Unlock()
 		case *AdvisoryLock:
 			owners[i] = ownerState{parked: o.needsConn.Load()} // (needs the pool as a parked holder does)
 		}
@@ -296,11 +273,7 @@ func (p *pinning) stuckWaits(key int64) (stuck int, holder string) {
 
 // awaitsOnServer reports whether c owns key's turn for a lock statement
 // that waits on the server (pending, in flight).
-func (c *conn) awaitsOnServer(key int64) bool {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	return c.pin.hasPendingTurn && c.pin.pendingTurn == key && c.pin.busy > 0
-}
+func (c *conn) awaitsOnServer(key int64) bool { return c.pin.AwaitsOnServer(key) }
 
 // turnAhead returns the connection whose turn w waits for in memory, where
 // that connection waits on the server for the key itself: w's holder is

@@ -139,16 +139,16 @@ func linkOfConn(t *testing.T, proxy *faultproxy.Proxy, c *conn) *faultproxy.Link
 
 // isParked reports whether c is parked.
 func isParked(c *conn) bool {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	return c.pin.parked
+	c.pin.Lock()
+	defer c.pin.Unlock()
+	return c.pin.Parked
 }
 
 // lostErr is c's loss, or nil.
 func lostErr(c *conn) error {
-	c.pin.mu.Lock()
-	defer c.pin.mu.Unlock()
-	return c.pin.lost
+	c.pin.Lock()
+	defer c.pin.Unlock()
+	return c.pin.Lost
 }
 
 // The converse, through PgBouncer's transaction mode with an idle pool, on

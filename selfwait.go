@@ -225,17 +225,17 @@ func (c *conn) selfWaitAdvisory(ctx context.Context, waiter func() string, keys 
 	if h == nil {
 		return "", nil
 	}
-	h.pin.mu.Lock()
+	h.pin.Lock()
 	var held lockKey
 	found := false
 	for _, k := range keys {
 		for _, hk := range conflicting(k) {
-			if h.pin.xact[hk] > 0 || h.pin.held[hk] != nil {
+			if h.pin.Xact[hk] > 0 || h.pin.Held[hk] != nil {
 				held, found = hk, true
 			}
 		}
 	}
-	h.pin.mu.Unlock()
+	h.pin.Unlock()
 	if !found {
 		return "", nil
 	}

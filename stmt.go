@@ -66,7 +66,7 @@ func (s *stmt) Close() error { return s.inner.Close() }
 func (s *stmt) NumInput() int { return s.inner.NumInput() }
 
 // tracked reports whether executions need the lock tracking around them.
-func (s *stmt) tracked() bool { return s.st.advisory != nil || s.c.pin.active.Load() }
+func (s *stmt) tracked() bool { return s.st.advisory != nil || s.c.pin.Active.Load() }
 
 // Exec runs the statement; database/sql calls it only when ExecContext is
 // absent.

@@ -5,10 +5,18 @@
 // Its job, once whole, is the per-connection state machine (track, park,
 // reroute, reconcile, loss, the monitor, poolers) over a small interface
 // for running its own statements; ARCHITECTURE.md says which parts are
-// here and which are still the root package's. Here today: recovery, the
-// one action lockhooks takes on the server by itself, ending the backend
-// of a holder it gave up on so that the key is truly free ([EndQueue],
-// [EndBackend]).
+// here and which are still the root package's. Here today:
+//   - the state a connection keeps of its advisory locks ([State]): the
+//     session locks it holds ([Held]), its transaction-level ones, whether
+//     it is parked, lost or unverified, the turns it owns in its
+//     database's in-process queue, and the transitions that need no
+//     connection (a grant, a release, pg_advisory_unlock_all, DISCARD
+//     ALL, the end of a transaction, whether statements take the slow
+//     path); the statement's classification and what needs the server
+//     stay the caller's, which passes in their outcome as values;
+//   - recovery, the one action lockhooks takes on the server by itself,
+//     ending the backend of a holder it gave up on so that the key is
+//     truly free ([EndQueue], [EndBackend]).
 //
 // The rule for ending a backend: lockhooks ends one only where it can
 // prove that no other client can have used it since lockhooks last did.
@@ -29,9 +37,13 @@
 // backend ([EndBackend]), so nothing changes between the check and the
 // act.
 //
-// State: the queue of end requests of one database ([EndQueue]); its
-// mutex is a leaf (taken under any other lock, none taken under it).
+// State: one connection's advisory locks ([State]; its mutex is taken
+// after the caller's registry and statement locks, and only the turn
+// table's, a leaf, is taken under it); the queue of end requests of one
+// database ([EndQueue]; its mutex is a leaf: taken under any other lock,
+// none taken under it).
 //
-// Imports: internal/advisorykey; database/sql/driver for the values of
-// its own statements.
+// Imports: internal/advisorykey (the keys), internal/callsite (where a
+// transaction took its first transaction-level lock); database/sql/driver
+// for the values of its own statements.
 package pgsession
