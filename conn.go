@@ -54,7 +54,8 @@ type conn struct {
 	// prepared statements, so the connection is not pooled again.
 	discards atomic.Int32
 	// readTexts are its pg_locks reads that do not change with what it
-	// holds (fixedLocksQuery); guarded by pin.mu.
+	// holds (fixedLocksQuery); guarded by c.pin's mutex (c.pin.Lock), as
+	// the state's own fields are.
 	readTexts fixedReads
 
 	// pid is the Postgres backend pid, read when the connection opens (0

@@ -148,11 +148,11 @@ func (w *conn) connectRow(ctx context.Context, own *pgdriver.Statements, marked,
 }
 
 // holderIdentityLocked is c's identity as a holder of session locks: its
-// oldest lock; nil when it holds none. c.pin.mu is held.
+// oldest lock; nil when it holds none. c.pin is locked.
 func (c *conn) holderIdentityLocked() *identity.Holder { return c.holderIdentityWithoutLocked(nil) }
 
 // holderIdentityWithoutLocked is holderIdentityLocked as it will be once
-// the lock of key skip (if not nil) is released. c.pin.mu is held.
+// the lock of key skip (if not nil) is released. c.pin is locked.
 func (c *conn) holderIdentityWithoutLocked(skip *lockKey) *identity.Holder {
 	id := new(identity.Holder)
 	if !c.holderIdentityInto(id, skip) {
@@ -163,7 +163,7 @@ func (c *conn) holderIdentityWithoutLocked(skip *lockKey) *identity.Holder {
 
 // holderIdentityInto sets *id to c's identity as a holder of session
 // locks, leaving out the lock of key skip (if not nil), and reports
-// whether it holds any other. c.pin.mu is held.
+// whether it holds any other. c.pin is locked.
 func (c *conn) holderIdentityInto(id *identity.Holder, skip *lockKey) bool {
 	var oldest *heldLock
 	var key lockKey

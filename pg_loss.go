@@ -202,9 +202,9 @@ func (c *conn) reportLoss(pid int32, keys string, n int, oldest *heldLock, parke
 	c.connector.tel.LockLostSpan(h.WithSpan(oldest.Span), cause)
 }
 
-// setLostLocked finishes recording the loss set in c.pin.lost: statements
+// setLostLocked finishes recording the loss set in c.pin.Lost: statements
 // now fail with it; it returns the channel to close once the loss is
-// reported, and whether c was parked. c.pin.mu is held.
+// reported, and whether c was parked. c.pin is locked.
 func (c *conn) setLostLocked() (lostCh chan struct{}, parked bool) {
 	c.pin.Gen++
 	if c.pin.LostCh == nil {

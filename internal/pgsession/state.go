@@ -42,8 +42,10 @@ type Held struct {
 //
 // Its fields are guarded by its mutex (Lock, Unlock), Active excepted;
 // the methods named ...Locked are called with it held, the others take
-// it themselves. Nothing else is taken under it but the in-process turn
-// table's mutex (a leaf), through ReleaseTurnsLocked's release.
+// it themselves. Under it the caller takes only leaves: the in-process
+// turn table's mutex (when a turn is handed over, and through
+// ReleaseTurnsLocked's release) and the telemetry the freed callbacks
+// record a hold in.
 type State[K Key] struct {
 	// Active: the connection holds session locks, lost them, or is in a
 	// transaction block lockhooks follows: its statements take the slow
