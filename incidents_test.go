@@ -42,7 +42,7 @@ func newIncidentEnv(t *testing.T, extra ...Option) *incidentEnv {
 	open := func(pool string) *sql.DB {
 		opts := append(append([]Option{}, e.tr.opts...), WithPoolName(pool), WithSlowLockLog(100*time.Millisecond),
 			WithLogger(slog.New(slog.NewTextHandler(e.log, nil))))
-		return openWith(t, dsn, append(opts, extra...)...)
+		return openDSN(t, dsn, append(opts, extra...)...)
 	}
 	e.a, e.b = open("replica-a"), open("replica-b")
 	return e

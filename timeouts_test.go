@@ -12,17 +12,6 @@ import (
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 )
 
-// openWith opens dsn through lockhooks+pgx with opts; closed when t ends.
-func openWith(t *testing.T, dsn string, opts ...Option) *sql.DB {
-	t.Helper()
-	db, err := Open("pgx", dsn, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
 // wantHolderNamed fails t unless err wraps want and names the holder's
 // database, where it took the lock (or began its transaction) and how
 // long the caller waited.
@@ -69,8 +58,8 @@ func TestAdvisoryTimeoutNamesTheHolder(t *testing.T) {
 // transaction holding the row, found by the slow-wait log.
 func TestRowLockTimeoutNamesTheHolder(t *testing.T) {
 	dsn := pgtest.DSN(t)
-	a := openWith(t, dsn)
-	b := openWith(t, dsn, WithSlowLockLog(50*time.Millisecond), WithLogger(slog.New(slog.DiscardHandler)))
+	a := openDSN(t, dsn)
+	b := openDSN(t, dsn, WithSlowLockLog(50*time.Millisecond), WithLogger(slog.New(slog.DiscardHandler)))
 	mustExec(t, a, "CREATE TABLE jobs (id int PRIMARY KEY, state text)")
 	mustExec(t, a, "INSERT INTO jobs VALUES (1, 'new')")
 	ctx := context.Background()
