@@ -55,7 +55,7 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 	for k, l := range c.pin.Held {
 		if !server.has(k) {
 			delete(c.pin.Held, k)
-			c.connector.tel.RecordHold(context.Background(), "advisory", "session", l.Since)
+			c.sessionLockFreed(l.Since)
 		}
 	}
 	for k := range c.pin.Xact {
