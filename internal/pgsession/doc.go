@@ -39,9 +39,9 @@
 //
 // State: one connection's advisory locks ([State]; its mutex is taken
 // after the caller's registry and statement locks, and only leaves are
-// taken under it: the turn table's and the telemetry of a freed hold); the queue of end requests of one
-// database ([EndQueue]; its mutex is a leaf: taken under any other lock,
-// none taken under it).
+// taken under it: the turn table's and the telemetry of a freed hold);
+// the queue of end requests of one database ([EndQueue]; its mutex is a
+// leaf: taken under any other lock, none taken under it).
 //
 // Imports: internal/advisorykey (the keys), internal/callsite (where a
 // transaction took its first transaction-level lock); database/sql/driver

@@ -5,9 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/callsite"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // A State keyed by advisorykey.Key itself compiles: the constraint is the
