@@ -193,7 +193,7 @@ func (h *debugHandler) heldPage(ctx context.Context, q *debugpage.Query) (debugp
 		return debugpage.HeldPage{}, err
 	}
 	now := time.Now()
-	_, _, waited := c.waits.listBounded(0)
+	_, _, waited := c.listWaits(0)
 	hc := debugpage.NewCollector(q, newPageNames())
 	c.collectHeld(hc, c.openConns(), waited)
 	return hc.Page(now), nil

@@ -130,33 +130,19 @@ func (t *lockTable[K]) eachHeld(fn func(key K, e *sqlitelock.Hold[lockTaker]) bo
 	t.core.EachHeld(fn)
 }
 
-// listBounded returns the first n waits in progress (the oldest), how many
+// listWaits returns the first n waits in progress (the oldest), how many
 // there are in all, and how many of them wait for each Postgres advisory
 // key.
-func (ww *waitWatch) listBounded(n int) ([]waitView, int, map[lockKey]int) {
-	if ww == nil {
-		return nil, 0, nil
-	}
-	var out []waitView
-	total := 0
+func (c *connector) listWaits(n int) ([]waitView, int, map[lockKey]int) {
 	var keys map[lockKey]int
-	ww.mu.Lock()
-	for w := ww.head; w != nil; w = w.next {
-		total++
-		if len(out) < n {
-			out = append(out, viewLocked(w))
-		}
-		for _, k := range w.advKeys {
+	out, total := c.waits.ListBounded(n, func(ks []lockKey) {
+		for _, k := range ks {
 			if keys == nil {
 				keys = map[lockKey]int{}
 			}
 			keys[k.exclusive()]++
 		}
-	}
-	ww.mu.Unlock()
-	for i := range out {
-		out[i].symbolise()
-	}
+	})
 	return out, total, keys
 }
 

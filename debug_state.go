@@ -30,7 +30,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 
 	// Waits in progress (the oldest debugpage.MaxWaiters in detail), and who
 	// holds what they wait for.
-	waits, nwaits, waited := c.waits.listBounded(debugpage.MaxWaiters)
+	waits, nwaits, waited := c.listWaits(debugpage.MaxWaiters)
 
 	// Held locks: counted by group, the top rows of each kept.
 	hc := debugpage.NewCollector(nil, newPageNames())
@@ -54,24 +54,24 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 	}
 	shown := map[*conn]bool{}
 	for _, v := range waits {
-		wt := debugpage.Waiter{Kind: v.kind, Mode: v.mode, Scope: v.scope, Namespace: v.namespace, Keys: v.keys,
-			Since: v.start, WaitSeconds: debugpage.SecondsSince(now, v.start), Site: v.site, Statement: holders.Truncate(v.query, 500),
+		wt := debugpage.Waiter{Kind: v.Kind, Mode: v.Mode, Scope: v.Scope, Namespace: v.Namespace, Keys: v.Keys,
+			Since: v.Start, WaitSeconds: debugpage.SecondsSince(now, v.Start), Site: v.Site, Statement: holders.Truncate(v.Query, 500),
 			Holders: c.inProcessHolders(v, edges), Blockers: []holders.Blocker{}}
-		if v.conn != nil {
-			wt.Conn, wt.PID = v.conn.id, v.conn.pid.Load()
+		if v.Waiter != nil {
+			wt.Conn, wt.PID = v.Waiter.id, v.Waiter.pid.Load()
 		}
-		b := blocked[v.conn]
-		if ahead := c.turnAhead(v.conn); b == nil && ahead != nil && blocked[ahead] != nil {
+		b := blocked[v.Waiter]
+		if ahead := c.turnAhead(v.Waiter); b == nil && ahead != nil && blocked[ahead] != nil {
 			b = blocked[ahead].behindInMemory() // it waits in memory behind a connection that waits on the server
 		}
-		if v.conn != nil && b != nil {
+		if v.Waiter != nil && b != nil {
 			if b.pid != 0 {
 				wt.PID, wt.WaitEvent = b.pid, b.waitEvent
 			}
 			found := &holders.Blockage{Holders: wt.Holders, Blockers: wt.Blockers, At: now}
-			addBlockers(found, b.blockers, v.advKeys)
+			addBlockers(found, b.blockers, v.AdvKeys)
 			wt.Holders, wt.Blockers, wt.QueuedAhead = found.Holders, found.Blockers, b.queuedAhead
-			shown[v.conn] = true
+			shown[v.Waiter] = true
 		}
 		d.Waiters = append(d.Waiters, wt)
 	}
@@ -103,9 +103,10 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 
 	// Events and counters.
 	d.Events, d.Counters = c.events.Snapshot()
-	d.Counters["waits_started"] = c.waits.started.Load()
+	waitsStarted, waitedAll := c.waits.Counts()
+	d.Counters["waits_started"] = waitsStarted
 	d.Counters["waits_in_progress"] = int64(nwaits)
-	d.Counters["wait_milliseconds_total"] = c.waits.waitNS.Load() / int64(time.Millisecond)
+	d.Counters["wait_milliseconds_total"] = int64(waitedAll / time.Millisecond)
 	d.Counters["open_connections"] = int64(len(conns))
 	if c.pins != nil {
 		held, parked := c.pins.observe()

@@ -350,7 +350,8 @@ func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sql
 		observe = c.pins.observe
 	}
 	c.tel = newReporting(o, c.pool, observe)
-	c.events, c.waits = holders.NewEvents(eventCapacity), newWaitWatch(c)
+	c.events = holders.NewEvents(eventCapacity)
+	c.waits = newWaitWatch(c) // (after c.events: the slow waits are among its events)
 	c.tel.events, c.tel.watch = c.events, c.waits
 	return c
 }
@@ -432,7 +433,7 @@ func (c *connector) Close() error {
 		c.pins.close()
 	}
 	c.tel.Close()
-	c.waits.close()
+	c.waits.Close()
 	c.side.close()
 	if cl, ok := c.inner.(io.Closer); ok {
 		return cl.Close()

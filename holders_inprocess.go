@@ -120,16 +120,16 @@ func conflicting(k lockKey) []lockKey {
 // pg_locks shows holding its advisory keys.
 func (c *connector) holdersOf(ctx context.Context, v waitView) *holders.Blockage {
 	b := &holders.Blockage{Holders: c.inProcessHolders(v, c.inProcessEdges()), At: time.Now()}
-	if c.opts.dialect != Postgres || v.conn == nil || v.conn.pid.Load() == 0 {
+	if c.opts.dialect != Postgres || v.Waiter == nil || v.Waiter.pid.Load() == 0 {
 		return b
 	}
-	ahead := c.turnAhead(v.conn)
-	asked := []*conn{v.conn}
+	ahead := c.turnAhead(v.Waiter)
+	asked := []*conn{v.Waiter}
 	if ahead != nil {
 		asked = append(asked, ahead)
 	}
 	blocked, err := c.blockedConns(ctx, asked)
-	bb := blocked[v.conn]
+	bb := blocked[v.Waiter]
 	if bb == nil && ahead != nil && blocked[ahead] != nil {
 		bb = blocked[ahead].behindInMemory()
 	}
@@ -137,10 +137,10 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) *holders.Blockage
 	case err != nil:
 		b.Err = err
 	case bb != nil:
-		addBlockers(b, bb.blockers, v.advKeys)
+		addBlockers(b, bb.blockers, v.AdvKeys)
 		b.Queued = bb.queuedAhead
-	case len(b.Holders) == 0 && len(v.advKeys) > 0:
-		addBlockers(b, c.keyHolders(ctx, v.conn, v.advKeys), v.advKeys)
+	case len(b.Holders) == 0 && len(v.AdvKeys) > 0:
+		addBlockers(b, c.keyHolders(ctx, v.Waiter, v.AdvKeys), v.AdvKeys)
 	}
 	return b // otherwise not waiting on the server (an in-process queue)
 }
@@ -149,17 +149,17 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) *holders.Blockage
 // for: from the lock tables' edges, and from the advisory-lock tracking.
 func (c *connector) inProcessHolders(v waitView, edges []inProcessEdge) []holders.Holder {
 	holders := []holders.Holder{}
-	if v.conn == nil {
+	if v.Waiter == nil {
 		return holders
 	}
 	for _, e := range edges {
-		if e.waiter == v.conn {
+		if e.waiter == v.Waiter {
 			holders = append(holders, e.holder)
 		}
 	}
 	if c.pins != nil {
-		for _, k := range v.advKeys {
-			holders = append(holders, c.pinHolders(k, v.conn)...)
+		for _, k := range v.AdvKeys {
+			holders = append(holders, c.pinHolders(k, v.Waiter)...)
 		}
 	}
 	return holders
@@ -355,12 +355,12 @@ func (c *conn) nameHolder(w *lockWait, err error) error {
 	}
 	waited := time.Since(w.Started()).Round(time.Millisecond)
 	text := w.holderNamed()
-	if text == "" && len(w.advKeys) > 0 && c.connector.opts.dialect == Postgres {
+	if text == "" && len(w.AdvisoryKeys()) > 0 && c.connector.opts.dialect == Postgres {
 		// Nobody looked in time; the keys' holders, as pg_locks shows them
 		// now (the server forgot the wait).
 		ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
 		b := &holders.Blockage{At: time.Now()}
-		addBlockers(b, c.connector.keyHolders(ctx, c, w.advKeys), w.advKeys)
+		addBlockers(b, c.connector.keyHolders(ctx, c, w.AdvisoryKeys()), w.AdvisoryKeys())
 		cancel()
 		if !b.Empty() {
 			text = b.String()
@@ -368,12 +368,12 @@ func (c *conn) nameHolder(w *lockWait, err error) error {
 	}
 	what := w.Kind() + " lock"
 	switch {
-	case w.namespace != "":
-		what += fmt.Sprintf(" %q ids %s", w.namespace, w.keys)
-	case w.keys != "":
-		what += " " + w.keys
-	case w.query != "":
-		what += fmt.Sprintf(" for %.120q", w.query)
+	case w.Namespace() != "":
+		what += fmt.Sprintf(" %q ids %s", w.Namespace(), w.Keys())
+	case w.Keys() != "":
+		what += " " + w.Keys()
+	case w.Query() != "":
+		what += fmt.Sprintf(" for %.120q", w.Query())
 	}
 	if text == "" {
 		return fmt.Errorf("lockhooks: gave up waiting for the %s after %v (the holder was not looked up in time): %w", what, waited, err)

@@ -154,11 +154,7 @@ func (w *lockWait) noteSelfHint(hint string) {
 	if w == nil || hint == "" {
 		return
 	}
-	if w.t != nil && w.t.watch != nil {
-		w.t.watch.mu.Lock()
-		defer w.t.watch.mu.Unlock()
-	}
-	w.selfHint = hint
+	w.watch().SetSelfHint(&w.Entry, hint)
 }
 
 // withSelfHint adds the wait's self-wait hint, if any, to the error of a
@@ -170,14 +166,11 @@ func (w *lockWait) withSelfHint(err error) error {
 	if o := outcomeOf(err); o != telemetry.OutcomeTimeout && o != telemetry.OutcomeCanceled {
 		return err
 	}
-	if w.t != nil && w.t.watch != nil {
-		w.t.watch.mu.Lock()
-		defer w.t.watch.mu.Unlock()
-	}
-	if w.selfHint == "" {
+	hint := w.watch().SelfHint(&w.Entry)
+	if hint == "" {
 		return err
 	}
-	return fmt.Errorf("%w (%s)", err, w.selfHint)
+	return fmt.Errorf("%w (%s)", err, hint)
 }
 
 // selfWaitHolder returns the connection of c's database (the same

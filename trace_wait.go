@@ -17,18 +17,18 @@ import (
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
+	"github.com/lockhooks/lockhooks/internal/waits"
 )
 
 // lockWait is one lock acquisition in progress: its span and histogram
 // (telemetry.Wait), the lookup of its blockers, its self-wait probe, and
-// what the debug page and the slow-wait log know of it (waitInfo). One
+// what the debug page and the slow-wait log know of it (waits.Entry). One
 // allocation per wait.
 type lockWait struct {
-	telemetry.Wait
+	waits.Entry[*conn, lockKey]
 	t    *reporting
 	stop chan struct{}  // stops the blockers lookup
 	self *selfWaitProbe // a row-lock wait that may be a self-wait (selfwait.go)
-	waitInfo
 }
 
 // startWait begins timing an acquisition of a lock of kind, and lists it
@@ -36,7 +36,7 @@ type lockWait struct {
 func (t *reporting) startWait(ctx context.Context, kind, mode, scope string, attrs ...attribute.KeyValue) (context.Context, *lockWait) {
 	w := &lockWait{t: t}
 	ctx = t.StartWait(ctx, &w.Wait, kind, mode, scope, attrs...)
-	t.watch.add(ctx, w, attrs)
+	t.watch.Add(ctx, &w.Entry, attrs)
 	return ctx, w
 }
 
@@ -65,7 +65,7 @@ func (w *lockWait) end(ctx context.Context, outcome string, err error) {
 	if outcome == "" {
 		outcome = outcomeOf(err)
 	}
-	w.t.watch.remove(w, outcome)
+	w.t.watch.Remove(&w.Entry, outcome)
 	w.t.Record(ctx, &w.Wait, outcome)
 	if w.t.WantsOrphanSpan(ctx, &w.Wait) {
 		w.orphanSpan(ctx)
@@ -78,25 +78,22 @@ func (w *lockWait) end(ctx context.Context, outcome string, err error) {
 // (see WithRootSpans).
 func (w *lockWait) orphanSpan(ctx context.Context) {
 	var attrs []attribute.KeyValue
-	if w.namespace != "" {
-		attrs = append(attrs, AttrLockNamespace.String(w.namespace))
+	if ns := w.Namespace(); ns != "" {
+		attrs = append(attrs, AttrLockNamespace.String(ns))
 	}
-	if w.keys != "" {
-		attrs = append(attrs, AttrLockKeys.String(w.keys))
+	if keys := w.Keys(); keys != "" {
+		attrs = append(attrs, AttrLockKeys.String(keys))
 	}
-	if w.conn != nil {
-		if pid := w.conn.pid.Load(); pid != 0 {
+	if wc := w.Waiter(); wc != nil {
+		if pid := wc.pid.Load(); pid != 0 {
 			attrs = append(attrs, AttrBackendPID.Int64(int64(pid)))
 		}
 	}
 	holders := w.Holders()
-	if len(holders) == 0 && w.t.watch != nil {
+	if len(holders) == 0 {
 		// Named by the slow-wait log or the lookup: on Postgres, the
 		// holders at the root of the chain the server showed.
-		w.t.watch.mu.Lock()
-		found := w.found
-		w.t.watch.mu.Unlock()
-		if found != nil {
+		if found := w.t.watch.Found(&w.Entry); found != nil {
 			for _, h := range found.Holders {
 				if !h.Queued {
 					holders = append(holders, h)
@@ -128,7 +125,7 @@ func (w *lockWait) lookForBlockers(wc *conn, pid int32) {
 	}
 	w.stop = make(chan struct{})
 	stop, span, threshold := w.stop, w.Span(), w.t.BlockerThreshold()
-	v := waitView{w: w, kind: w.Kind(), conn: wc, advKeys: w.advKeys}
+	v := waitView{Entry: &w.Entry, Kind: w.Kind(), Waiter: wc, AdvKeys: w.AdvisoryKeys()}
 	go func() {
 		timer := time.NewTimer(threshold)
 		defer timer.Stop()
