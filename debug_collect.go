@@ -130,8 +130,8 @@ func (t *lockTable[K]) eachHeld(fn func(key K, e *sqlitelock.Hold[lockTaker]) bo
 	t.core.EachHeld(fn)
 }
 
-// listWaits returns the first n waits in progress (the oldest), how many
-// there are in all, and how many of them wait for each Postgres advisory
+// listWaits returns the first n waits in progress (the oldest; n < 0:
+// all), how many there are in all, and how many of them wait for each Postgres advisory
 // key.
 func (c *connector) listWaits(n int) ([]waitView, int, map[lockKey]int) {
 	var keys map[lockKey]int

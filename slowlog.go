@@ -60,9 +60,9 @@ func (w *lockWait) watch() *waitWatch {
 	return w.t.watch
 }
 
-// setWaiter records who waits: the connection, where (site, or the stack
-// in pcs), the statement, and the Postgres advisory keys. Nil arguments
-// leave the field alone.
+// setWaiter records who waits: the connection (always set, nil too),
+// where (site, or the stack in pcs), the statement, and the Postgres
+// advisory keys; an empty or nil one of these leaves its field alone.
 func (w *lockWait) setWaiter(c *conn, site string, pcs *callsite.Stack, query string, keys []lockKey) {
 	if ww := w.watch(); ww != nil {
 		ww.SetWaiter(&w.Entry, c, site, pcs, query, keys)

@@ -5,22 +5,25 @@
 // Its one job: a [Watch] lists each wait ([Entry]) from the moment a lock
 // is asked for to the moment the wait ends, in an intrusive list (listing
 // a wait allocates nothing), and one goroutine per database, started at
-// the first wait, that sleeps until the oldest unreported wait passes the
-// slow-wait threshold. Then it asks the caller who holds what the wait
+// the first wait it has to watch, that sleeps until the oldest unreported
+// wait passes the slow-wait threshold. Then it asks the caller who holds what the wait
 // waits for ([Config.HoldersOf]), logs a "still waiting" line naming the
-// holder and, when the wait ends, a last line with its outcome. On
-// Postgres a wait whose context has a deadline is also looked up shortly
+// holder and, when the wait ends, a last line with its outcome. Where the
+// caller asks for it ([Config.LookUpBeforeDeadline]: lockhooks does on
+// Postgres), a wait whose context has a deadline is also looked up shortly
 // before it, so that the error of a wait that times out can name the
 // holder the server forgets the moment the driver cancels the wait.
 //
 // The waiting connection and the advisory key are the caller's types (the
-// type parameters W and K): the package never looks inside them. Finding
+// type parameters W and K): the package only compares a waiter with its
+// zero value and asks it for its log attributes ([Waiter]), and never
+// looks inside a key. Finding
 // holders (connections, pg_locks, the registry of databases) is the
 // caller's business; naming them is internal/holders'.
 //
-// State: one database's waits in progress and the counters of all its
-// waits, guarded by the Watch's mutex; an Entry's fields are guarded by
-// the mutex of the Watch that lists it.
+// State: one database's waits in progress, guarded by the Watch's mutex
+// (an Entry's fields by the mutex of the Watch that lists it), and the
+// counters of all its waits, in atomics.
 //
 // Imports: internal/holders (a holder found), internal/telemetry (a wait
 // is timed by a telemetry.Wait, kept by value in its Entry),

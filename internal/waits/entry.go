@@ -80,20 +80,22 @@ func (e *Entry[W, K]) Query() string { return e.query }
 // AdvisoryKeys are the Postgres advisory keys waited for, where known.
 func (e *Entry[W, K]) AdvisoryKeys() []K { return e.advKeys }
 
-// View is a copy of one listed wait, taken under the Watch's mutex.
+// View is a copy of one wait, taken under the Watch's mutex when the
+// Watch lists it (a caller may also make one of what it knows of its own
+// wait, to ask HoldersOf).
 type View[W Waiter, K any] struct {
-	Entry     *Entry[W, K]
-	Kind      string
-	Mode      string
-	Scope     string
-	Start     time.Time
-	Waiter    W
-	Site      string
-	Query     string
-	Keys      string
-	Namespace string
-	AdvKeys   []K
-	SelfHint  string
+	Entry     *Entry[W, K] // the wait itself: use it only through the Watch's methods
+	Kind      string       // "advisory", "row", "lockset", "sqlite_writer"
+	Mode      string       // the lock's mode: "exclusive", "shared", "for_update", ...
+	Scope     string       // "session" or "transaction"
+	Start     time.Time    // when the wait began
+	Waiter    W            // the waiting connection, or W's zero value
+	Site      string       // where the wait was asked for, symbolised
+	Query     string       // the statement that waits, or ""
+	Keys      string       // the keys or ids, as text
+	Namespace string       // Lock's namespace, or ""
+	AdvKeys   []K          // the Postgres advisory keys waited for, where known
+	SelfHint  string       // why the wait is likely a self-wait, or ""
 	pcs       callsite.Stack
 }
 

@@ -26,7 +26,8 @@ const LookupTimeout = 2 * time.Second
 // looks up its holder: a quarter of the wait's budget, at most this.
 const lookupLead = time.Second
 
-// Config is what a Watch is made with.
+// Config is what a Watch is made with. Logger and HoldersOf are needed
+// once the watcher runs: with a Threshold, or LookUpBeforeDeadline.
 type Config[W Waiter, K any] struct {
 	// Threshold is the slow-wait log's: waits longer than it are logged;
 	// 0 logs none.
@@ -34,18 +35,21 @@ type Config[W Waiter, K any] struct {
 	// Logger receives the slow-wait lines.
 	Logger *slog.Logger
 	// LookUpBeforeDeadline: a wait whose context has a deadline looks up
-	// its holder shortly before it (Postgres).
+	// its holder shortly before it (the caller's choice: lockhooks makes
+	// it on Postgres, where the server forgets a cancelled wait).
 	LookUpBeforeDeadline bool
 	// HoldersOf finds who holds what a wait waits for, within ctx.
 	HoldersOf func(ctx context.Context, v View[W, K]) *holders.Blockage
-	// Events receives an EventSlowWait for each slow wait.
+	// Events receives an EventSlowWait for each slow wait (nil: none).
 	Events *holders.Events
 }
 
 // Watch is the set of lock waits in progress of one database: an
 // intrusive list (no allocation per wait) and one goroutine, started at
-// the first wait, that sleeps until the oldest unreported wait reaches
-// the threshold. A nil *Watch tracks nothing.
+// the first wait it has to watch (a threshold is set, or the wait looks
+// up its holder before its deadline), that sleeps until the oldest
+// unreported wait reaches the threshold. A nil *Watch tracks nothing, and
+// its methods are safe to call.
 type Watch[W Waiter, K any] struct {
 	cfg Config[W, K]
 
@@ -65,7 +69,8 @@ type Watch[W Waiter, K any] struct {
 	waitNS  atomic.Int64 // total time waited, in nanoseconds
 }
 
-// New returns an empty Watch; its goroutine starts at the first wait.
+// New returns an empty Watch; its goroutine starts at the first wait it
+// has to watch.
 func New[W Waiter, K any](cfg Config[W, K]) *Watch[W, K] {
 	lookups, end := context.WithCancel(context.Background())
 	return &Watch[W, K]{cfg: cfg, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
@@ -73,10 +78,18 @@ func New[W Waiter, K any](cfg Config[W, K]) *Watch[W, K] {
 }
 
 // Threshold is the slow-wait log's threshold.
-func (ww *Watch[W, K]) Threshold() time.Duration { return ww.cfg.Threshold }
+func (ww *Watch[W, K]) Threshold() time.Duration {
+	if ww == nil {
+		return 0
+	}
+	return ww.cfg.Threshold
+}
 
 // Counts returns how many waits began and how long they waited in all.
 func (ww *Watch[W, K]) Counts() (started int64, waited time.Duration) {
+	if ww == nil {
+		return 0, 0
+	}
 	return ww.started.Load(), time.Duration(ww.waitNS.Load())
 }
 
@@ -129,9 +142,10 @@ func (ww *Watch[W, K]) Add(ctx context.Context, e *Entry[W, K], attrs []attribut
 	}
 }
 
-// SetWaiter records who waits: the connection, where (site, or the stack
-// in pcs), the statement, and the Postgres advisory keys. Empty and nil
-// arguments but the waiter leave their field alone.
+// SetWaiter records who waits: the connection (always set, its zero value
+// too), where (site, or the stack in pcs), the statement, and the
+// Postgres advisory keys; an empty or nil one of these leaves its field
+// alone.
 func (ww *Watch[W, K]) SetWaiter(e *Entry[W, K], waiter W, site string, pcs *callsite.Stack, query string, keys []K) {
 	if ww == nil {
 		return
@@ -210,6 +224,9 @@ func (ww *Watch[W, K]) Remove(e *Entry[W, K], outcome string) {
 // Close stops the watcher and cancels its lookups; later waits are not
 // listed.
 func (ww *Watch[W, K]) Close() {
+	if ww == nil {
+		return
+	}
 	ww.mu.Lock()
 	if ww.closed {
 		ww.mu.Unlock()

@@ -135,36 +135,58 @@ func TestSlowWaitIsLoggedWhileWaitingAndAtItsEnd(t *testing.T) {
 }
 
 // A wait with a deadline looks up its holder shortly before it, without a
-// slow-wait threshold; Close cancels a lookup that hangs.
-func TestLookupBeforeTheDeadlineAndClose(t *testing.T) {
+// slow-wait threshold.
+func TestLookupBeforeTheDeadline(t *testing.T) {
 	asked := make(chan struct{})
-	var once sync.Once
 	ww := New(Config[*conn, int]{LookUpBeforeDeadline: true, Logger: slog.New(lines{out: make(chan map[string]string, 1)}),
 		HoldersOf: func(ctx context.Context, v View[*conn, int]) *holders.Blockage {
-			once.Do(func() { close(asked) })
-			if v.Kind == "hangs" {
-				<-ctx.Done() // a server that stopped answering
-				return &holders.Blockage{Err: ctx.Err()}
-			}
-			return &holders.Blockage{Holders: []holders.Holder{{Conn: 5, Site: "leader.go:3"}}, At: time.Now()}
+			defer close(asked)
+			return &holders.Blockage{Holders: []holders.Holder{{Conn: 5}}, At: time.Now()}
 		}})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	var w wait
 	start(ctx, ww, &w, "advisory")
 	<-asked
-	var h wait
-	hctx, hcancel := context.WithTimeout(context.Background(), time.Hour)
-	defer hcancel()
-	start(hctx, ww, &h, "hangs")
 	ww.Close() // waits for the watcher, so the lookup's result is noted
 	if named := ww.HolderNamed(&w.Entry); !strings.Contains(named, "connection #5") {
 		t.Errorf("looked up before the deadline: %q", named)
 	}
 	var later wait
 	start(context.Background(), ww, &later, "advisory")
-	if len(ww.List()) != 2 {
-		t.Errorf("%d waits listed after Close, want the 2 listed before it", len(ww.List()))
+	if len(ww.List()) != 1 {
+		t.Errorf("%d waits listed after Close, want the one listed before it", len(ww.List()))
+	}
+}
+
+// Close does not wait out a lookup on a server that stopped answering: it
+// cancels the lookup's context.
+func TestCloseCancelsAHangingLookup(t *testing.T) {
+	hanging := make(chan struct{})
+	var once sync.Once
+	ww := New(Config[*conn, int]{LookUpBeforeDeadline: true, Logger: slog.New(lines{out: make(chan map[string]string, 1)}),
+		HoldersOf: func(ctx context.Context, v View[*conn, int]) *holders.Blockage {
+			once.Do(func() { close(hanging) })
+			<-ctx.Done() // a server that stopped answering
+			return &holders.Blockage{Err: ctx.Err()}
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	var w wait
+	start(ctx, ww, &w, "advisory")
+	// (the wait's lookup is due a second before its deadline, an hour
+	// away: a second wait whose deadline is near makes one hang now)
+	soon, cancelSoon := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancelSoon()
+	var h wait
+	start(soon, ww, &h, "advisory")
+	<-hanging
+	closed := make(chan struct{})
+	go func() { ww.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(LookupTimeout / 2):
+		t.Fatalf("Close still waits for a hanging lookup after %v (a lookup's own bound is %v)", LookupTimeout/2, LookupTimeout)
 	}
 }
 
