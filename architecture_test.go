@@ -17,7 +17,7 @@ import (
 // so a new package is placed in the picture when it is made.
 var importRules = map[string]packageRule{
 	// The public face and the database/sql adapter.
-	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/telemetry", "internal/lockset", "internal/pgserver", "internal/waits", "internal/driverext"}},
+	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/telemetry", "internal/lockset", "internal/pgserver", "internal/waits", "internal/rawconn", "internal/driverext"}},
 	"modernc": {may: []string{".", "internal/driverext"}},
 
 	// The core: one concept each, none of them on database/sql; the pure
@@ -32,6 +32,7 @@ var importRules = map[string]packageRule{
 	"internal/advisorykey": {core: true, pure: true},
 	"internal/pgdriver":    {core: true},
 	"internal/lockset":     {core: true, pure: true},
+	"internal/rawconn":     {core: true},
 
 	// The core packages over others of the core.
 	"internal/sqlitelock": {core: true, pure: true, may: []string{"internal/callsite"}},

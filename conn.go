@@ -10,6 +10,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // connCore is what every wrapped connection implements, whatever the inner
@@ -165,7 +166,7 @@ func newConn(c *connector, inner driver.Conn) driver.Conn {
 	if e, ok := inner.(driver.ExecerContext); ok {
 		w.execer = e
 	} else if e, ok := inner.(driver.Execer); ok { //nolint:staticcheck // legacy drivers
-		w.execer = legacyExecer{e}
+		w.execer = rawconn.LegacyExecer{Execer: e}
 	}
 	if w.execer != nil {
 		mask |= connExecerContext
@@ -173,7 +174,7 @@ func newConn(c *connector, inner driver.Conn) driver.Conn {
 	if q, ok := inner.(driver.QueryerContext); ok {
 		w.queryer = q
 	} else if q, ok := inner.(driver.Queryer); ok { //nolint:staticcheck // legacy drivers
-		w.queryer = legacyQueryer{q}
+		w.queryer = rawconn.LegacyQueryer{Queryer: q}
 	}
 	if w.queryer != nil {
 		mask |= connQueryerContext

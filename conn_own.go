@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // beginsImmediate reports whether a transaction with opts is an SQLite
@@ -168,7 +169,7 @@ func (c *conn) queryFirstRow(ctx context.Context, query string, args []driver.Na
 	if c.queryer != nil {
 		rows, err = c.queryer.QueryContext(ctx, query, args)
 	} else {
-		rows, err = queryDirect(ctx, c.inner, query, args)
+		rows, err = rawconn.Query(ctx, c.inner, query, args)
 	}
 	if err != nil {
 		return nil, c.observe(err)
@@ -182,59 +183,4 @@ func (c *conn) queryFirstRow(ctx context.Context, query string, args []driver.Na
 		return nil, fmt.Errorf("lockhooks: %q returned no columns", query)
 	}
 	return dest, nil
-}
-
-// closingRows closes its statement after its rows.
-type closingRows struct {
-	driver.Rows
-	stmt driver.Stmt
-}
-
-func (r closingRows) Close() error {
-	err := r.Rows.Close()
-	if cerr := r.stmt.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-// legacyExecer gives a driver.Execer the ExecerContext form.
-type legacyExecer struct{ driver.Execer } //nolint:staticcheck // legacy drivers
-
-func (e legacyExecer) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	values, err := namedValuesToValues(args)
-	if err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return e.Exec(query, values)
-}
-
-// legacyQueryer gives a driver.Queryer the QueryerContext form.
-type legacyQueryer struct{ driver.Queryer } //nolint:staticcheck // legacy drivers
-
-func (q legacyQueryer) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	values, err := namedValuesToValues(args)
-	if err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return q.Query(query, values)
-}
-
-// namedValuesToValues converts arguments for legacy driver methods, which
-// cannot take named arguments.
-func namedValuesToValues(named []driver.NamedValue) ([]driver.Value, error) {
-	values := make([]driver.Value, len(named))
-	for i, nv := range named {
-		if nv.Name != "" {
-			return nil, fmt.Errorf("lockhooks: the inner driver does not support named arguments (got %q)", nv.Name)
-		}
-		values[i] = nv.Value
-	}
-	return values, nil
 }

@@ -59,7 +59,7 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 	}
 	if plan.onHolder {
 		answer, err := c.runPlanOnHolder(ctx, plan, st.text, args)
-		if err = c.afterTracked(ctx, plan, answer.values(), err); err != nil {
+		if err = c.afterTracked(ctx, plan, answer.Values(), err); err != nil {
 			return nil, err
 		}
 		return driver.RowsAffected(1), nil
@@ -84,7 +84,7 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 	}
 	if plan.onHolder {
 		answer, err := c.runPlanOnHolder(ctx, plan, st.text, args)
-		if err = c.afterTracked(ctx, plan, answer.values(), err); err != nil {
+		if err = c.afterTracked(ctx, plan, answer.Values(), err); err != nil {
 			return nil, err
 		}
 		return answer, nil

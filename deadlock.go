@@ -11,6 +11,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // Explaining a deadlock (SQLSTATE 40P01): Postgres's DETAIL names the
@@ -55,7 +56,7 @@ func (c *connector) readDeadlockFacts(edges []pgserver.DeadlockEdge, detail stri
 	f.Err = c.side.use(ctx, func(side driver.Conn) error {
 		clear(f.Backends)
 		clear(f.Relations)
-		rows, err := queryDirect(ctx, side, query, nil)
+		rows, err := rawconn.Query(ctx, side, query, nil)
 		if err != nil {
 			return err
 		}

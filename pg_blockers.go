@@ -10,6 +10,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // The Postgres side of the model of holders (holders*.go): who blocks whom
@@ -79,13 +80,13 @@ func (c *connector) readBlocked(ctx context.Context, side driver.Conn, conns []*
 	// running it (300 ms and more, and past the lookup's timeout on a busy
 	// server). JIT is off for this read only: SET LOCAL, in a transaction
 	// of its own (a failure closes the side connection, which ends it).
-	if err := execDirect(ctx, side, "BEGIN"); err != nil {
+	if err := rawconn.Exec(ctx, side, "BEGIN"); err != nil {
 		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
 	}
-	if err := execDirect(ctx, side, "SET LOCAL jit = off"); err != nil {
+	if err := rawconn.Exec(ctx, side, "SET LOCAL jit = off"); err != nil {
 		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
 	}
-	rows, err := queryDirect(ctx, side, pgserver.BlockersQuery(waiters), d.Args)
+	rows, err := rawconn.Query(ctx, side, pgserver.BlockersQuery(waiters), d.Args)
 	var backends map[int32]*pgserver.Backend
 	var order []int32
 	if err == nil {
@@ -94,7 +95,7 @@ func (c *connector) readBlocked(ctx context.Context, side driver.Conn, conns []*
 	if err != nil {
 		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
 	}
-	if err := execDirect(ctx, side, "COMMIT"); err != nil {
+	if err := rawconn.Exec(ctx, side, "COMMIT"); err != nil {
 		return nil, fmt.Errorf("lockhooks: reading pg_blocking_pids: %w", err)
 	}
 	x := c.index()
@@ -211,7 +212,7 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 	}
 	var out []holders.Blocker
 	c.side.use(ctx, func(side driver.Conn) error {
-		rows, err := queryDirect(ctx, side, pgserver.KeyHoldersQuery(coreKeys(keys), waiter.shownPID()), c.own.Of(side).Args)
+		rows, err := rawconn.Query(ctx, side, pgserver.KeyHoldersQuery(coreKeys(keys), waiter.shownPID()), c.own.Of(side).Args)
 		if err != nil {
 			out = nil
 			return err

@@ -13,6 +13,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -133,18 +134,18 @@ func (w *conn) connectRow(ctx context.Context, own *pgdriver.Statements, marked,
 		query += ", current_setting('lockhooks.session', true), set_config('lockhooks.session', '" + w.marker() + "', false)"
 		want = 5
 	}
-	rows, err := queryDirect(ctx, w.inner, query, own.Args)
-	var row *staticRows
+	rows, err := rawconn.Query(ctx, w.inner, query, own.Args)
+	var row *rawconn.Row
 	if err == nil {
-		row, err = readStaticRow(rows)
+		row, err = rawconn.ReadRow(rows)
 	}
-	if err == nil && len(row.row) != want {
-		err = fmt.Errorf("%d columns, want %d", len(row.row), want)
+	if err == nil && len(row.Values()) != want {
+		err = fmt.Errorf("%d columns, want %d", len(row.Values()), want)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return row.row, nil
+	return row.Values(), nil
 }
 
 // holderIdentityLocked is c's identity as a holder of session locks: its
@@ -325,17 +326,6 @@ func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall,
 	return string(append(append(id.AppendAnnotation(buf[:0]), text...), suffix...))
 }
 
-// execSimple runs a statement text of lockhooks' own that may hold
-// several statements (simple protocol: drivers run Exec without arguments
-// that way) on a raw connection.
-func execSimple(ctx context.Context, c driver.Conn, query string) error {
-	if e, ok := c.(driver.ExecerContext); ok {
-		_, err := e.ExecContext(ctx, query, nil)
-		return err
-	}
-	return execDirect(ctx, c, query)
-}
-
 // releaseLockSavepoint ends the savepoint of a statement run on c's
 // transaction-pooler holder (runOnHolder). On a connection that publishes
 // identities it also sets the holder's application_name for its
@@ -345,7 +335,7 @@ func execSimple(ctx context.Context, c driver.Conn, query string) error {
 func (c *conn) releaseLockSavepoint(ctx context.Context, h *holderConn) error {
 	const release = "RELEASE SAVEPOINT lockhooks_lock"
 	if !c.connector.own.OK() {
-		return execDirect(ctx, h.inner, release)
+		return rawconn.Exec(ctx, h.inner, release)
 	}
 	c.pin.Lock()
 	id := c.holderIdentityLocked()
@@ -359,5 +349,5 @@ func (c *conn) releaseLockSavepoint(ctx context.Context, h *holderConn) error {
 	if c.pub.on {
 		q += "; SELECT " + identity.SetAppName(id.AppName(), true, 0)
 	}
-	return execSimple(ctx, h.inner, q)
+	return rawconn.ExecSimple(ctx, h.inner, q)
 }

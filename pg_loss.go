@@ -12,6 +12,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // Lost locks: telling a broken connection from a failed statement,
@@ -354,14 +355,14 @@ func (p *pinning) endBackends(ctx context.Context, side driver.Conn) error {
 // database/sql does not hold, for the core's reads (their first row).
 func sideQueryRow(side driver.Conn) pgsession.QueryRow {
 	return func(ctx context.Context, query string, args []driver.NamedValue) ([]driver.Value, error) {
-		rows, err := queryDirect(ctx, side, query, args)
+		rows, err := rawconn.Query(ctx, side, query, args)
 		if err != nil {
 			return nil, err
 		}
-		row, err := readStaticRow(rows)
+		row, err := rawconn.ReadRow(rows)
 		if err != nil {
 			return nil, err
 		}
-		return row.row, nil
+		return row.Values(), nil
 	}
 }

@@ -5,13 +5,11 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
-	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/pgserver"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // monitor checks, every interval, that the holders' backends still hold
@@ -126,14 +124,14 @@ func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, err
 		if s.c.changedSince(s.gen) {
 			continue // it ran a lock statement meanwhile; look again next time
 		}
-		if !v.alive[s.pid] {
+		if !v.Alive[s.pid] {
 			s.c.markLost(fmt.Sprintf("its backend (pid %d) is gone", s.pid), fmt.Errorf("backend %d is gone", s.pid), lossReport)
 			p.settle(s.c)
 			continue
 		}
 		missing := false
 		for _, k := range s.keys {
-			missing = missing || !v.held[s.pid][k]
+			missing = missing || !v.Holds(s.pid, advisorykey.Key(k))
 		}
 		if missing && s.parked {
 			// Released by something lockhooks could not see (a server-side
@@ -156,14 +154,10 @@ func (p *pinning) check(ctx context.Context, side driver.Conn) (driver.Conn, err
 // earlier check may have been ended meanwhile (idle_session_timeout, a
 // pooler's server_lifetime): its failure is tried again once on a fresh
 // one, so that only the server's own unreachability counts.
-func (p *pinning) ask(ctx context.Context, side driver.Conn, holders []holderSnapshot) (v sideView, _ driver.Conn, err error) {
-	pids := make([]string, len(holders))
+func (p *pinning) ask(ctx context.Context, side driver.Conn, holders []holderSnapshot) (v pgserver.BackendLocks, _ driver.Conn, err error) {
+	pids := make([]int32, len(holders))
 	for i, s := range holders {
-		pids[i] = strconv.Itoa(int(s.pid))
-	}
-	where := "false"
-	if len(pids) > 0 {
-		where = "a.pid IN (" + strings.Join(pids, ",") + ")"
+		pids[i] = s.pid
 	}
 	for reused := side != nil; ; reused = false {
 		if side == nil {
@@ -174,7 +168,7 @@ func (p *pinning) ask(ctx context.Context, side driver.Conn, holders []holderSna
 				return v, nil, err
 			}
 		}
-		if v, err = queryAdvisoryLocks(ctx, side, where); err == nil {
+		if v, err = queryBackendLocks(ctx, side, pids); err == nil {
 			return v, side, nil
 		}
 		side.Close()
@@ -233,9 +227,9 @@ func (p *pinning) stillHolding(s holderSnapshot) bool {
 // next statement. (A session pooler that does not reset its server
 // connections hands a dead client's backend over with its locks, and is
 // named a transaction pooler, as it always was.)
-func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) (suspects []holderSnapshot) {
+func (p *pinning) lookForPooler(v pgserver.BackendLocks, holders []holderSnapshot) (suspects []holderSnapshot) {
 	for _, s := range holders {
-		if s.pid != v.ranOn || !p.stillHolding(s) {
+		if s.pid != v.RanOn || !p.stillHolding(s) {
 			continue
 		}
 		if s.c.holdsOn(v, s.pid) {
@@ -246,8 +240,8 @@ func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) (suspects 
 			suspects = append(suspects, s)
 		}
 	}
-	if o := p.ownerOf(v.marker); o != nil {
-		p.sawPooler(o.poolerDetected(fmt.Sprintf("was opened on backend pid %d, where lockhooks' monitor, another client, ran its check", v.ranOn)))
+	if o := p.ownerOf(v.Marker); o != nil {
+		p.sawPooler(o.poolerDetected(fmt.Sprintf("was opened on backend pid %d, where lockhooks' monitor, another client, ran its check", v.RanOn)))
 		return nil
 	}
 	return suspects
@@ -255,11 +249,11 @@ func (p *pinning) lookForPooler(v sideView, holders []holderSnapshot) (suspects 
 
 // holdsOn reports whether backend pid held, when the check read it, one
 // of the session locks lockhooks tracks on c.
-func (c *conn) holdsOn(v sideView, pid int32) bool {
+func (c *conn) holdsOn(v pgserver.BackendLocks, pid int32) bool {
 	c.pin.Lock()
 	defer c.pin.Unlock()
 	for k := range c.pin.Held {
-		if v.held[pid][k] {
+		if v.Holds(pid, advisorykey.Key(k)) {
 			return true
 		}
 	}
@@ -366,71 +360,14 @@ func (p *pinning) warnParked() {
 	}
 }
 
-// sideView is what the monitor's check reads on its side connection: for
-// the backends it asked about, which are alive and which advisory locks they
-// hold, and the backend the check ran on (its pid and session marker).
-type sideView struct {
-	alive  map[int32]bool
-	held   map[int32]map[lockKey]bool
-	ranOn  int32
-	marker string
-}
-
-// queryAdvisoryLocks reads the sideView of the backends matched by where
-// (over pg_stat_activity a).
-func queryAdvisoryLocks(ctx context.Context, c driver.Conn, where string) (v sideView, err error) {
-	q := `SELECT me.pid, me.marker, a.pid, l.classid::bigint, l.objid::bigint, l.objsubid::int, l.mode
-FROM (SELECT pg_backend_pid() AS pid, current_setting('lockhooks.session', true) AS marker) me
-LEFT JOIN pg_stat_activity a ON ` + where + `
-LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted`
-	rows, err := queryDirect(ctx, c, q, nil)
+// queryBackendLocks reads, on the side connection c, whether the backends
+// pids are alive and which advisory locks they hold
+// (pgserver.BackendLocksQuery).
+func queryBackendLocks(ctx context.Context, c driver.Conn, pids []int32) (pgserver.BackendLocks, error) {
+	rows, err := rawconn.Query(ctx, c, pgserver.BackendLocksQuery(pids), nil)
 	if err != nil {
-		return v, err
+		return pgserver.BackendLocks{}, err
 	}
 	defer rows.Close()
-	v.alive, v.held = map[int32]bool{}, map[int32]map[lockKey]bool{}
-	dest := make([]driver.Value, 7)
-	for {
-		if err := rows.Next(dest); err != nil {
-			if err == io.EOF {
-				return v, nil
-			}
-			return v, err
-		}
-		v.ranOn, v.marker = int32(pgdriver.AsInt64(dest[0])), pgdriver.AsString(dest[1])
-		if dest[2] == nil {
-			continue
-		}
-		pid := int32(pgdriver.AsInt64(dest[2]))
-		v.alive[pid] = true
-		if dest[3] == nil {
-			continue
-		}
-		if v.held[pid] == nil {
-			v.held[pid] = map[lockKey]bool{}
-		}
-		v.held[pid][advisoryKeyOf(pgdriver.AsInt64(dest[3]), pgdriver.AsInt64(dest[4]), pgdriver.AsInt64(dest[5]), dest[6])] = true
-	}
-}
-
-// advisoryKeyOf names the advisory lock of a pg_locks row.
-func advisoryKeyOf(classid, objid, objsubid int64, mode driver.Value) lockKey {
-	return lockKey(advisorykey.FromLocks(classid, objid, objsubid, mode == "ShareLock"))
-}
-
-// queryDirect runs query on a raw driver connection.
-func queryDirect(ctx context.Context, c driver.Conn, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if q, ok := c.(driver.QueryerContext); ok {
-		return q.QueryContext(ctx, query, args)
-	}
-	s, err := c.Prepare(query)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := stmtQuery(ctx, s, args)
-	if err != nil {
-		s.Close()
-		return nil, err
-	}
-	return closingRows{Rows: rows, stmt: s}, nil
+	return pgserver.ReadBackendLocks(rows)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
@@ -119,7 +120,7 @@ type advisoryPlan struct {
 // the statement itself (a rerouted unlock): then answer is the statement's
 // result. retext says that the statement's text may be sent changed (it
 // is not a prepared statement): see advisoryPlan.sent.
-func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.NamedValue, retext bool) (plan advisoryPlan, answer *staticRows, err error) {
+func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.NamedValue, retext bool) (plan advisoryPlan, answer *rawconn.Row, err error) {
 	plan = advisoryPlan{st: st, args: args}
 	c.noteSent(st.text)
 	c.pin.Lock()
@@ -185,7 +186,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		if err := c.connector.pins.rerouteUnlock(ctx, c, plan.keys[0]); err != nil {
 			return plan, nil, err
 		}
-		return plan, &staticRows{cols: []string{adv.Calls[0].Column}, row: []driver.Value{true}}, nil
+		return plan, rawconn.OneValue(adv.Calls[0].Column, true), nil
 	}
 	if takesTurn(adv) && adv.Calls[0].Func == sqlscan.FnTry {
 		// A try-lock takes the key's turn if it is free, and is answered
@@ -195,7 +196,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 			if !c.connector.turns.tryLock(ctx, key, c, nil, nil) {
 				// Counted and traced as a try-lock the server refused.
 				c.startAdvisoryWait(ctx, adv, plan.keys, plan.known, c.siteOf(ctx)).end(ctx, telemetry.OutcomeNotAcquired, nil)
-				return plan, &staticRows{cols: []string{adv.Calls[0].Column}, row: []driver.Value{false}}, nil
+				return plan, rawconn.OneValue(adv.Calls[0].Column, false), nil
 			}
 			c.notePendingTurn(key)
 			plan.turn = true

@@ -5,7 +5,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -157,7 +157,7 @@ func (c *conn) splitConflict(adv *sqlscan.Advisory, keys []lockKey, known []bool
 // run with a bounded context of their own: a caller's cancellation in the
 // middle of one would make the driver close the holder, and every other
 // lock on it would be lost. The caller's context is checked first.
-func (c *conn) runOnHolder(ctx context.Context, query string, args []driver.NamedValue) (*staticRows, error) {
+func (c *conn) runOnHolder(ctx context.Context, query string, args []driver.NamedValue) (*rawconn.Row, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -167,19 +167,19 @@ func (c *conn) runOnHolder(ctx context.Context, query string, args []driver.Name
 	if err != nil {
 		return nil, err
 	}
-	if err := execDirect(ctx, h.inner, "SAVEPOINT lockhooks_lock"); err != nil {
+	if err := rawconn.Exec(ctx, h.inner, "SAVEPOINT lockhooks_lock"); err != nil {
 		return nil, c.holderFailed(err)
 	}
-	rows, err := queryDirect(ctx, h.inner, query, args)
-	var answer *staticRows
+	rows, err := rawconn.Query(ctx, h.inner, query, args)
+	var answer *rawconn.Row
 	if err == nil {
-		answer, err = readStaticRow(rows)
+		answer, err = rawconn.ReadRow(rows)
 	}
 	if err != nil {
 		if !isServerError(err) {
 			return nil, c.holderFailed(err)
 		}
-		if rerr := execDirect(ctx, h.inner, "ROLLBACK TO SAVEPOINT lockhooks_lock"); rerr != nil {
+		if rerr := rawconn.Exec(ctx, h.inner, "ROLLBACK TO SAVEPOINT lockhooks_lock"); rerr != nil {
 			return nil, c.holderFailed(rerr)
 		}
 		return nil, err
@@ -202,7 +202,7 @@ const (
 // few server connections busy for as long as it waits (one per waiting
 // replica), and the holder's own work could find none left. Between tries
 // the holder's transaction ends, so it keeps no server connection either.
-func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query string, args []driver.NamedValue) (*staticRows, error) {
+func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query string, args []driver.NamedValue) (*rawconn.Row, error) {
 	adv := plan.st.advisory
 	if !adv.Simple || adv.Calls[0].Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 || !plan.known[0] {
 		return c.runOnHolder(ctx, query, args)
@@ -215,8 +215,8 @@ func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query str
 		if err != nil {
 			return nil, err
 		}
-		if got, _ := answer.row[0].(bool); got {
-			return &staticRows{cols: []string{adv.Calls[0].Column}, row: []driver.Value{nil}}, nil // pg_advisory_lock returns void
+		if got, _ := answer.Values()[0].(bool); got {
+			return rawconn.OneValue(adv.Calls[0].Column, nil), nil // pg_advisory_lock returns void
 		}
 		c.releaseHolder(ctx)
 		t := time.NewTimer(delay/2 + rand.N(delay/2+1))
@@ -271,23 +271,23 @@ func (c *conn) beginHolder(ctx context.Context, h *holderConn) (pid int32, incar
 	const read = "SELECT pg_backend_pid(), " + pgsession.IncarnationExpr
 	query, args := read+"; BEGIN", own.Args
 	if !own.OK() {
-		if err := execDirect(ctx, h.inner, "BEGIN"); err != nil {
+		if err := rawconn.Exec(ctx, h.inner, "BEGIN"); err != nil {
 			return 0, "", err
 		}
 		query, args = read, nil
 	}
-	rows, err := queryDirect(ctx, h.inner, query, args)
-	var row *staticRows
+	rows, err := rawconn.Query(ctx, h.inner, query, args)
+	var row *rawconn.Row
 	if err == nil {
-		row, err = readStaticRow(rows)
+		row, err = rawconn.ReadRow(rows)
 	}
-	if err == nil && len(row.row) != 2 {
-		err = fmt.Errorf("lockhooks: reading the holder's backend pid: %d columns, want 2", len(row.row))
+	if err == nil && len(row.Values()) != 2 {
+		err = fmt.Errorf("lockhooks: reading the holder's backend pid: %d columns, want 2", len(row.Values()))
 	}
 	if err != nil {
 		return 0, "", err
 	}
-	return int32(pgdriver.AsInt64(row.row[0])), pgsession.ReadIncarnation(pgdriver.AsString(row.row[1])), nil
+	return int32(pgdriver.AsInt64(row.Values()[0])), pgsession.ReadIncarnation(pgdriver.AsString(row.Values()[1])), nil
 }
 
 // holderFailed drops a holder whose statement failed outside the server's
@@ -332,7 +332,7 @@ func (c *conn) checkHolder(ctx context.Context) error {
 	if p, ok := h.inner.(driver.Pinger); ok {
 		err = p.Ping(ctx)
 	} else {
-		err = execDirect(ctx, h.inner, "SELECT 1")
+		err = rawconn.Exec(ctx, h.inner, "SELECT 1")
 	}
 	if err != nil {
 		return c.holderFailed(fmt.Errorf("its holder did not answer a ping: %w", err))
@@ -390,9 +390,9 @@ func (c *conn) endHolderTxWithin(limit time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	err := execDirect(ctx, h.inner, "SELECT pg_advisory_unlock_all()")
+	err := rawconn.Exec(ctx, h.inner, "SELECT pg_advisory_unlock_all()")
 	if err == nil {
-		err = execDirect(ctx, h.inner, "COMMIT")
+		err = rawconn.Exec(ctx, h.inner, "COMMIT")
 	}
 	if err != nil {
 		h.inner.Close()
@@ -401,65 +401,6 @@ func (c *conn) endHolderTxWithin(limit time.Duration) {
 		h.inTx = false
 	}
 	c.holderPID.Store(0)
-}
-
-// execDirect runs a statement of lockhooks' own on a raw driver connection.
-func execDirect(ctx context.Context, c driver.Conn, query string) error {
-	rows, err := queryDirect(ctx, c, query, nil)
-	if err != nil {
-		return err
-	}
-	return rows.Close()
-}
-
-// readStaticRow reads the first row of rows and closes them.
-func readStaticRow(rows driver.Rows) (*staticRows, error) {
-	// rows is closed once on every path: a driver's Close need not be
-	// idempotent (lib/pq's ends its context watch again and panics when the
-	// statement's context can be cancelled).
-	r := &staticRows{cols: rows.Columns()}
-	dest := make([]driver.Value, len(r.cols))
-	if err := rows.Next(dest); err != nil {
-		rows.Close()
-		if err == io.EOF {
-			return r, nil
-		}
-		return nil, err
-	}
-	for i, v := range dest {
-		if b, ok := v.([]byte); ok {
-			dest[i] = append([]byte(nil), b...) // the driver may reuse its buffer
-		}
-	}
-	r.row = dest
-	return r, rows.Close()
-}
-
-// staticRows is a statement's answer that lockhooks gives itself: a
-// rerouted unlock's, or one run on a holder.
-type staticRows struct {
-	cols []string
-	row  []driver.Value
-	done bool
-}
-
-// values returns the row (nil for a nil answer).
-func (r *staticRows) values() []driver.Value {
-	if r == nil {
-		return nil
-	}
-	return r.row
-}
-
-func (r *staticRows) Columns() []string { return r.cols }
-func (r *staticRows) Close() error      { return nil }
-func (r *staticRows) Next(dest []driver.Value) error {
-	if r.done || r.row == nil {
-		return io.EOF
-	}
-	r.done = true
-	copy(dest, r.row)
-	return nil
 }
 
 // poolerDetected is the error for a connection found on a backend other

@@ -3,7 +3,6 @@ package lockhooks
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -393,50 +392,6 @@ func testPoolerHolderBackend(t *testing.T, p *pgtest.Pooler) {
 			t.Errorf("holder pid %d, pg_locks shows the lock on %d (%s)", got, want, state)
 		}
 		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// closeCounter counts the closes of a driver's rows.
-type closeCounter struct {
-	driver.Rows
-	closes int
-}
-
-func (r *closeCounter) Close() error { r.closes++; return r.Rows.Close() }
-
-// readStaticRow closes a driver's rows exactly once, whatever it reads: a
-// driver's Close need not be idempotent, and lib/pq's is not (a second
-// Close ends the statement's context watch again and, when that context
-// can be cancelled, may panic with "attempt to set nil err").
-func TestReadStaticRowClosesOnce(t *testing.T) {
-	db, err := sql.Open("postgres", pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	for _, q := range []string{"SELECT 1, 'a'", "SELECT 1 WHERE false", "SELECT 1 / (SELECT 0)"} {
-		err := c.Raw(func(dc any) error {
-			rows, err := dc.(driver.QueryerContext).QueryContext(ctx, q, nil)
-			if err != nil {
-				return nil // refused before any row: nothing to close
-			}
-			counted := &closeCounter{Rows: rows}
-			_, err = readStaticRow(counted)
-			if counted.closes != 1 {
-				t.Errorf("%s: rows closed %d times (read error %v), want once", q, counted.closes, err)
-			}
-			return nil
-		})
-		if err != nil {
 			t.Fatal(err)
 		}
 	}

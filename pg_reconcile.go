@@ -14,6 +14,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // Reading the truth: pg_locks for one connection's backend, and making
@@ -198,7 +199,7 @@ func (s lockSet) has(k lockKey) bool { return slices.Contains(s, k) }
 
 // queryLocks runs a pg_locks read made by pgserver.AppendOwnLocksQuery on on.
 func queryLocks(ctx context.Context, on driver.Conn, query string, args []driver.NamedValue) (held lockSet, ranOn int32, marker string, err error) {
-	rows, err := queryDirect(ctx, on, query, args)
+	rows, err := rawconn.Query(ctx, on, query, args)
 	if err != nil {
 		return nil, 0, "", err
 	}

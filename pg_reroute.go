@@ -5,6 +5,8 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // rerouteUnlock releases k on the parked connection that holds it, for an
@@ -56,9 +58,9 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 	var v driver.Value
 	var err error
 	if h.connector.opts.txPooler {
-		var answer *staticRows
-		if answer, err = h.runOnHolder(ctx, q, args); err == nil && len(answer.row) == 1 {
-			v = answer.row[0]
+		var answer *rawconn.Row
+		if answer, err = h.runOnHolder(ctx, q, args); err == nil && len(answer.Values()) == 1 {
+			v = answer.Values()[0]
 		}
 	} else {
 		// The unlock is the parked holder's last statement from now on:

@@ -12,6 +12,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
@@ -301,7 +302,7 @@ func (w *lockWait) probeSelfWait(c, h *conn) {
 		// for a lock, and the transaction's backend blocks it. On the
 		// database's side connection (side_conn.go).
 		c.connector.side.use(ctx, func(side driver.Conn) error {
-			rows, err := queryDirect(ctx, side, fmt.Sprintf(`SELECT pg_cancel_backend(a.pid) FROM pg_stat_activity a
+			rows, err := rawconn.Query(ctx, side, fmt.Sprintf(`SELECT pg_cancel_backend(a.pid) FROM pg_stat_activity a
 WHERE a.pid = %d AND a.wait_event_type = 'Lock' AND %d = ANY (pg_blocking_pids(a.pid))`, pid, hpid), nil)
 			if err != nil {
 				return err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // rawApp is the application_name of the tests' raw sessions (openRawApp).
@@ -249,7 +250,7 @@ func TestSideConnectionTurnsAndCancel(t *testing.T) {
 	c := connectorOf(t, db)
 	ctx := context.Background()
 	one := func(conn driver.Conn) error {
-		rows, err := queryDirect(ctx, conn, "SELECT 1", nil)
+		rows, err := rawconn.Query(ctx, conn, "SELECT 1", nil)
 		if err != nil {
 			return err
 		}
@@ -290,7 +291,7 @@ func TestSideConnectionTurnsAndCancel(t *testing.T) {
 		cancelSleep()
 	}()
 	err = c.side.use(sleepCtx, func(conn driver.Conn) error {
-		rows, err := queryDirect(sleepCtx, conn, "SELECT pg_sleep(30)", nil)
+		rows, err := rawconn.Query(sleepCtx, conn, "SELECT pg_sleep(30)", nil)
 		if err == nil {
 			dest := make([]driver.Value, 1)
 			err = rows.Next(dest)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/retry"
 )
 
@@ -186,7 +187,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // column of its one result row (nil when it answers no row). It steps the
 // rows before closing them: a driver may run the statement only then.
 func pragmaValue(ctx context.Context, inner driver.Conn, pragma string) (v driver.Value, err error) {
-	rows, err := queryDirect(ctx, inner, pragma, nil)
+	rows, err := rawconn.Query(ctx, inner, pragma, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // stmtColumnConverter is driver.ColumnConverter under a name that does not
@@ -79,7 +81,7 @@ func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
 	}
 	run := func() (driver.Result, error) { return s.inner.Exec(args) } //nolint:staticcheck // no ExecContext
 	if s.tracked() {
-		return s.c.execTracked(context.Background(), s.st, valuesToNamed(args), false, func(string, []driver.NamedValue) (driver.Result, error) { return run() })
+		return s.c.execTracked(context.Background(), s.st, rawconn.Named(args), false, func(string, []driver.NamedValue) (driver.Result, error) { return run() })
 	}
 	res, err := run()
 	return res, s.st.explain(s.c.observe(err))
@@ -93,7 +95,7 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 		return s.c.queryWriting(context.Background(), s.st, s.query, run)
 	}
 	if s.tracked() {
-		return s.c.queryTracked(context.Background(), s.st, valuesToNamed(args), false, func(string, []driver.NamedValue) (driver.Rows, error) { return run() })
+		return s.c.queryTracked(context.Background(), s.st, rawconn.Named(args), false, func(string, []driver.NamedValue) (driver.Rows, error) { return run() })
 	}
 	rows, err := run()
 	return rows, s.st.explain(s.c.observe(err))
@@ -128,36 +130,12 @@ func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driv
 	return rows, s.st.explain(s.c.observe(err))
 }
 
-// valuesToNamed gives legacy arguments their ordinals.
-func valuesToNamed(args []driver.Value) []driver.NamedValue {
-	named := make([]driver.NamedValue, len(args))
-	for i, v := range args {
-		named[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
-	}
-	return named
-}
-
 // CheckNamedValue forwards to the inner statement.
 func (s *stmt) CheckNamedValue(nv *driver.NamedValue) error { return s.checker.CheckNamedValue(nv) }
 
 // ColumnConverter forwards to the inner statement.
 func (s *stmt) ColumnConverter(idx int) driver.ValueConverter {
 	return s.converter.ColumnConverter(idx)
-}
-
-// stmtQuery runs a prepared statement with the context form when it has one.
-func stmtQuery(ctx context.Context, s driver.Stmt, args []driver.NamedValue) (driver.Rows, error) {
-	if q, ok := s.(driver.StmtQueryContext); ok {
-		return q.QueryContext(ctx, args)
-	}
-	values, err := namedValuesToValues(args)
-	if err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return s.Query(values) //nolint:staticcheck // the inner statement has no QueryContext
 }
 
 // markerStmt is Lock's marker statement prepared on a driver without an
@@ -167,7 +145,7 @@ type markerStmt struct{ c *conn }
 func (m markerStmt) Close() error  { return nil }
 func (m markerStmt) NumInput() int { return 1 }
 func (m markerStmt) Exec(args []driver.Value) (driver.Result, error) {
-	return m.c.lockset(context.Background(), valuesToNamed(args))
+	return m.c.lockset(context.Background(), rawconn.Named(args))
 }
 func (m markerStmt) Query([]driver.Value) (driver.Rows, error) {
 	return nil, errors.New("lockhooks: the Lock marker is executed, not queried")

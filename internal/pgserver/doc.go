@@ -5,7 +5,9 @@
 // [ReadBackends], [Chain]) and who holds given advisory keys (pg_locks:
 // [KeyHoldersQuery], [ReadKeyHolders]) or which ones a backend holds
 // itself, in one row of one column ([AppendOwnLocksQuery],
-// [ParseOwnLocks], fuzzed); and, after a deadlock, its cycle
+// [ParseOwnLocks], fuzzed), and whether the backends of holders are alive
+// and which advisory locks they were granted, for the monitor
+// ([BackendLocksQuery], [ReadBackendLocks]); and, after a deadlock, its cycle
 // as the error's DETAIL tells it and what pg_stat_activity still shows of
 // its backends ([ParseDeadlockDetail], [DeadlockFactsQuery],
 // [ReadDeadlockFacts]). Each read is one statement; its rows become values
