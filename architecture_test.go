@@ -17,7 +17,7 @@ import (
 // so a new package is placed in the picture when it is made.
 var importRules = map[string]packageRule{
 	// The public face and the database/sql adapter.
-	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/telemetry", "internal/lockset", "internal/pgserver", "internal/waits", "internal/rawconn", "internal/driverext"}},
+	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/telemetry", "internal/lockset", "internal/pgserver", "internal/waits", "internal/rawconn", "internal/keynames", "internal/driverext"}},
 	"modernc": {may: []string{".", "internal/driverext"}},
 
 	// The core: one concept each, none of them on database/sql; the pure
@@ -41,6 +41,7 @@ var importRules = map[string]packageRule{
 	"internal/debugpage":  {core: true, pure: true, may: []string{"internal/holders", "internal/advisorykey", "internal/callsite"}},
 	"internal/telemetry":  {core: true, pure: true, may: []string{"internal/holders", "internal/dberr"}},
 	"internal/pgserver":   {core: true, may: []string{"internal/pgdriver", "internal/holders", "internal/advisorykey"}},
+	"internal/keynames":   {core: true, pure: true, may: []string{"internal/holders", "internal/lockset"}},
 	"internal/waits":      {core: true, pure: true, may: []string{"internal/holders", "internal/telemetry", "internal/callsite"}},
 
 	// Driver plumbing shared by the root and its driver subpackages.

@@ -4,12 +4,12 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
@@ -88,13 +88,10 @@ type conn struct {
 	// (then lockhooks never ends the backend: see endBackend).
 	incarnation string
 
-	// sentAt and answeredAt are when the connection last sent a statement
-	// that lockhooks follows and last had one answered (monoNow), for
-	// ending its backend after a loss only if nobody else ran on it since
-	// (quietSince).
-	sentAt, answeredAt atomic.Int64
-	sentMu             sync.Mutex
-	sentText           string // the text sentAt's statement carried (see noteSent)
+	// trips are when the connection last sent a statement that lockhooks
+	// follows and last had one answered, for ending its backend after a
+	// loss only if nobody else ran on it since (endTarget).
+	trips pgsession.RoundTrips
 
 	// tx is the connection's transaction; database/sql runs at most one
 	// per connection at a time, so BeginTx hands out a pointer to it.

@@ -53,7 +53,7 @@ func (c *connector) readDeadlockFacts(edges []pgserver.DeadlockEdge, detail stri
 	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
 	defer cancel()
 	query := pgserver.DeadlockFactsQuery(edges, detail)
-	f.Err = c.side.use(ctx, func(side driver.Conn) error {
+	f.Err = c.side.Use(ctx, func(side driver.Conn) error {
 		clear(f.Backends)
 		clear(f.Relations)
 		rows, err := rawconn.Query(ctx, side, query, nil)

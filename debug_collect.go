@@ -101,7 +101,7 @@ func advisoryCandidate(c *debugpage.Candidate, k lockKey) {
 	if k.Pair {
 		return
 	}
-	if name, ok := keyNames.lookup(k.K1); ok {
+	if name, ok := keyNames.Lookup(k.K1); ok {
 		if i := strings.IndexByte(name, 0); i >= 0 && lockset.ValidID(name[i+1:]) {
 			c.Kind, c.Namespace, c.ID = "lockset", name[:i], name[i+1:]
 		}
@@ -169,5 +169,5 @@ func (pageNames) KeyName(k1 int64) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	return o.label(), true
+	return o.Label(), true
 }

@@ -434,7 +434,7 @@ func (c *connector) Close() error {
 	}
 	c.tel.Close()
 	c.waits.Close()
-	c.side.close()
+	c.side.Close()
 	if cl, ok := c.inner.(io.Closer); ok {
 		return cl.Close()
 	}

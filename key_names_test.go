@@ -1,7 +1,6 @@
 package lockhooks
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,37 +34,12 @@ func TestKeyNames(t *testing.T) {
 		}
 		key := lockset.AdvisoryKeys("invoices", ids, LockID)[0]
 		o, ok := originOf(key)
-		if !ok || !o.lockset || o.namespace != "invoices" || o.label() != c.want {
-			t.Errorf("Lock(%v): origin %+v %v, label %q, want %q", c.id, o, ok, o.label(), c.want)
+		if !ok || !o.Lockset || o.Namespace != "invoices" || o.Label() != c.want {
+			t.Errorf("Lock(%v): origin %+v %v, label %q, want %q", c.id, o, ok, o.Label(), c.want)
 		}
 	}
 	// Known names cost LockID no allocation.
 	if n := testing.AllocsPerRun(100, func() { LockID("nightly-report") }); n != 0 {
 		t.Errorf("LockID of a known name allocates %v times", n)
-	}
-}
-
-// The memory is bounded: two generations; a name in use stays known.
-func TestKeyNamesBounded(t *testing.T) {
-	var m nameMemory
-	m.remember(1, "kept")
-	for i := range 3 * keyNameCapacity {
-		m.remember(int64(1000+i), fmt.Sprint("n", i))
-		if i%1000 == 0 {
-			m.remember(1, "kept") // in use: copied forward
-		}
-	}
-	if len(m.cur)+len(m.old) > 2*keyNameCapacity {
-		t.Errorf("%d names remembered, want at most %d", len(m.cur)+len(m.old), 2*keyNameCapacity)
-	}
-	if name, ok := m.lookup(1); !ok || name != "kept" {
-		t.Errorf("a name in use was forgotten")
-	}
-	if _, ok := m.lookup(1000); ok {
-		t.Errorf("an old name was kept")
-	}
-	m.remember(2, strings.Repeat("x", 10*keyNameMaxLen))
-	if name, _ := m.lookup(2); len(name) > keyNameMaxLen+len("…") {
-		t.Errorf("a long name is kept whole (%d bytes)", len(name))
 	}
 }

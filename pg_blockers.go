@@ -211,7 +211,7 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 		return nil
 	}
 	var out []holders.Blocker
-	c.side.use(ctx, func(side driver.Conn) error {
+	c.side.Use(ctx, func(side driver.Conn) error {
 		rows, err := rawconn.Query(ctx, side, pgserver.KeyHoldersQuery(coreKeys(keys), waiter.shownPID()), c.own.Of(side).Args)
 		if err != nil {
 			out = nil

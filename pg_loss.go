@@ -238,24 +238,13 @@ func (c *conn) lostChan() <-chan struct{} {
 	return c.pin.LostCh
 }
 
-// monoBase is the origin of monoNow's readings (set once, never changed).
-var monoBase = time.Now()
-
-// monoNow reads the monotonic clock, in a form an atomic holds.
-func monoNow() int64 { return int64(time.Since(monoBase)) }
-
 // noteSent records that c is sending a statement to its backend, with
-// its text ("" when it need not be recognised: an end request never trusts
-// an unanswered statement it cannot recognise).
-func (c *conn) noteSent(text string) {
-	c.sentMu.Lock()
-	c.sentText = text
-	c.sentMu.Unlock()
-	c.sentAt.Store(monoNow())
-}
+// its text ("" when it need not be recognised: see
+// pgsession.RoundTrips.Sent).
+func (c *conn) noteSent(text string) { c.trips.Sent(text) }
 
 // noteAnswered records that c's backend answered c.
-func (c *conn) noteAnswered() { c.answeredAt.Store(monoNow()) }
+func (c *conn) noteAnswered() { c.trips.Answered() }
 
 // noteRoundTrip runs run, a round trip of a statement of text ("" when it
 // need not be recognised), noted as the backend's last statement should
@@ -270,38 +259,9 @@ func (c *conn) noteRoundTrip(text string, run func() error) error {
 	return err
 }
 
-// quietSince is the time after which c's backend can have started no
-// statement of c's: when its last statement was sent, plus pgsession.EndSlack (the
-// time it may take to get there), or when it was answered if that came
-// sooner, or, if it was never answered (the
-// connection broke with it on the way, or waiting), when the one before it
-// was answered, with the unanswered one recognised by its text within its
-// slack. Never when an answer came back: on a slow link that is a round
-// trip after the server finished, time in which a pooler could already
-// have given the backend to another client. Statements lockhooks does not
-// follow (those of a connection holding no locks, a transaction's BEGIN
-// and COMMIT) are not counted: a backend whose last statement was one is
-// not ended, and keeps its locks until the server notices its connection
-// is gone, as before lockhooks ended any.
-func (c *conn) quietSince() pgsession.EndTarget {
-	sent, answered := c.sentAt.Load(), c.answeredAt.Load()
-	t := pgsession.EndTarget{Quiet: monoBase.Add(min(time.Duration(sent)+pgsession.EndSlack, time.Duration(answered)))}
-	if answered < sent {
-		t.Quiet = monoBase.Add(time.Duration(answered))
-		c.sentMu.Lock()
-		text := c.sentText
-		c.sentMu.Unlock()
-		t.InFlight, t.SentQuiet, t.Sent = true, monoBase.Add(time.Duration(sent)+pgsession.EndSlack), text
-	}
-	return t
-}
-
-// endTarget is the end request's target for c's own backend, as of now.
-func (c *conn) endTarget() pgsession.EndTarget {
-	t := c.quietSince()
-	t.PID, t.Incarnation = c.pid.Load(), c.incarnation
-	return t
-}
+// endTarget is the end request's target for c's own backend, as of now
+// (pgsession.RoundTrips.Target).
+func (c *conn) endTarget() pgsession.EndTarget { return c.trips.Target(c.pid.Load(), c.incarnation) }
 
 // endable reports whether lockhooks may end c's backend after a loss: c
 // reached the server itself and no pooler is declared or seen (see the

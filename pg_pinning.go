@@ -44,7 +44,7 @@ var ErrNotLockOwner = errors.New("lockhooks: not the lock's owner")
 // already known and one insertion when it is not.
 func LockID(name string) int64 {
 	k := lockID(name)
-	keyNames.remember(k, name)
+	keyNames.Remember(k, name)
 	return k
 }
 

@@ -310,3 +310,10 @@ func (c *conn) settleTurnAfter(plan advisoryPlan) {
 func takesTurn(adv *sqlscan.Advisory) bool {
 	return adv != nil && adv.Simple && adv.Calls[0].Func&^sqlscan.FnTry == 0
 }
+
+// monoBase is the origin of monoNow's readings (set once, never changed).
+var monoBase = time.Now()
+
+// monoNow reads the monotonic clock, in a form an atomic holds (a pool
+// deadlock's last log, pinning.deadlockLogged).
+func monoNow() int64 { return int64(time.Since(monoBase)) }

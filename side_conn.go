@@ -3,14 +3,15 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
-	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // sideConnsPerDatabase is how many server connections outside its pool a
 // Postgres database of lockhooks opens at most, each lazily and each closed
-// by db.Close: one for the lookups (sideConn: the debug page, the
+// by db.Close: one for the lookups (rawconn.Side: the debug page, the
 // slow-wait log, the wait spans, the errors of waits that time out,
 // deadlock errors, the self-wait probe) and one for the monitor of session
 // locks (pg_monitor.go), open only while a connection holds session locks.
@@ -20,119 +21,26 @@ import (
 // connection.
 const sideConnsPerDatabase = 2
 
-// errSideConnClosed is the error of a lookup after db.Close.
-var errSideConnClosed = errors.New("lockhooks: the database is closed: no side connection for lookups")
-
 // sideConn is a database's one connection outside its pool for lockhooks'
 // own reads of the server (who blocks whom, who holds a key, the facts of
-// a deadlock, the self-wait probe): opened when first needed, shared by
-// every lookup in turn (a caller waits for it until its context ends),
-// closed and opened again after a failure that may have left it unusable,
-// and closed by db.Close. The debug page and the lookups never open a
-// server connection of their own: however many run at once, the database
-// has this one (sideConnsPerDatabase counts it with the monitor's).
+// a deadlock, the self-wait probe: rawconn.Side), and the read of who
+// blocks whom in flight on it. The debug page and the lookups never open a
+// server connection of their own (sideConnsPerDatabase counts this one
+// with the monitor's).
 //
 // Reads of who blocks whom that overlap share one read (blockersFlight):
 // sixty page loads at once make one or two reads, not sixty.
 type sideConn struct {
-	connect func(context.Context) (driver.Conn, error)
-	turn    chan struct{} // holds a token while someone uses conn
-	base    context.Context
-	stop    context.CancelFunc // ends base: reads in flight at db.Close
+	*rawconn.Side
 
-	mu     sync.Mutex
-	conn   driver.Conn // guarded by turn; nil: not open
-	closed bool        // guarded by mu
-	flight *blockersFlight
+	mu     sync.Mutex      // guards flight
+	flight *blockersFlight // the read of who blocks whom in flight, if any
 }
 
 // newSideConn returns the side connection of a database whose connections
 // connect opens; nothing is opened yet.
 func newSideConn(connect func(context.Context) (driver.Conn, error)) *sideConn {
-	base, stop := context.WithCancel(context.Background())
-	return &sideConn{connect: connect, turn: make(chan struct{}, 1), base: base, stop: stop}
-}
-
-// use runs fn on the side connection when its turn comes, opening the
-// connection if needed. fn must be done with the connection when it
-// returns (its rows closed). After any failure (or a connection its driver
-// says is no longer valid) the connection is closed and the next use opens
-// another: a read cut off by its context, or a transaction fn left open,
-// never reaches the next user. A failure on a connection kept from an
-// earlier use (the server ended it: idle_session_timeout, a restart) is
-// tried once more on a fresh one.
-func (s *sideConn) use(ctx context.Context, fn func(driver.Conn) error) error {
-	select {
-	case s.turn <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("lockhooks: waiting for the side connection of lookups (in use by another lookup): %w", ctx.Err())
-	}
-	defer s.release()
-	if s.isClosed() {
-		return errSideConnClosed
-	}
-	for reused := s.conn != nil; ; reused = false {
-		if s.conn == nil {
-			conn, err := s.connect(ctx)
-			if err != nil {
-				return fmt.Errorf("lockhooks: opening the side connection for lookups: %w", err)
-			}
-			s.conn = conn
-		}
-		err := fn(s.conn)
-		if err == nil && valid(s.conn) {
-			return nil
-		}
-		// A failure may leave the connection anywhere (mid-read, in a
-		// transaction of the lookup's, cut off by ctx): a fresh one is
-		// cheaper than finding out.
-		s.conn.Close()
-		s.conn = nil
-		if err == nil || !reused || ctx.Err() != nil {
-			return err
-		}
-	}
-}
-
-// valid reports whether conn may be used again, as far as its driver says.
-func valid(conn driver.Conn) bool {
-	v, ok := conn.(driver.Validator)
-	return !ok || v.IsValid()
-}
-
-// release ends a turn; after close, the last user closes the connection.
-func (s *sideConn) release() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed && s.conn != nil {
-		s.conn.Close()
-		s.conn = nil
-	}
-	<-s.turn
-}
-
-func (s *sideConn) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
-// close ends reads in flight and closes the connection: now if nobody
-// uses it, or when its user is done (without waiting for it).
-func (s *sideConn) close() {
-	s.stop()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	select {
-	case s.turn <- struct{}{}:
-		if s.conn != nil {
-			s.conn.Close()
-			s.conn = nil
-		}
-		<-s.turn
-	default: // in use: release closes it
-	}
+	return &sideConn{Side: rawconn.NewSide(connect)}
 }
 
 // blockersFlight is one read of who blocks whom that every caller
@@ -188,9 +96,9 @@ func (s *sideConn) sharedRead(ctx context.Context, c *connector, conns []*conn) 
 
 // run makes the read of flight f over conns.
 func (s *sideConn) run(c *connector, f *blockersFlight, conns []*conn) {
-	ctx, cancel := context.WithTimeout(s.base, blockerLookupTimeout)
+	ctx, cancel := context.WithTimeout(s.Context(), blockerLookupTimeout)
 	defer cancel()
-	f.err = s.use(ctx, func(side driver.Conn) error {
+	f.err = s.Use(ctx, func(side driver.Conn) error {
 		var err error
 		f.out, err = c.readBlocked(ctx, side, conns)
 		return err

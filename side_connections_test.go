@@ -261,7 +261,7 @@ func TestSideConnectionTurnsAndCancel(t *testing.T) {
 	inUse, release := make(chan struct{}), make(chan struct{})
 	held := make(chan error, 1)
 	go func() {
-		held <- c.side.use(ctx, func(conn driver.Conn) error {
+		held <- c.side.Use(ctx, func(conn driver.Conn) error {
 			close(inUse)
 			<-release
 			return one(conn)
@@ -270,7 +270,7 @@ func TestSideConnectionTurnsAndCancel(t *testing.T) {
 	<-inUse
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	start := time.Now()
-	err := c.side.use(short, one)
+	err := c.side.Use(short, one)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
 		t.Fatalf("a lookup waiting for the side connection in use: %v after %v, want the context's deadline", err, time.Since(start))
@@ -290,7 +290,7 @@ func TestSideConnectionTurnsAndCancel(t *testing.T) {
 		})
 		cancelSleep()
 	}()
-	err = c.side.use(sleepCtx, func(conn driver.Conn) error {
+	err = c.side.Use(sleepCtx, func(conn driver.Conn) error {
 		rows, err := rawconn.Query(sleepCtx, conn, "SELECT pg_sleep(30)", nil)
 		if err == nil {
 			dest := make([]driver.Value, 1)
@@ -303,7 +303,7 @@ func TestSideConnectionTurnsAndCancel(t *testing.T) {
 		t.Fatal("the cancelled read succeeded")
 	}
 	for range 3 {
-		if err := c.side.use(ctx, one); err != nil {
+		if err := c.side.Use(ctx, one); err != nil {
 			t.Fatalf("a lookup after a cancelled read: %v", err)
 		}
 	}
@@ -315,7 +315,7 @@ func TestSideConnectionTurnsAndCancel(t *testing.T) {
 	})
 	db.Close()
 	noBackendLeft(t, raw)
-	if err := c.side.use(ctx, one); !errors.Is(err, errSideConnClosed) {
-		t.Errorf("a lookup after db.Close: %v, want errSideConnClosed", err)
+	if err := c.side.Use(ctx, one); !errors.Is(err, rawconn.ErrSideClosed) {
+		t.Errorf("a lookup after db.Close: %v, want rawconn.ErrSideClosed", err)
 	}
 }

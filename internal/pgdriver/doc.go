@@ -14,10 +14,13 @@
 // of the BackendKeyData the server or a pooler sent at connect
 // ([BackendKeyPID]); and the values drivers return for lockhooks' own
 // reads, converted whatever their Go type ([AsString], [AsInt64],
-// [AsFloat64], [AsBool]).
+// [AsFloat64], [AsBool]); and where a DSN or a connector points, host,
+// port and database, never the user or password ([Target],
+// [ConnectorTarget], [KeyValues], fuzzed), for a database's default name.
 //
 // State: a database's [Statements], worked out from its first connection
 // and then read; nothing else.
 //
-// Imports: nothing of ours; database/sql/driver for its argument values.
+// Imports: nothing of ours; database/sql/driver for its argument values
+// and the connectors it reads.
 package pgdriver

@@ -16,7 +16,9 @@
 //     stay the caller's, which passes in their outcome as values;
 //   - recovery, the one action lockhooks takes on the server by itself,
 //     ending the backend of a holder it gave up on so that the key is
-//     truly free ([EndQueue], [EndBackend]).
+//     truly free ([EndQueue], [EndBackend]), and the round trips of a
+//     connection that tell when its backend last ran a statement of
+//     lockhooks' ([RoundTrips]: the quiet time an end request carries).
 //
 // The rule for ending a backend: lockhooks ends one only where it can
 // prove that no other client can have used it since lockhooks last did.
@@ -41,7 +43,8 @@
 // after the caller's registry and statement locks, and only leaves are
 // taken under it: the turn table's and the telemetry of a freed hold);
 // the queue of end requests of one database ([EndQueue]; its mutex is a
-// leaf: taken under any other lock, none taken under it).
+// leaf: taken under any other lock, none taken under it); one connection's
+// last round trips ([RoundTrips]: atomics, and a leaf mutex).
 //
 // Imports: internal/advisorykey (the keys), internal/callsite (where a
 // transaction took its first transaction-level lock); database/sql/driver

@@ -40,17 +40,17 @@ type EndRequest struct {
 // pid, which must have run nothing since lockhooks last talked to it.
 type EndTarget struct {
 	PID int32
-	// incarnation is the backend's, as IncarnationExpr read it when the
+	// Incarnation is the backend's, as IncarnationExpr read it when the
 	// connection opened ("": not known).
 	Incarnation string
-	// quiet is the time (this process's monotonic clock) after which the
+	// Quiet is the time (this process's monotonic clock) after which the
 	// backend started no statement of lockhooks' connection (see
-	// quietSince): a statement started after it is not lockhooks'.
+	// RoundTrips.Target): a statement started after it is not lockhooks'.
 	Quiet time.Time
-	// inFlight says that a statement was sent after quiet and never
-	// answered: it may have started on the server up to sentQuiet (its
+	// InFlight says that a statement was sent after Quiet and never
+	// answered: it may have started on the server up to SentQuiet (its
 	// sending plus EndSlack), so a backend that started a statement after
-	// quiet is ended only while it still runs that very text (sent; ""
+	// Quiet is ended only while it still runs that very text (Sent; ""
 	// never matches).
 	InFlight  bool
 	SentQuiet time.Time

@@ -9,10 +9,13 @@
 // copied out of the driver's buffers and kept as driver.Rows of its own
 // ([ReadRow], [Row]), or made up by lockhooks ([OneValue]); and the
 // legacy driver.Execer and driver.Queryer given their context forms
-// ([LegacyExecer], [LegacyQueryer], [Unnamed], [Named]). What a statement
+// ([LegacyExecer], [LegacyQueryer], [Unnamed], [Named]); and a database's
+// one connection outside its pool for lookups, opened when first needed
+// and used by one caller at a time ([Side]). What a statement
 // means is the caller's: nothing here knows SQL or a driver by name.
 //
-// State: none.
+// State: a database's side connection ([Side]: the connection, whose turn
+// its users wait for); nothing else.
 //
 // Imports: nothing of lockhooks' own; database/sql/driver only.
 package rawconn
