@@ -276,8 +276,9 @@ func (ww *Watch[W, K]) ListBounded(n int, each func(keys []K)) ([]View[W, K], in
 }
 
 // run is the watcher: it sleeps until a wait is added, then until the
-// oldest unreported wait reaches the threshold, and reports the waits
-// that did.
+// next wait is due (the oldest unreported one reaches the threshold, or
+// one reaches the time of its lookup before its deadline) or another is
+// added, and reports and looks up the waits that are due.
 func (ww *Watch[W, K]) run() {
 	defer close(ww.done)
 	timer := time.NewTimer(time.Hour)
@@ -337,6 +338,10 @@ func (ww *Watch[W, K]) run() {
 				timer.Stop()
 				return
 			case <-timer.C:
+			case <-ww.wake:
+				// A wait added meanwhile may be due sooner (a lookup before
+				// a nearer deadline): look again.
+				timer.Stop()
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package waits
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -174,13 +175,19 @@ func TestCloseCancelsAHangingLookup(t *testing.T) {
 	defer cancel()
 	var w wait
 	start(ctx, ww, &w, "advisory")
-	// (the wait's lookup is due a second before its deadline, an hour
-	// away: a second wait whose deadline is near makes one hang now)
+	runtime.Gosched() // (let the watcher go to sleep until the first wait's lookup, an hour away)
+	// A second wait whose deadline is near is looked up first: the
+	// watcher wakes for it (it did not, once: a wait added while the
+	// watcher slept until a later one was due was looked up only then).
 	soon, cancelSoon := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancelSoon()
 	var h wait
 	start(soon, ww, &h, "advisory")
-	<-hanging
+	select {
+	case <-hanging:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait with the nearer deadline was not looked up within 10s (its lookup was due after 75ms)")
+	}
 	closed := make(chan struct{})
 	go func() { ww.Close(); close(closed) }()
 	select {
