@@ -36,7 +36,7 @@ var importRules = map[string]packageRule{
 
 	// The core packages over others of the core.
 	"internal/sqlitelock": {core: true, pure: true, may: []string{"internal/callsite"}},
-	"internal/pgsession":  {core: true, may: []string{"internal/advisorykey", "internal/callsite"}},
+	"internal/pgsession":  {core: true, may: []string{"internal/advisorykey", "internal/callsite", "internal/pgdriver", "internal/rawconn"}},
 	"internal/retry":      {core: true, pure: true, may: []string{"internal/dberr"}},
 	"internal/debugpage":  {core: true, pure: true, may: []string{"internal/holders", "internal/advisorykey", "internal/callsite"}},
 	"internal/telemetry":  {core: true, pure: true, may: []string{"internal/holders", "internal/dberr"}},

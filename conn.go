@@ -100,10 +100,9 @@ type conn struct {
 	// pin is the connection's session advisory locks (Postgres).
 	pin pinState
 
-	// hold keeps the session locks in transaction-pooler mode; holderPID
-	// is its backend while its transaction is open (0 otherwise).
-	hold      *holderConn
-	holderPID atomic.Int32
+	// hold keeps the session locks in transaction-pooler mode
+	// (pg_pooler.go); its PID is read by other goroutines.
+	hold pgsession.Holder
 
 	// order is the lock-order checker's state for the connection.
 	order connOrder

@@ -31,7 +31,7 @@ func (c *connector) collectHeld(hc *debugpage.Collector, conns []*conn, waited m
 				state = "parked"
 			}
 			pid := oc.lockPID()
-			if oc.holderPID.Load() != 0 {
+			if oc.hold.PID() != 0 {
 				state += ", pooler holder"
 			}
 			for k, l := range oc.pin.Held {

@@ -161,7 +161,7 @@ func (c *connector) index() connIndex {
 		if p := oc.pid.Load(); p != 0 {
 			x.byPID[p] = oc
 		}
-		if p := oc.holderPID.Load(); p != 0 {
+		if p := oc.hold.PID(); p != 0 {
 			x.byHolder[p] = oc
 		}
 	}

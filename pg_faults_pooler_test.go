@@ -105,7 +105,7 @@ func TestPoolerLostHolderStopsTheNextStatement(t *testing.T) {
 	if _, err := tx.ExecContext(ctx, "INSERT INTO work VALUES (2)"); err != nil {
 		t.Fatal(err)
 	}
-	holder := l.c.holderPID.Load()
+	holder := l.c.hold.PID()
 	terminate(t, e.raw, holder)
 	waitFor(t, 20*time.Second, "the holder's backend to exit", func() bool { return !backendAlive(t, e.raw, holder) })
 	if err := tx.Commit(); !errors.Is(err, ErrLockLost) {

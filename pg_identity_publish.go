@@ -332,10 +332,10 @@ func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall,
 // transaction and begins with the annotation, so that the holder's last
 // statement names it: the oldest lock it holds, or the one being taken
 // (where ctx says, now).
-func (c *conn) releaseLockSavepoint(ctx context.Context, h *holderConn) error {
+func (c *conn) releaseLockSavepoint(ctx context.Context, h driver.Conn) error {
 	const release = "RELEASE SAVEPOINT lockhooks_lock"
 	if !c.connector.own.OK() {
-		return rawconn.Exec(ctx, h.inner, release)
+		return rawconn.Exec(ctx, h, release)
 	}
 	c.pin.Lock()
 	id := c.holderIdentityLocked()
@@ -349,5 +349,5 @@ func (c *conn) releaseLockSavepoint(ctx context.Context, h *holderConn) error {
 	if c.pub.on {
 		q += "; SELECT " + identity.SetAppName(id.AppName(), true, 0)
 	}
-	return rawconn.ExecSimple(ctx, h.inner, q)
+	return rawconn.ExecSimple(ctx, h, q)
 }

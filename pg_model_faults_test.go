@@ -203,5 +203,5 @@ func (m *model) state(w *conn) string {
 	w.pin.Lock()
 	defer w.pin.Unlock()
 	return fmt.Sprintf("registered %v, monitor running %v, busy %d, gen %d, held %d, lost %v, pid %d, holder pid %d",
-		registered, monitor, w.pin.Busy, w.pin.Gen, len(w.pin.Held), w.pin.Lost, w.pid.Load(), w.holderPID.Load())
+		registered, monitor, w.pin.Busy, w.pin.Gen, len(w.pin.Held), w.pin.Lost, w.pid.Load(), w.hold.PID())
 }

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
@@ -56,20 +55,10 @@ func WithTransactionPooler() Option {
 	return func(o *options) { o.txPooler = true }
 }
 
-// holderConn keeps a connection's session locks in transaction-pooler mode:
-// an inner connection of its own, inside a transaction while it holds
-// anything.
-type holderConn struct {
-	inner driver.Conn
-	inTx  bool
-	// incarnation is the backend's while inTx (see pgsession.IncarnationExpr).
-	incarnation string
-}
-
 // lockPID returns the backend pid whose pg_locks rows are this
 // connection's session locks: its holder's in transaction-pooler mode.
 func (c *conn) lockPID() int32 {
-	if pid := c.holderPID.Load(); pid != 0 {
+	if pid := c.hold.PID(); pid != 0 {
 		return pid
 	}
 	return c.pid.Load()
@@ -80,7 +69,7 @@ func (c *conn) lockPID() int32 {
 // holder connection's (0: none known).
 func (c *conn) shownPID() int32 {
 	if c.connector.opts.txPooler {
-		return c.holderPID.Load()
+		return c.hold.PID()
 	}
 	return c.pid.Load()
 }
@@ -167,10 +156,10 @@ func (c *conn) runOnHolder(ctx context.Context, query string, args []driver.Name
 	if err != nil {
 		return nil, err
 	}
-	if err := rawconn.Exec(ctx, h.inner, "SAVEPOINT lockhooks_lock"); err != nil {
+	if err := rawconn.Exec(ctx, h, "SAVEPOINT lockhooks_lock"); err != nil {
 		return nil, c.holderFailed(err)
 	}
-	rows, err := rawconn.Query(ctx, h.inner, query, args)
+	rows, err := rawconn.Query(ctx, h, query, args)
 	var answer *rawconn.Row
 	if err == nil {
 		answer, err = rawconn.ReadRow(rows)
@@ -179,7 +168,7 @@ func (c *conn) runOnHolder(ctx context.Context, query string, args []driver.Name
 		if !isServerError(err) {
 			return nil, c.holderFailed(err)
 		}
-		if rerr := rawconn.Exec(ctx, h.inner, "ROLLBACK TO SAVEPOINT lockhooks_lock"); rerr != nil {
+		if rerr := rawconn.Exec(ctx, h, "ROLLBACK TO SAVEPOINT lockhooks_lock"); rerr != nil {
 			return nil, c.holderFailed(rerr)
 		}
 		return nil, err
@@ -233,72 +222,32 @@ func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query str
 	}
 }
 
-// holder returns c's holder, opening it and its transaction if needed.
-func (c *conn) holder(ctx context.Context) (*holderConn, error) {
-	h := c.hold
-	if h == nil {
+// holder returns the connection of c's holder, opening it and its
+// transaction if needed.
+func (c *conn) holder(ctx context.Context) (driver.Conn, error) {
+	h := &c.hold
+	if h.Conn() == nil {
 		inner, err := c.connector.inner.Connect(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("lockhooks: opening the connection that holds session locks through the transaction pooler: %w", err)
 		}
-		h = &holderConn{inner: inner}
-		c.hold = h
+		h.Open(inner)
 	}
-	if !h.inTx {
-		pid, incarnation, err := c.beginHolder(ctx, h)
-		if err != nil {
+	if !h.InTx() {
+		// (TestPoolerHolderBackend checks the pid Begin reads against the
+		// backend that holds the locks; a wrong one would also fail every
+		// readHolderLocks: "its holder answered from backend pid …")
+		if err := h.Begin(ctx, c.connector.own.Of(h.Conn())); err != nil {
 			return nil, c.holderFailed(err)
 		}
-		h.inTx, h.incarnation = true, incarnation
-		c.holderPID.Store(pid)
 	}
-	return h, nil
-}
-
-// beginHolder begins the holder's transaction and reads its backend pid.
-// Where the driver runs a text of several statements in one
-// simple-protocol message (pgdriver.Statements), both go in one round trip,
-// "SELECT pg_backend_pid(); BEGIN": the query runs in the implicit
-// transaction that BEGIN turns into the block, so on the block's backend
-// (one Query message is one transaction to a pooler, which then keeps the
-// server connection linked while the block is open, as it would after a
-// BEGIN of its own); pgx returns the first statement's row, lib/pq the
-// first that has one. TestPoolerHolderBackend checks the pid against the
-// backend that holds the locks (a wrong one would also fail every
-// readHolderLocks: "its holder answered from backend pid …").
-func (c *conn) beginHolder(ctx context.Context, h *holderConn) (pid int32, incarnation string, err error) {
-	own := c.connector.own.Of(h.inner)
-	const read = "SELECT pg_backend_pid(), " + pgsession.IncarnationExpr
-	query, args := read+"; BEGIN", own.Args
-	if !own.OK() {
-		if err := rawconn.Exec(ctx, h.inner, "BEGIN"); err != nil {
-			return 0, "", err
-		}
-		query, args = read, nil
-	}
-	rows, err := rawconn.Query(ctx, h.inner, query, args)
-	var row *rawconn.Row
-	if err == nil {
-		row, err = rawconn.ReadRow(rows)
-	}
-	if err == nil && len(row.Values()) != 2 {
-		err = fmt.Errorf("lockhooks: reading the holder's backend pid: %d columns, want 2", len(row.Values()))
-	}
-	if err != nil {
-		return 0, "", err
-	}
-	return int32(pgdriver.AsInt64(row.Values()[0])), pgsession.ReadIncarnation(pgdriver.AsString(row.Values()[1])), nil
+	return h.Conn(), nil
 }
 
 // holderFailed drops a holder whose statement failed outside the server's
 // control: its transaction, and the locks it kept, are gone.
 func (c *conn) holderFailed(err error) error {
-	pid := c.holderPID.Load()
-	if h := c.hold; h != nil {
-		h.inner.Close()
-		c.hold = nil
-	}
-	c.holderPID.Store(0)
+	pid := c.hold.Drop()
 	// Whatever its backend still holds or awaits stays there until the
 	// pooler drops it: a backend behind a pooler is never ended (see the
 	// rule in pg_loss.go), since the pooler may have given it to another
@@ -316,8 +265,7 @@ func (c *conn) holderFailed(err error) error {
 // per such statement while the connection holds session locks, and
 // nothing otherwise.
 func (c *conn) checkHolder(ctx context.Context) error {
-	h := c.hold
-	if h == nil || !h.inTx || c.holderPID.Load() == 0 {
+	if !c.hold.InTx() || c.hold.PID() == 0 {
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -328,13 +276,7 @@ func (c *conn) checkHolder(ctx context.Context) error {
 	// holder, and every lock on it would be lost.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
 	defer cancel()
-	var err error
-	if p, ok := h.inner.(driver.Pinger); ok {
-		err = p.Ping(ctx)
-	} else {
-		err = rawconn.Exec(ctx, h.inner, "SELECT 1")
-	}
-	if err != nil {
+	if err := c.hold.Ping(ctx); err != nil {
 		return c.holderFailed(fmt.Errorf("its holder did not answer a ping: %w", err))
 	}
 	return nil
@@ -354,7 +296,7 @@ func (c *conn) releaseHolder(ctx context.Context) {
 // closeHolder closes c's holder, releasing what it holds (c is being
 // closed).
 func (c *conn) closeHolder() {
-	if c.hold == nil {
+	if c.hold.Conn() == nil {
 		return
 	}
 	limit := c.connector.opts.lockCheckTimeout
@@ -369,38 +311,22 @@ func (c *conn) closeHolder() {
 	default:
 	}
 	c.endHolderTxWithin(limit)
-	if h := c.hold; h != nil {
-		h.inner.Close()
-		c.hold = nil
-	}
+	c.hold.Close()
 }
 
 // closeHolderLimit bounds the clean end of a holder's transaction during
 // db.Close.
 const closeHolderLimit = 250 * time.Millisecond
 
-// endHolderTxWithin ends the holder's transaction, within limit. Session
-// locks survive COMMIT, so it unlocks everything first; if that fails, the
-// holder is closed (the pooler drops a server connection whose client left
-// mid-transaction).
+// endHolderTxWithin ends the holder's transaction, within limit
+// (pgsession.Holder.EndTx: its locks released, or the holder closed).
 func (c *conn) endHolderTxWithin(limit time.Duration) {
-	h := c.hold
-	if h == nil || !h.inTx {
+	if !c.hold.InTx() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	err := rawconn.Exec(ctx, h.inner, "SELECT pg_advisory_unlock_all()")
-	if err == nil {
-		err = rawconn.Exec(ctx, h.inner, "COMMIT")
-	}
-	if err != nil {
-		h.inner.Close()
-		c.hold = nil
-	} else {
-		h.inTx = false
-	}
-	c.holderPID.Store(0)
+	c.hold.EndTx(ctx)
 }
 
 // poolerDetected is the error for a connection found on a backend other

@@ -20,18 +20,13 @@ import (
 // Reading the truth: pg_locks for one connection's backend, and making
 // the tracking equal to it.
 
-// reconcile makes the tracking equal to pg_locks for this backend. Keys the
-// server no longer shows are forgotten; keys it shows that the connection
-// did not know are learnt (pending[k] times for a try-lock of this
-// statement whose outcome the text could not tell, negative for
-// transaction-level ones; once otherwise). Counts the server cannot show
-// are never lowered: after a statement whose effect the text did not show
-// (uncertain), keys held before and after are marked approximate, and so
-// are keys learnt without a count (every statement on an approximate key
-// is followed by a read, since its count may be off). Inside a
-// transaction, keys the transaction took as transaction-level locks are not
-// session locks, and the connection is read again once the transaction
-// ends. The caller settles c afterwards; the error is the read's.
+// reconcile reads pg_locks for this backend and makes the tracking equal
+// to it (pgsession.State.ReconcileLocked: keys gone are forgotten, keys
+// unknown learnt, pending[k] times for a try-lock of this statement whose
+// outcome the text could not tell, negative for transaction-level ones;
+// uncertain marks the counts approximate). A failed read is recorded
+// (pgsession.State.ReadFailedLocked) and logged outside a transaction.
+// The caller settles c afterwards; the error is the read's.
 func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]int, uncertain bool) error {
 	ctx, cancel := context.WithTimeout(ctx, c.connector.opts.lockCheckTimeout)
 	defer cancel()
@@ -39,11 +34,7 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 	server, err := c.readAdvisoryLocks(ctx)
 	if err != nil {
 		c.pin.Lock()
-		if dberr.SQLState(err) == "25P01" {
-			c.pin.TextTx = false // the block lockhooks believed open is not
-		} else if inTx {
-			c.pin.Recheck = true // an aborted transaction: read once it ends
-		}
+		c.pin.ReadFailedLocked(dberr.SQLState(err) == "25P01", inTx)
 		c.updateActiveLocked()
 		c.pin.Unlock()
 		if !inTx {
@@ -53,47 +44,7 @@ func (c *conn) reconcile(ctx context.Context, site string, pending map[lockKey]i
 	}
 	now := time.Now()
 	c.pin.Lock()
-	for k, l := range c.pin.Held {
-		if !server.has(k) {
-			delete(c.pin.Held, k)
-			c.sessionLockFreed(l.Since)
-		}
-	}
-	for k := range c.pin.Xact {
-		if !server.has(k) {
-			delete(c.pin.Xact, k) // released by ROLLBACK TO SAVEPOINT
-		}
-	}
-	for _, k := range server {
-		n := pending[k]
-		switch {
-		case n < 0:
-			if c.pin.Xact == nil {
-				c.pin.Xact = make(map[lockKey]int)
-			}
-			c.pin.Xact[k] -= n
-		case c.pin.Held[k] != nil:
-			if uncertain {
-				c.pin.Held[k].Approx = true
-			}
-		case inTx && c.pin.Xact[k] > 0:
-			// the transaction's own lock (a session lock on the same key
-			// taken by a statement lockhooks cannot read is found at the end)
-		default:
-			if c.pin.Held == nil {
-				c.pin.Held = make(map[lockKey]*heldLock)
-			}
-			// A key it did not know: taken by this statement's try-lock
-			// (pending: that many times), or where no text showed how
-			// often (pg_locks shows no counts), so the count may be off.
-			c.pin.Held[k] = &heldLock{Count: max(n, 1), Since: now, Site: site, Approx: uncertain || n == 0}
-		}
-	}
-	if inTx {
-		c.pin.Recheck = true
-	}
-	c.pin.Unverified = false
-	c.pin.Gen++
+	c.pin.ReconcileLocked(server, pending, uncertain, inTx, site, now, c.sessionLockFreed)
 	c.updateActiveLocked()
 	c.pin.Unlock()
 	return nil
@@ -158,13 +109,13 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (lockSet, error) {
 // with a bounded context of its own (a cancellation in the middle would
 // make the driver close the holder).
 func (c *conn) readHolderLocks(ctx context.Context) (lockSet, error) {
-	pid := c.holderPID.Load()
-	if c.hold == nil || pid == 0 {
+	pid := c.hold.PID()
+	if c.hold.Conn() == nil || pid == 0 {
 		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
 	defer cancel()
-	held, ranOn, _, err := queryLocksOn(ctx, c.hold.inner, pid, "")
+	held, ranOn, _, err := queryLocksOn(ctx, c.hold.Conn(), pid, "")
 	if err == nil && ranOn != pid {
 		err = fmt.Errorf("its holder answered from backend pid %d, not its own %d", ranOn, pid)
 	}

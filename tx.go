@@ -129,7 +129,7 @@ func (t *tx) Commit() (err error) {
 		hook()
 	}
 	defer t.end() // even if the driver panics: the writer lock must not stay held
-	if t.c.hold != nil {
+	if t.c.hold.Conn() != nil {
 		// Through a transaction pooler the work commits on another server
 		// connection than the one keeping its session locks: not after
 		// the lock is lost.

@@ -18,7 +18,10 @@
 //     ending the backend of a holder it gave up on so that the key is
 //     truly free ([EndQueue], [EndBackend]), and the round trips of a
 //     connection that tell when its backend last ran a statement of
-//     lockhooks' ([RoundTrips]: the quiet time an end request carries).
+//     lockhooks' ([RoundTrips]: the quiet time an end request carries);
+//   - the holder that keeps a connection's session locks through a
+//     transaction-mode pooler, a server connection of its own inside a
+//     transaction ([Holder]: opened, begun, pinged, ended).
 //
 // The rule for ending a backend: lockhooks ends one only where it can
 // prove that no other client can have used it since lockhooks last did.
@@ -44,10 +47,13 @@
 // taken under it: the turn table's and the telemetry of a freed hold);
 // the queue of end requests of one database ([EndQueue]; its mutex is a
 // leaf: taken under any other lock, none taken under it); one connection's
-// last round trips ([RoundTrips]: atomics, and a leaf mutex).
+// last round trips ([RoundTrips]: atomics, and a leaf mutex); one
+// connection's pooler holder ([Holder]: used by one goroutine at a time,
+// its backend pid in an atomic).
 //
 // Imports: internal/advisorykey (the keys), internal/callsite (where a
-// transaction took its first transaction-level lock); database/sql/driver
-// for the values of its own statements; OpenTelemetry's trace package for
-// the span a lock was taken in.
+// transaction took its first transaction-level lock), internal/rawconn
+// and internal/pgdriver (the holder's own statements, and what the driver
+// allows them); database/sql/driver for the values of its own statements;
+// OpenTelemetry's trace package for the span a lock was taken in.
 package pgsession
