@@ -4,11 +4,10 @@ import (
 	"context"
 	"database/sql/driver"
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
@@ -34,14 +33,6 @@ type DeadlockSide struct {
 	BlockedBy int32         // the backend that held it
 	Held      []string      // what it held that another side waited for, then the locks lockhooks saw it take
 }
-
-var (
-	relationRE = regexp.MustCompile(`^relation (\d+) of database \d+$`)
-	tupleRE    = regexp.MustCompile(`^tuple \((\d+,\d+)\) of relation (\d+) of database \d+$`)
-	advisoryRE = regexp.MustCompile(`^advisory lock \[\d+,(\d+),(\d+),([12])\]$`)
-	txRE       = regexp.MustCompile(`^transaction (\d+)$`)
-	whereRowRE = regexp.MustCompile(`while (\w+) tuple \((\d+,\d+)\) in relation "([^"]+)"`)
-)
 
 // readDeadlockFacts reads, on the side connection (side_conn.go), the
 // backends of the cycle and the relations the DETAIL names by oid.
@@ -71,17 +62,17 @@ func (c *connector) readDeadlockFacts(edges []pgserver.DeadlockEdge, detail stri
 func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 	edges := pgserver.ParseDeadlockDetail(de.Detail)
 	if len(edges) == 0 {
-		de.Advice = deadlockAdvice(de, where, nil)
+		de.Advice = pgserver.DeadlockAdvice(de.Held, nil, where, nil)
 		return
 	}
 	facts := c.connector.readDeadlockFacts(edges, de.Detail)
 	self := c.pid.Load()
 	held := map[int32][]string{}
 	for _, e := range edges {
-		held[e.By] = append(held[e.By], c.describeLockTarget(e, facts, true))
+		held[e.By] = append(held[e.By], pgserver.DescribeTarget(e, facts, true, describeAdvisoryKey))
 	}
 	for _, e := range edges {
-		s := DeadlockSide{PID: e.PID, BlockedBy: e.By, WaitedFor: c.describeLockTarget(e, facts, false), Held: held[e.PID], This: e.PID == self}
+		s := DeadlockSide{PID: e.PID, BlockedBy: e.By, WaitedFor: pgserver.DescribeTarget(e, facts, false, describeAdvisoryKey), Held: held[e.PID], This: e.PID == self}
 		b, known := facts.Backends[e.PID]
 		if known {
 			s.Statement = b.Statement
@@ -98,8 +89,8 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 		switch {
 		case s.This:
 			h = c.asHolder(nil)
-			if m := whereRowRE.FindStringSubmatch(where); m != nil && txRE.MatchString(e.Target) {
-				s.WaitedFor = fmt.Sprintf("row (%s) of %s (%s it), which backend %d's transaction locked or changed (%s on %s)", m[2], m[3], m[1], e.By, e.Mode, e.Target)
+			if row, ok := pgserver.DescribeRowWait(e, where); ok {
+				s.WaitedFor = row
 			}
 			if len(de.Waiting) > 0 {
 				s.WaitedFor = strings.Join(de.Waiting, ", ") + ": " + s.WaitedFor
@@ -130,75 +121,15 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 	if facts.Err != nil {
 		de.Note = "reading pg_stat_activity for the other side failed: " + facts.Err.Error()
 	}
-	de.Advice = deadlockAdvice(de, where, edges)
+	var others []string
+	for _, side := range de.Sides {
+		if !side.This {
+			others = append(others, side.Statement)
+		}
+	}
+	de.Advice = pgserver.DeadlockAdvice(de.Held, others, where, edges)
 }
 
-// describeLockTarget names the lock an edge waits for, as its waiter
-// waits for it, or (held) as its holder holds it.
-func (c *conn) describeLockTarget(e pgserver.DeadlockEdge, f pgserver.DeadlockFacts, held bool) string {
-	t := e.Target
-	rel := func(oid string) string {
-		if name := f.Relations[oid]; name != "" {
-			return name
-		}
-		return "relation " + oid
-	}
-	switch {
-	case txRE.MatchString(t) && held:
-		return fmt.Sprintf("rows its transaction locked or changed (%s)", t)
-	case txRE.MatchString(t):
-		return fmt.Sprintf("a row backend %d's transaction locked or changed (%s on %s)", e.By, e.Mode, t)
-	case tupleRE.MatchString(t):
-		m := tupleRE.FindStringSubmatch(t)
-		return fmt.Sprintf("row (%s) of %s (%s)", m[1], rel(m[2]), e.Mode)
-	case relationRE.MatchString(t):
-		return fmt.Sprintf("table %s (%s)", rel(relationRE.FindStringSubmatch(t)[1]), e.Mode)
-	case advisoryRE.MatchString(t):
-		m := advisoryRE.FindStringSubmatch(t)
-		hi, _ := strconv.ParseInt(m[1], 10, 64)
-		lo, _ := strconv.ParseInt(m[2], 10, 64)
-		k := lockKey{K1: hi<<32 | lo}
-		if m[3] == "2" {
-			k = lockKey{Pair: true, K1: hi, K2: lo}
-		}
-		k.Shared = e.Mode == "ShareLock"
-		return "advisory key " + k.String() // with its name, where lockhooks knows one
-	}
-	return e.Mode + " on " + t
-}
-
-// deadlockAdvice says what to change for the deadlock's pattern.
-func deadlockAdvice(de *DeadlockError, where string, edges []pgserver.DeadlockEdge) string {
-	const retry = "retry the transaction (lockhooks.RunInTx does)"
-	keptForUpdate := false
-	for _, h := range de.Held {
-		keptForUpdate = keptForUpdate || strings.HasSuffix(h, "(FOR UPDATE)")
-	}
-	otherWrites := false
-	for _, s := range de.Sides {
-		if !s.This {
-			w := strings.ToUpper(strings.TrimSpace(s.Statement))
-			otherWrites = otherWrites || strings.HasPrefix(w, "INSERT") || strings.HasPrefix(w, "UPDATE")
-		}
-	}
-	advisory, rows, tables := false, false, false
-	for _, e := range edges {
-		switch {
-		case strings.HasPrefix(e.Target, "advisory"):
-			advisory = true
-		case strings.HasPrefix(e.Target, "relation"):
-			tables = true
-		default:
-			rows = true
-		}
-	}
-	switch {
-	case strings.Contains(where, "FOR KEY SHARE OF"), keptForUpdate && otherWrites && rows:
-		return "a foreign-key check (FOR KEY SHARE on the parent row, taken by INSERT or UPDATE of a child row) met a parent row locked FOR UPDATE: lock parent rows FOR NO KEY UPDATE, which foreign-key checks pass (lockhooks' rewrite, on by default: drop lockhooks.KeepForUpdate, the keep-for-update comment or WithKeyShareRewrite(false) for this statement), unless the row is deleted or its key changed; " + retry
-	case advisory && !rows && !tables:
-		return "two transactions took advisory keys in opposite orders: take them in one order everywhere (lockhooks.Lock sorts its ids; lockhooks.WithLockOrderCheck finds where the order differs); " + retry
-	case rows && !tables:
-		return "two transactions locked the same rows in opposite orders: lock rows in one order everywhere (ORDER BY the key in SELECT … FOR UPDATE, sort the ids before updating, or lockhooks.Lock them first); lockhooks.WithLockOrderCheck finds where the order differs; " + retry
-	}
-	return "take these locks in one order everywhere (lockhooks.WithLockOrderCheck finds where they are not); " + retry
-}
+// describeAdvisoryKey formats a key of a deadlock's DETAIL as lockhooks
+// shows keys (with its name, where lockhooks knows one).
+func describeAdvisoryKey(k advisorykey.Key) string { return lockKey(k).String() }

@@ -10,7 +10,9 @@
 // ([BackendLocksQuery], [ReadBackendLocks]); and, after a deadlock, its cycle
 // as the error's DETAIL tells it and what pg_stat_activity still shows of
 // its backends ([ParseDeadlockDetail], [DeadlockFactsQuery],
-// [ReadDeadlockFacts]). Each read is one statement; its rows become values
+// [ReadDeadlockFacts]), in a reader's words: the lock each side waited for
+// or held, and advice that fits the pattern ([DescribeTarget],
+// [DescribeRowWait], [DeadlockAdvice]). Each read is one statement; its rows become values
 // (of the model of holders where they name a backend: [holders.Blocker]).
 //
 // It owns no state and runs nothing itself: the caller chooses the
