@@ -122,7 +122,7 @@ type conn struct {
 
 	// selfRun is RunInTx's fn whose transaction the connection runs, if
 	// any, read by other connections' waiters (selfwait.go).
-	selfRun atomic.Pointer[fnRun]
+	selfRun atomic.Pointer[callsite.Run]
 
 	// advisory is the AdvisoryLock held on this connection, if any: a loss
 	// frees its in-process turn at once.

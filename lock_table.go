@@ -17,15 +17,15 @@ import (
 // waiters; its span, for their links; and the hint a waiter whose wait is
 // likely a self-wait is given, which depends on what the taker is.
 type lockTaker struct {
-	chain callChain
+	chain callsite.Chain
 	span  trace.SpanContext
 	hint  string // selfWaitHintTx, selfWaitHintLock or selfWaitHintStmt
 }
 
 // SelfWait classifies a wait with ctx for what the taker holds (see
-// callChain.selfWait).
+// callsite.Chain.SelfWait).
 func (t lockTaker) SelfWait(ctx context.Context) (certain bool, hint string) {
-	certain, likely := t.chain.selfWait(ctx)
+	certain, likely := t.chain.SelfWait(ctx)
 	if certain || !likely {
 		return certain, ""
 	}
@@ -36,7 +36,7 @@ func (t lockTaker) SelfWait(ctx context.Context) (certain bool, hint string) {
 // RunInTx's fn whose transaction owner is, or nil): a likely self-wait
 // for what it holds is one on a transaction's lock if owner is a
 // transaction, else on a lock.
-func takerOf(ctx context.Context, owner any, run *fnRun) lockTaker {
+func takerOf(ctx context.Context, owner any, run *callsite.Run) lockTaker {
 	t := lockTaker{chain: chainOf(ctx, run), span: trace.SpanContextFromContext(ctx), hint: selfWaitHintLock}
 	if _, tx := owner.(txOwner); tx {
 		t.hint = selfWaitHintTx
@@ -68,10 +68,10 @@ func holderInfoOf(h *sqlitelock.Holder[lockTaker]) holderInfo {
 // or nil), waiting while another owner holds it, until ctx ends (then it
 // returns a *sqlitelock.WaitError wrapping ctx.Err() and holds nothing
 // new). A wait for a holder certainly of the caller's own call chain (see
-// callChain.selfWait) is refused at once with a *sqlitelock.WaitError
+// callsite.Chain.SelfWait) is refused at once with a *sqlitelock.WaitError
 // (explainTableWait makes either the caller's error); a likely
 // one waits, with the hint noted on wait (may be nil) and in the error.
-func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, run *fnRun, site *callsite.Stack, wait *lockWait) error {
+func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, run *callsite.Run, site *callsite.Stack, wait *lockWait) error {
 	tk, err := t.core.Take(ctx, key, owner, takerOf(ctx, owner, run), site)
 	if tk == nil {
 		return err
@@ -83,7 +83,7 @@ func (t *lockTable[K]) lock(ctx context.Context, key K, owner any, run *fnRun, s
 // tryLock takes key for owner (of run, as lock) if nobody else holds it;
 // ctx is the caller's (its span for the links of later waiters, itself
 // for their self-wait check).
-func (t *lockTable[K]) tryLock(ctx context.Context, key K, owner any, run *fnRun, site *callsite.Stack) bool {
+func (t *lockTable[K]) tryLock(ctx context.Context, key K, owner any, run *callsite.Run, site *callsite.Stack) bool {
 	return t.core.TryTake(key, owner, takerOf(ctx, owner, run), site)
 }
 

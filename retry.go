@@ -176,7 +176,7 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 			o(cfg)
 		}
 	}
-	r.run.g = callsite.CurrentGoroutine()
+	r.run.Here()
 	r.mark = runInTxContext{Context: ctx, run: &r.run} // see retry_commit.go
 	if r.postgres && cfg.CommitCheck {
 		r.mark.info = &r.info
@@ -238,15 +238,15 @@ type runner struct {
 	cfg      retryConfig
 	postgres bool
 	info     retry.CommitInfo // the current attempt's transaction (Postgres, commit check on)
-	run      fnRun            // fn, as its transactions record it (self-waits, selfwait.go)
+	run      callsite.Run     // fn, as its transactions record it (self-waits, selfwait.go)
 	mark     runInTxContext   // the context its transactions begin with
 }
 
 // callFn runs fn, marked as running on this goroutine while it does (also
 // if it panics).
 func (r *runner) callFn(tx *sql.Tx) error {
-	r.run.running.Store(true)
-	defer r.run.running.Store(false)
+	r.run.SetRunning(true)
+	defer r.run.SetRunning(false)
 	return r.fn(tx)
 }
 

@@ -3,6 +3,7 @@ package lockhooks
 import (
 	"context"
 
+	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/retry"
 )
 
@@ -23,7 +24,7 @@ import (
 type runInTxContext struct {
 	context.Context
 	info *retry.CommitInfo
-	run  *fnRun
+	run  *callsite.Run
 }
 
 // Value returns the *retry.CommitInfo for retry.InfoKey.

@@ -56,57 +56,22 @@ import (
 // cheaply, every wait waits.)
 var ErrSelfWait = errors.New("lockhooks: a statement would wait for a lock its own call chain's transaction holds")
 
-// fnRun is one RunInTx call's fn, as its transactions record it: running
-// is true only while fn runs, on goroutine g. While fn runs its goroutine
-// is alive (so g names no other goroutine), and a wait on g is a call
-// inside fn, which fn's transaction cannot outlast.
-type fnRun struct {
-	g       uintptr
-	running atomic.Bool
-}
-
-// onThisStack reports whether fn is running on the current goroutine.
-func (r *fnRun) onThisStack() bool {
-	return r != nil && r.g != 0 && r.running.Load() && r.g == callsite.CurrentGoroutine()
-}
-
 // runOf returns the fn of RunInTx whose BeginTx context ctx is, or nil.
-func runOf(ctx context.Context) *fnRun {
+func runOf(ctx context.Context) *callsite.Run {
 	if rc, ok := ctx.(*runInTxContext); ok {
 		return rc.run
 	}
 	return nil
 }
 
-// callChain is who holds a lock, for the self-wait checks of its waiters:
-// the context and goroutine it took the lock (or began its transaction)
-// with, and the fn of RunInTx whose transaction holds it (nil: none).
-type callChain struct {
-	ctx context.Context
-	g   uintptr
-	run *fnRun
-}
-
 // chainOf is the current goroutine's call chain, with ctx, for a hold of
 // run's transaction (run may be nil). RunInTx's BeginTx context counts as
 // the caller's, which fn's statements run with.
-func chainOf(ctx context.Context, run *fnRun) callChain {
+func chainOf(ctx context.Context, run *callsite.Run) callsite.Chain {
 	if rc, ok := ctx.(*runInTxContext); ok {
 		ctx = rc.Context
 	}
-	return callChain{ctx: ctx, g: callsite.CurrentGoroutine(), run: run}
-}
-
-// selfWait classifies a wait with ctx for what h holds: certain when h's
-// transaction is RunInTx's and its fn runs on this goroutine; likely when
-// h took it on this goroutine with this very context (it may have been
-// handed to another goroutine since, or the goroutine's descriptor reused:
-// a hint, never a failure).
-func (h callChain) selfWait(ctx context.Context) (certain, likely bool) {
-	if h.run.onThisStack() {
-		return true, true
-	}
-	return false, sameCallChain(ctx, h.ctx, h.g)
+	return callsite.ChainOf(ctx, run)
 }
 
 // Hints of a likely self-wait, by what holds the lock.
@@ -115,32 +80,6 @@ const (
 	selfWaitHintLock = "held by a lock this goroutine took with this context: likely a self-wait, unless another goroutine releases it; release it first"
 	selfWaitHintStmt = "held by a statement this goroutine runs with this context: likely a self-wait if its rows are still open; close them first"
 )
-
-// sameContext reports whether a and b are the same context value. A
-// context type that cannot be compared is never the same.
-func sameContext(a, b context.Context) (same bool) {
-	if a == nil || b == nil {
-		return false
-	}
-	defer func() {
-		if recover() != nil {
-			same = false // an uncomparable value inside a comparable-looking context
-		}
-	}()
-	return a == b
-}
-
-// sameCallChain reports whether work run with ctx on the current goroutine
-// looks like the call chain that took a lock (or began a transaction) with
-// holderCtx on goroutine holderG (callsite.CurrentGoroutine): the same goroutine, with the
-// same context. It is only a hint: the lock or transaction may have been
-// handed to another goroutine, the holder's goroutine may have exited and
-// its descriptor been reused, and context.Background() values all compare
-// equal.
-func sameCallChain(ctx, holderCtx context.Context, holderG uintptr) bool {
-	g := callsite.CurrentGoroutine()
-	return g != 0 && g == holderG && sameContext(ctx, holderCtx)
-}
 
 // selfWaitError is the error of a wait (by waiter) for what, which h
 // holds for the waiter's own call chain.
@@ -192,11 +131,11 @@ func selfWaitHolder(ctx context.Context, c *conn) (h *conn, certain bool) {
 		if oc == c {
 			continue
 		}
-		if oc.selfRun.Load().onThisStack() {
+		if oc.selfRun.Load().OnThisStack() {
 			return oc, true
 		}
 		if h == nil && oc.ident.g.Load() == g { // cheap: most transactions are other goroutines'
-			if _, _, _, txCtx, open := oc.ident.snapshot(); open && sameCallChain(ctx, txCtx, g) {
+			if _, _, _, txCtx, open := oc.ident.snapshot(); open && callsite.SameCallChain(ctx, txCtx, g) {
 				h = oc
 			}
 		}

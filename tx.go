@@ -63,7 +63,7 @@ type tx struct {
 	inner driver.Tx
 	opts  driver.TxOptions
 	ctx   context.Context // BeginTx's, in use until COMMIT or ROLLBACK
-	run   *fnRun          // RunInTx's fn, if RunInTx began it (selfwait.go)
+	run   *callsite.Run   // RunInTx's fn, if RunInTx began it (selfwait.go)
 	gen   uint64          // tells this connection's transactions apart, as lock owners
 
 	read   bool         // a statement ran in the transaction (its snapshot is fixed)

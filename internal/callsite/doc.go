@@ -9,7 +9,10 @@
 // except its _test.go files, which are users of lockhooks like any other).
 // Where frame pointers can be walked (amd64, arm64), [Stack.CaptureFast]
 // records the stack in a few nanoseconds a frame, and [CurrentGoroutine]
-// names the running goroutine, both in assembly.
+// names the running goroutine, both in assembly. On that identity rest the
+// self-wait checks' values: a function that runs on one goroutine while
+// its transactions are open ([Run]: RunInTx's fn) and who holds a lock
+// ([Chain]: the context, goroutine and Run it took it with).
 //
 // State: none of its own. A [Names] cache, which symbolises each return
 // address once, belongs to its caller (lockhooks keeps one per database).
