@@ -315,7 +315,6 @@ type connector struct {
 	seq      uint64                 // the database's number in the process, from 1 (identities name it: internal/identity)
 	server   atomic.Pointer[string] // Postgres: the server its connections reached (its start time, read by identifyOnConnect; nil: not known)
 	db       atomic.Pointer[sql.DB] // the database that uses it, once known (noteDB): its pool's counts tell a deadlocked pool
-	joined   bool                   // in the process's registry of databases (holders_registry.go)
 	sqlite   sqlitelock.DSN         // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
 	events   *holders.Events // recent events, for DebugHandler

@@ -282,11 +282,14 @@ func (h registryReadingHandler) Enabled(context.Context, slog.Level) bool { retu
 func (h registryReadingHandler) Handle(ctx context.Context, r slog.Record) error {
 	msg := r.Message
 	// A handler calling databases.list() would deadlock under the
-	// registry's write lock; TryRLock tells without hanging the test.
-	if !databases.mu.TryRLock() {
+	// registry's write lock; a list on another goroutine tells without
+	// hanging the test (it returns once the lock is free, if it was not).
+	listed := make(chan struct{})
+	go func() { databases.list(); close(listed) }()
+	select {
+	case <-listed:
+	case <-time.After(5 * time.Second):
 		msg = "under the registry's lock: " + msg
-	} else {
-		databases.mu.RUnlock()
 	}
 	select {
 	case h.logged <- msg:

@@ -14,13 +14,15 @@
 // identified, what the server showed), formatted once for every consumer.
 // An [Event] is
 // one thing that happened to a database's locks; [Events] keeps a
-// database's last ones for the page.
+// database's last ones for the page. [Databases] is the set of databases
+// open in a process, each numbered and named once as it joins.
 // Finding the holders (connections, pg_locks rows, the registry of
 // databases) is the root package's business, and the span attributes of a
 // holder internal/telemetry's.
 //
 // State: none but a database's [Events] (a bounded ring, written on rare
-// paths only).
+// paths only) and a process's [Databases] (the caller keeps the one
+// registry; bounded by [MaxDatabases]).
 //
 // Imports: nothing of lockhooks' own; OpenTelemetry's trace package for a
 // holder's span.
