@@ -25,8 +25,7 @@ func (r *registry) join(c *connector, defaultName string) {
 	if explicit {
 		name = c.opts.poolName
 	}
-	var clash bool
-	c.seq, c.pool, clash = r.Join(c, name, explicit)
+	clash := r.Join(c, name, explicit, func(seq uint64, pool string) { c.seq, c.pool = seq, pool })
 	if clash { // (the user's logger runs outside the registry's lock)
 		c.opts.logger.Warn("lockhooks: two open databases have the same pool name (WithPoolName); their gauges and the holders they name cannot be told apart",
 			"pool", c.pool)

@@ -31,11 +31,15 @@ type openDatabase[D comparable] struct {
 // gave it (explicit; clash reports that an open database has it too), or
 // the default name made unique among the open databases by a "#2", "#3"…
 // suffix (two *sql.DB on one DSN are two pools; their gauges must not
-// share one attribute set). It lists d unless MaxDatabases are listed.
-func (r *Databases[D]) Join(d D, name string, explicit bool) (seq uint64, pool string, clash bool) {
+// share one attribute set). named is given the number and the name before
+// d is listed, so that whoever lists d sees them set: it runs under the
+// registry's lock, and must only record them. Join lists d unless
+// MaxDatabases are listed.
+func (r *Databases[D]) Join(d D, name string, explicit bool, named func(seq uint64, pool string)) (clash bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.next++
+	pool := name
 	taken := func(name string) bool {
 		for _, o := range r.dbs {
 			if o.pool == name {
@@ -44,7 +48,6 @@ func (r *Databases[D]) Join(d D, name string, explicit bool) (seq uint64, pool s
 		}
 		return false
 	}
-	pool = name
 	if explicit {
 		clash = taken(pool)
 	} else {
@@ -52,10 +55,11 @@ func (r *Databases[D]) Join(d D, name string, explicit bool) (seq uint64, pool s
 			pool = name + "#" + strconv.Itoa(n)
 		}
 	}
+	named(r.next, pool)
 	if len(r.dbs) < MaxDatabases {
 		r.dbs = append(r.dbs, openDatabase[D]{db: d, pool: pool})
 	}
-	return r.next, pool, clash
+	return clash
 }
 
 // Leave forgets d (closed).

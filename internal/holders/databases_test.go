@@ -15,9 +15,9 @@ func TestDatabases(t *testing.T) {
 		pool  string
 		clash bool
 	}
-	join := func(d int, name string, explicit bool) joined {
-		seq, pool, clash := r.Join(d, name, explicit)
-		return joined{seq, pool, clash}
+	join := func(d int, name string, explicit bool) (j joined) {
+		j.clash = r.Join(d, name, explicit, func(seq uint64, pool string) { j.seq, j.pool = seq, pool })
+		return j
 	}
 	if got := join(1, "db:5432/app", false); got != (joined{1, "db:5432/app", false}) {
 		t.Errorf("first: %+v", got)
@@ -42,12 +42,14 @@ func TestDatabases(t *testing.T) {
 func TestDatabasesBounded(t *testing.T) {
 	var r Databases[int]
 	for i := range MaxDatabases + 3 {
-		r.Join(i, fmt.Sprint("db", i), false)
+		r.Join(i, fmt.Sprint("db", i), false, func(uint64, string) {})
 	}
 	if n := len(r.List()); n != MaxDatabases {
 		t.Errorf("%d listed, want %d", n, MaxDatabases)
 	}
-	if seq, _, _ := r.Join(-1, "db", false); seq != MaxDatabases+4 {
+	var seq uint64
+	r.Join(-1, "db", false, func(n uint64, _ string) { seq = n })
+	if seq != MaxDatabases+4 {
 		t.Errorf("seq %d, want %d", seq, MaxDatabases+4)
 	}
 }
