@@ -10,14 +10,15 @@ import (
 // for a lock one of them holds can end only by its timeout. It is running
 // only while the function runs; while it runs its goroutine is alive, so
 // the goroutine's identity names no other goroutine. Its zero value is not
-// running; methods on a nil *Run report it not running.
+// running; OnThisStack on a nil *Run reports false.
 type Run struct {
 	g       uintptr
 	running atomic.Bool
 }
 
-// Here records the current goroutine as the one the function runs on;
-// call it before the function runs.
+// Here records the current goroutine as the one the function runs on:
+// once, before the Run is shared with other goroutines (what it records is
+// read by them without synchronisation).
 func (r *Run) Here() { r.g = CurrentGoroutine() }
 
 // SetRunning records whether the function runs now.

@@ -26,7 +26,7 @@ type openDatabase[D comparable] struct {
 	pool string
 }
 
-// Join numbers d (seq: 1 for the process's first database, then in the
+// Join numbers d (seq: 1 for the registry's first database, then in the
 // order they joined) and settles its pool name: name itself when the user
 // gave it (explicit; clash reports that an open database has it too), or
 // the default name made unique among the open databases by a "#2", "#3"…

@@ -16,9 +16,9 @@
 // one thing that happened to a database's locks; [Events] keeps a
 // database's last ones for the page. [Databases] is the set of databases
 // open in a process, each numbered and named once as it joins.
-// Finding the holders (connections, pg_locks rows, the registry of
-// databases) is the root package's business, and the span attributes of a
-// holder internal/telemetry's.
+// Finding the holders (connections, pg_locks rows, a backend's connection
+// among the open databases) is the root package's business, and the span
+// attributes of a holder internal/telemetry's.
 //
 // State: none but a database's [Events] (a bounded ring, written on rare
 // paths only) and a process's [Databases] (the caller keeps the one
