@@ -35,6 +35,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/driverext"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/sqliteconn"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
@@ -309,7 +310,7 @@ type connector struct {
 	sites    callsite.Names         // Postgres: call sites of transactions' identities, by return address (internal/callsite)
 	locksets lockTable[locksetKey]  // SQLite's in-process Lock/TryLock
 	writer   writerLock             // SQLite's in-process writer lock
-	walGate  chan struct{}          // SQLite: one connection at a time switches the file to WAL (sqlite_defaults.go)
+	defaults *sqliteconn.Defaults   // SQLite: what a new connection gets where the DSN leaves it unset
 	dsn      string                 // "" when the inner connector was given
 	pool     string                 // the pool name: WithPoolName's, or a default unique in the process
 	seq      uint64                 // the database's number in the process, from 1 (identities name it: internal/identity)
@@ -339,11 +340,13 @@ var (
 // the process's registry of databases (which also settles its pool name)
 // until Close.
 func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sqlite sqlitelock.DSN) *connector {
-	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{}), dsn: dsn, sqlite: sqlite,
-		walGate: make(chan struct{}, 1)}
+	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{}), dsn: dsn, sqlite: sqlite}
 	c.side = newSideConn(func(ctx context.Context) (driver.Conn, error) { return c.inner.Connect(ctx) })
 	databases.join(c, defaultPoolName(o.dialect, dsn, inner))
 	var observe func() (held, parked int64)
+	if o.dialect == SQLite {
+		c.defaults = sqliteconn.NewDefaults(sqlite, dsn != "", o.busyTimeout)
+	}
 	if o.dialect == Postgres {
 		c.pins = newPinning(c)
 		observe = c.pins.observe
@@ -362,7 +365,7 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 		return nil, err
 	}
 	if c.opts.dialect == SQLite {
-		if err := c.sqliteDefaults(ctx, inner); err != nil {
+		if err := c.defaults.Apply(ctx, inner); err != nil {
 			inner.Close()
 			return nil, err
 		}

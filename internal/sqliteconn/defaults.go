@@ -1,4 +1,4 @@
-package lockhooks
+package sqliteconn
 
 import (
 	"context"
@@ -14,9 +14,35 @@ import (
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/retry"
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
-// sqliteDefaults sets on a new SQLite connection what lockhooks relies on,
+// Defaults is what lockhooks sets on the new connections of one SQLite
+// database. Its methods may be called from any goroutine.
+type Defaults struct {
+	dsn      sqlitelock.DSN // what the DSN sets itself (its Known false: not read)
+	dsnGiven bool           // the database was opened from a DSN, not a connector
+	busy     time.Duration  // the busy timeout to set where the DSN sets none
+	walTurn  chan struct{}  // one connection at a time switches the file to WAL
+}
+
+// NewDefaults returns the defaults of one database: dsn is what its DSN
+// sets itself (zero, with dsnGiven false, for a database opened from a
+// connector, whose DSN lockhooks cannot read), busy the busy timeout to set
+// where the DSN sets none.
+func NewDefaults(dsn sqlitelock.DSN, dsnGiven bool, busy time.Duration) *Defaults {
+	return &Defaults{dsn: dsn, dsnGiven: dsnGiven, busy: busy, walTurn: make(chan struct{}, 1)}
+}
+
+// plural returns "s" unless n is 1.
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// Apply sets on a new SQLite connection what lockhooks relies on,
 // where the DSN's parsed parameters leave it unset: busy_timeout (the busy
 // timeout), journal_mode=WAL (readers do not block the writer) and
 // foreign_keys=ON. WAL is the one default that writes to the database file,
@@ -28,11 +54,11 @@ import (
 //
 // Each pragma's result row is read before its rows are closed: some drivers
 // run a statement only as its rows are stepped.
-func (c *connector) sqliteDefaults(ctx context.Context, inner driver.Conn) error {
-	busy := "PRAGMA busy_timeout = " + strconv.FormatInt(c.opts.busyTimeout.Milliseconds(), 10)
-	d := c.sqlite
-	if !d.Known {
-		if c.dsn != "" {
+func (d *Defaults) Apply(ctx context.Context, inner driver.Conn) error {
+	busy := "PRAGMA busy_timeout = " + strconv.FormatInt(d.busy.Milliseconds(), 10)
+	dsn := d.dsn
+	if !dsn.Known {
+		if d.dsnGiven {
 			return nil // unparsable: the driver itself refuses it
 		}
 		v, err := pragmaValue(ctx, inner, "PRAGMA busy_timeout")
@@ -42,26 +68,26 @@ func (c *connector) sqliteDefaults(ctx context.Context, inner driver.Conn) error
 		if pgdriver.AsInt64(v) != 0 {
 			return nil
 		}
-		return c.sqlitePragma(ctx, inner, busy)
+		return d.sqlitePragma(ctx, inner, busy)
 	}
-	if !d.BusyTimeout {
-		if err := c.sqlitePragma(ctx, inner, busy); err != nil {
+	if !dsn.BusyTimeout {
+		if err := d.sqlitePragma(ctx, inner, busy); err != nil {
 			return err
 		}
 	}
-	if !d.JournalMode && d.ReadOnly == "" && d.TxLock != "exclusive" {
-		if err := c.switchToWAL(ctx, inner); err != nil {
+	if !dsn.JournalMode && dsn.ReadOnly == "" && dsn.TxLock != "exclusive" {
+		if err := d.switchToWAL(ctx, inner); err != nil {
 			return err
 		}
 	}
-	if !d.ForeignKeys {
-		return c.sqlitePragma(ctx, inner, "PRAGMA foreign_keys = ON")
+	if !dsn.ForeignKeys {
+		return d.sqlitePragma(ctx, inner, "PRAGMA foreign_keys = ON")
 	}
 	return nil
 }
 
-// sqlitePragma runs one of sqliteDefaults' pragmas on a new connection.
-func (c *connector) sqlitePragma(ctx context.Context, inner driver.Conn, pragma string) error {
+// sqlitePragma runs one of Apply's pragmas on a new connection.
+func (d *Defaults) sqlitePragma(ctx context.Context, inner driver.Conn, pragma string) error {
 	if _, err := pragmaValue(ctx, inner, pragma); err != nil {
 		return fmt.Errorf("lockhooks: %s on a new SQLite connection failed: %w; set the pragma yourself in the DSN and lockhooks leaves it alone", pragma, err)
 	}
@@ -83,7 +109,7 @@ const (
 // once, without waiting for busy_timeout, to a connection that meets
 // another one's lock while it upgrades the read it began the switch with:
 // connections opened together on a new file race for it. So the switches of
-// one database's connections take turns (walGate), and a switch that still
+// one database's connections take turns (the database's WAL turn), and a switch that still
 // meets SQLITE_BUSY (another database handle or process on the same file)
 // is tried again with backoff until the connection's busy timeout is spent
 // (the turn's wait counts in it), honouring ctx. The gate is not the writer
@@ -96,7 +122,7 @@ const (
 // stays in its journal mode. An in-memory database (journal_mode
 // "memory", which a file never reads back on a new connection) is left
 // alone.
-func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
+func (d *Defaults) switchToWAL(ctx context.Context, inner driver.Conn) error {
 	mode, err := pragmaValue(ctx, inner, "PRAGMA journal_mode")
 	if err != nil {
 		return fmt.Errorf("lockhooks: reading PRAGMA journal_mode on a new SQLite connection failed: %w", err)
@@ -106,16 +132,16 @@ func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
 		return nil
 	}
 	start := time.Now()
-	budget := c.opts.busyTimeout
-	if c.sqlite.BusyTimeout { // the DSN's, in force on the connection
+	budget := d.busy
+	if d.dsn.BusyTimeout { // the DSN's, in force on the connection
 		v, err := pragmaValue(ctx, inner, "PRAGMA busy_timeout")
 		if err != nil {
 			return fmt.Errorf("lockhooks: reading PRAGMA busy_timeout on a new SQLite connection failed: %w", err)
 		}
 		budget = time.Duration(pgdriver.AsInt64(v)) * time.Millisecond
 	}
-	if c.takeWALTurn(ctx, budget) {
-		defer func() { <-c.walGate }()
+	if d.takeWALTurn(ctx, budget) {
+		defer func() { <-d.walTurn }()
 	} else if ctx.Err() != nil {
 		return fmt.Errorf("lockhooks: gave up switching a new SQLite connection to WAL after %v waiting for another connection's switch: %w",
 			time.Since(start).Round(time.Millisecond), context.Cause(ctx))
@@ -149,10 +175,10 @@ func (c *connector) switchToWAL(ctx context.Context, inner driver.Conn) error {
 // takeWALTurn waits for this database's turn to switch a connection to
 // WAL, at most budget (it never waits when budget is 0) and while ctx
 // lasts, and reports whether it got it; the caller then releases it with
-// <-c.walGate.
-func (c *connector) takeWALTurn(ctx context.Context, budget time.Duration) bool {
+// <-d.walTurn.
+func (d *Defaults) takeWALTurn(ctx context.Context, budget time.Duration) bool {
 	select {
-	case c.walGate <- struct{}{}:
+	case d.walTurn <- struct{}{}:
 		return true
 	default:
 	}
@@ -162,7 +188,7 @@ func (c *connector) takeWALTurn(ctx context.Context, budget time.Duration) bool 
 	t := time.NewTimer(budget)
 	defer t.Stop()
 	select {
-	case c.walGate <- struct{}{}:
+	case d.walTurn <- struct{}{}:
 		return true
 	case <-t.C:
 		return false
