@@ -17,7 +17,7 @@ import (
 // so a new package is placed in the picture when it is made.
 var importRules = map[string]packageRule{
 	// The public face and the database/sql adapter.
-	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/telemetry", "internal/lockset", "internal/pgserver", "internal/waits", "internal/rawconn", "internal/keynames", "internal/sqliteconn", "internal/driverext"}},
+	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/telemetry", "internal/lockset", "internal/pgserver", "internal/waits", "internal/rawconn", "internal/keynames", "internal/sqliteconn", "internal/stmtlocks", "internal/driverext"}},
 	"modernc": {may: []string{".", "internal/driverext"}},
 
 	// The core: one concept each, none of them on database/sql; the pure
@@ -36,6 +36,7 @@ var importRules = map[string]packageRule{
 
 	// The core packages over others of the core.
 	"internal/sqlitelock": {core: true, pure: true, may: []string{"internal/callsite"}},
+	"internal/stmtlocks":  {core: true, may: []string{"internal/sqlscan", "internal/advisorykey", "internal/lockset", "internal/lockorder", "internal/callsite"}},
 	"internal/sqliteconn": {core: true, may: []string{"internal/sqlitelock", "internal/rawconn", "internal/dberr", "internal/retry", "internal/pgdriver"}},
 	"internal/pgsession":  {core: true, may: []string{"internal/advisorykey", "internal/callsite", "internal/pgdriver", "internal/rawconn"}},
 	"internal/retry":      {core: true, pure: true, may: []string{"internal/dberr"}},

@@ -11,6 +11,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
+	"github.com/lockhooks/lockhooks/internal/stmtlocks"
 )
 
 // connCore is what every wrapped connection implements, whatever the inner
@@ -105,7 +106,7 @@ type conn struct {
 	hold pgsession.Holder
 
 	// order is the lock-order checker's state for the connection.
-	order connOrder
+	order stmtlocks.Session
 
 	// driverBegins is set on SQLite when the inner connection's own
 	// BeginTx begins write transactions as lockhooks must (see

@@ -164,10 +164,8 @@ func (c *conn) deadlockError(err error) error {
 	if errors.As(err, &de) {
 		return err
 	}
-	held, waiting := c.tx.held.describe()
-	for i := range c.order.session { // known only with the lock-order checker on
-		held = append(held, c.order.session[i].describe()+" (session)")
-	}
+	held, waiting := c.tx.held.Describe(describeKey)
+	held = append(held, c.order.Describe(describeKey)...) // known only with the lock-order checker on
 	de = &DeadlockError{Err: err, Detail: dberr.Detail(err), Held: held, Waiting: waiting}
 	c.explainDeadlock(de, dberr.Where(err))
 	c.connector.events.Add(eventDeadlock, de.Error())

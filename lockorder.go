@@ -4,101 +4,21 @@ import (
 	"context"
 	"database/sql/driver"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/lockorder"
-	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
+	"github.com/lockhooks/lockhooks/internal/stmtlocks"
 )
-
-// heldKind is the kind of a lock lockhooks tracks per transaction.
-type heldKind uint8
-
-const (
-	heldRow      heldKind = iota // rows of a table (FOR [NO KEY] UPDATE; UPDATE and DELETE with the checker on)
-	heldAdvisory                 // an advisory key
-	heldLockset                  // a Lock namespace
-)
-
-// txLock is one lock a transaction (or, for session advisory locks, a
-// connection) took, as far as lockhooks can see it. Names are resolved
-// lazily from the statement text so that tracking allocates nothing on
-// the path every locking statement takes; order and count are filled
-// only when the checker is on.
-type txLock struct {
-	kind heldKind
-	text string   // heldRow: the statement as written
-	mode string   // heldRow: FOR UPDATE, FOR NO KEY UPDATE, UPDATE, DELETE
-	key  lockKey  // heldAdvisory, when keyOK
-	expr string   // heldAdvisory: the key expression, when !keyOK
-	name string   // heldLockset: the namespace
-	ids  []string // heldLockset: canonical ids, sorted
-
-	keyOK bool
-
-	// Lock-order checker only.
-	order lockorder.Lock // the lock as the checker sees it
-	count int            // session locks: holds of the class (they stack)
-}
-
-// Order returns the lock as the lock-order checker sees it.
-func (l *txLock) Order() *lockorder.Lock { return &l.order }
-
-// txLocks is a transaction's tracked locks. list[:mark] were taken
-// before the statement running now.
-type txLocks struct {
-	list []txLock
-	mark int
-}
-
-// reset forgets everything, keeping the slice's memory for the
-// connection's next transaction.
-func (h *txLocks) reset() {
-	clear(h.list)
-	h.list, h.mark = h.list[:0], 0
-}
-
-// describe names the locks held before the current statement and those
-// the current statement asked for.
-func (h *txLocks) describe() (held, waiting []string) {
-	for i, l := range h.list {
-		d := l.describe()
-		if i < h.mark {
-			held = append(held, d)
-		} else {
-			waiting = append(waiting, d)
-		}
-	}
-	return held, waiting
-}
-
-// describe names the lock for messages.
-func (l *txLock) describe() string {
-	switch l.kind {
-	case heldLockset:
-		return fmt.Sprintf("lockset %q ids %s", l.name, lockset.DescribeIDs(l.ids))
-	case heldAdvisory:
-		if l.keyOK {
-			return "advisory key " + l.key.String()
-		}
-		return "advisory key " + l.expr
-	}
-	table := sqlscan.LockTarget(l.text, sqlscan.Postgres).Table
-	if table == "" {
-		table = "a table"
-	}
-	return "rows of " + table + " (" + l.mode + ")"
-}
 
 // beforeStatement runs before every statement of the connection: it marks
 // what the transaction held before it, and notes the locks the statement
 // asks for when it may ask for any (or the checker wants every UPDATE and
 // DELETE).
 func (c *conn) beforeStatement(st statement, query string, args []driver.NamedValue) {
-	c.tx.held.mark = len(c.tx.held.list)
+	c.tx.held.Mark()
 	if st.rowLock || st.advisory != nil || c.connector.opts.lockOrder != nil {
 		c.noteLocks(st, query, args)
 	}
@@ -106,84 +26,14 @@ func (c *conn) beforeStatement(st statement, query string, args []driver.NamedVa
 
 // noteLocks records the locks a statement is about to ask for: into the
 // transaction's list (for DeadlockError), and, with the lock-order checker
-// on, into the order graph. Called before the statement runs, because a
-// statement that deadlocks still tells the order it asked in.
+// on, into the order graph (stmtlocks.Note).
 func (c *conn) noteLocks(st statement, query string, args []driver.NamedValue) {
-	t := &c.tx
-	inTx := t.inner != nil
-	g := c.connector.opts.lockOrder
-	if adv := st.advisory; adv != nil {
-		if adv.DiscardAll && g != nil {
-			c.order.session = c.order.session[:0]
-		}
-		for _, call := range adv.Calls {
-			f := call.Func
-			switch {
-			case f&sqlscan.FnUnlockAll != 0:
-				if g != nil {
-					c.order.session = c.order.session[:0]
-				}
-				continue
-			case f&sqlscan.FnTry != 0:
-				continue // a try-lock never waits, so it orders nothing
-			}
-			l := txLock{kind: heldAdvisory}
-			l.key, l.keyOK = keyOf(call, args)
-			if !l.keyOK {
-				l.expr = call.Args[0].Text
-			}
-			switch {
-			case f&sqlscan.FnUnlock != 0:
-				if g != nil {
-					c.order.unlock(l.advisoryClass())
-				}
-			case f&sqlscan.FnXact != 0:
-				if inTx {
-					c.take(l)
-				}
-			case g != nil:
-				c.takeSession(l)
-			}
-		}
+	var tx *stmtlocks.Tx
+	if c.tx.inner != nil {
+		tx = &c.tx.held
 	}
-	if !inTx {
-		return
-	}
-	var l txLock
-	switch {
-	case st.locks&(sqlscan.ForUpdate|sqlscan.ForNoKeyUpdate) != 0:
-		l = txLock{kind: heldRow, text: query, mode: "FOR UPDATE"}
-		if st.rewrote || st.locks&sqlscan.ForNoKeyUpdate != 0 && st.locks&sqlscan.ForUpdate == 0 {
-			l.mode = "FOR NO KEY UPDATE"
-		}
-	case g != nil:
-		switch w := sqlscan.FirstWord(query); {
-		case strings.EqualFold(w, "UPDATE"), strings.EqualFold(w, "DELETE"):
-			l = txLock{kind: heldRow, text: query, mode: strings.ToUpper(w)}
-		default:
-			return
-		}
-	default:
-		return
-	}
-	if g != nil {
-		tg := sqlscan.LockTarget(query, c.connector.rewriter.dialect)
-		if tg.Table != "" { // else an unknown table: no class, only the record
-			l.order.Class = "table " + strings.ToLower(tg.Table)
-		}
-		if tg.Table != "" && tg.HasKey {
-			v, ok := tg.Literal, true
-			if tg.Param > 0 {
-				v, ok = argInt(args, tg.Param)
-			}
-			if ok {
-				l.order.Column = strings.ToLower(tg.Column)
-				l.order.Lo = lockset.IntID(v)
-				l.order.Hi = l.order.Lo
-			}
-		}
-	}
-	c.take(l)
+	stmtlocks.Note(stmtlocks.Statement{Text: query, Args: args, Advisory: st.advisory, Locks: st.locks, Rewrote: st.rewrote, Dialect: c.connector.rewriter.dialect},
+		tx, &c.order, c.orderChecker(), (*orderReporter)(c))
 }
 
 // noteLockset records a lockset request that was granted.
@@ -191,52 +41,25 @@ func (c *conn) noteLockset(namespace string, keys []string) {
 	if c.tx.inner == nil {
 		return
 	}
-	l := txLock{kind: heldLockset, name: namespace, ids: keys}
-	if c.connector.opts.lockOrder != nil {
-		l.order.Class = "lockset " + strconv.Quote(namespace)
-		l.order.Lo, l.order.Hi = keys[0], keys[len(keys)-1]
-	}
-	c.take(l)
-	c.tx.held.mark = len(c.tx.held.list) // granted: held, not waited for
+	stmtlocks.NoteLockset(namespace, keys, &c.tx.held, &c.order, c.orderChecker(), (*orderReporter)(c))
 }
 
-// advisoryClass is the lock class of an advisory key.
-func (l *txLock) advisoryClass() string {
-	if l.keyOK {
-		k := l.key
-		k.Shared = false // shared and exclusive holds of a key are one class
-		return "advisory key " + k.String()
-	}
-	return "advisory key " + l.expr
-}
-
-// take records a lock of the current transaction and, with the checker
-// on, the order it was taken in.
-func (c *conn) take(l txLock) {
-	t := &c.tx
-	t.held.list = append(t.held.list, l) // l itself must not escape: this runs for every tracked lock
+// orderChecker is the lock-order checker, nil when it is off.
+func (c *conn) orderChecker() *stmtlocks.Checker {
 	if g := c.connector.opts.lockOrder; g != nil {
-		n := len(t.held.list) - 1
-		p := &t.held.list[n]
-		if p.kind == heldAdvisory {
-			p.order.Class = p.advisoryClass()
-		}
-		if p.order.Class == "" {
-			return
-		}
-		site := new(callsite.Trail)
-		site.Capture()
-		p.order.Site = site
-		c.noteLockOrder(g.graph.Taken(&p.order, c.order.session, t.held.list[:n]))
+		return g.checker
 	}
+	return nil
 }
 
-// noteLockOrder hands lock-order reports to the handler, then puts them
-// among the database's recent events (the /debug/locks page).
-func (c *conn) noteLockOrder(found []lockorder.Report) {
-	if len(found) == 0 {
-		return
-	}
+// orderReporter is a connection as the stmtlocks.Reporter of its
+// statements' lock-order findings.
+type orderReporter conn
+
+// LockOrder hands lock-order reports to the handler, then puts them among
+// the database's recent events (the /debug/locks page).
+func (r *orderReporter) LockOrder(found []lockorder.Report) {
+	c := (*conn)(r)
 	g := c.connector.opts.lockOrder
 	reports := make([]LockOrderReport, len(found))
 	for i := range found {
@@ -245,46 +68,6 @@ func (c *conn) noteLockOrder(found []lockorder.Report) {
 	}
 	for _, r := range reports {
 		c.connector.events.Add(eventLockOrder, r.String())
-	}
-}
-
-// takeSession records a session advisory lock for the checker.
-func (c *conn) takeSession(l txLock) {
-	l.order.Class = l.advisoryClass()
-	for i := range c.order.session {
-		if c.order.session[i].order.Class == l.order.Class {
-			c.order.session[i].count++
-			return
-		}
-	}
-	site := new(callsite.Trail)
-	site.Capture()
-	l.order.Site = site
-	l.count = 1
-	var tx []txLock
-	if c.tx.inner != nil {
-		tx = c.tx.held.list
-	}
-	c.noteLockOrder(c.connector.opts.lockOrder.graph.Taken(&l.order, c.order.session, tx))
-	c.order.session = append(c.order.session, l)
-}
-
-// connOrder is a connection's state for the lock-order checker: the
-// session advisory locks it holds, which order what it takes next in any
-// of its transactions.
-type connOrder struct {
-	session []txLock
-}
-
-// unlock drops one hold of a session lock class.
-func (o *connOrder) unlock(class string) {
-	for i := range o.session {
-		if o.session[i].order.Class == class {
-			if o.session[i].count--; o.session[i].count <= 0 {
-				o.session = slices.Delete(o.session, i, i+1)
-			}
-			return
-		}
 	}
 }
 
@@ -405,7 +188,7 @@ func (r LockOrderReport) String() string {
 func WithLockOrderCheck(handler func(LockOrderReport)) Option {
 	var g *lockOrder
 	if handler != nil {
-		g = &lockOrder{graph: lockorder.New[txLock](lockset.DescribeID), handler: handler}
+		g = &lockOrder{checker: stmtlocks.NewChecker(describeKey), handler: handler}
 	}
 	return func(o *options) { o.lockOrder = g }
 }
@@ -414,7 +197,7 @@ func WithLockOrderCheck(handler func(LockOrderReport)) Option {
 // the order graph of every database opened with it, and the handler of
 // its reports.
 type lockOrder struct {
-	graph   *lockorder.Graph[txLock, *txLock]
+	checker *stmtlocks.Checker
 	handler func(LockOrderReport)
 }
 
@@ -474,7 +257,7 @@ func (r *countedRows) Next(dest []driver.Value) error {
 func (r *countedRows) Close() error {
 	err := r.Rows.Close()
 	if r.n > 1 {
-		if found, ok := r.check.graph.Unordered(r.class, r.site, r.n); ok {
+		if found, ok := r.check.checker.Unordered(r.class, r.site, r.n); ok {
 			r.check.handler(lockOrderReport(&found))
 		}
 		r.n = 0

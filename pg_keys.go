@@ -7,9 +7,9 @@ import (
 	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
-	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
+	"github.com/lockhooks/lockhooks/internal/stmtlocks"
 )
 
 // Advisory-lock keys: how a call's key is named and resolved from
@@ -52,28 +52,8 @@ func (k lockKey) call(fn string) (string, []driver.NamedValue) {
 
 // keyOf resolves a call's key from literals and bound arguments.
 func keyOf(call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
-	k := lockKey{Shared: call.Func&sqlscan.FnShared != 0, Pair: call.NArgs == 2}
-	if call.NArgs != 1 && call.NArgs != 2 {
-		return k, false
-	}
-	var vals [2]int64
-	for i := range call.NArgs {
-		a := call.Args[i]
-		switch a.Kind {
-		case sqlscan.ArgLiteral:
-			vals[i] = a.Value
-		case sqlscan.ArgParam:
-			v, ok := argInt(args, a.Param)
-			if !ok {
-				return k, false
-			}
-			vals[i] = v
-		default:
-			return k, false
-		}
-	}
-	k.K1, k.K2 = vals[0], vals[1]
-	return k, true
+	k, ok := stmtlocks.KeyOf(call, args)
+	return lockKey(k), ok
 }
 
 // evalKey resolves a call's key, asking the server to evaluate arguments
@@ -111,32 +91,6 @@ func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []dr
 		k.K2 = pgdriver.AsInt64(row[1])
 	}
 	return k, true
-}
-
-// argInt returns bound argument n (1-based) as an integer.
-func argInt(args []driver.NamedValue, n int) (int64, bool) {
-	for _, a := range args {
-		if a.Ordinal != n {
-			continue
-		}
-		v := a.Value
-		if valuer, ok := v.(driver.Valuer); ok {
-			var err error
-			if v, err = valuer.Value(); err != nil {
-				return 0, false
-			}
-		}
-		if n, isInt, fits := lockset.IntegerValue(v); isInt {
-			return n, fits
-		}
-		if x, ok := v.(string); ok {
-			if n, err := strconv.ParseInt(x, 10, 64); err == nil {
-				return n, true
-			}
-		}
-		return 0, false
-	}
-	return 0, false
 }
 
 // coreKeys is keys as the core's key values.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/stmtlocks"
 )
 
 // immediateTx is an SQLite write transaction begun with BEGIN IMMEDIATE
@@ -69,7 +70,7 @@ type tx struct {
 	read   bool         // a statement ran in the transaction (its snapshot is fixed)
 	writer bool         // the transaction holds the SQLite writer lock
 	locks  []locksetKey // lockset holds to release after COMMIT/ROLLBACK
-	held   txLocks      // the locks lockhooks saw it take (DeadlockError, lock-order checker)
+	held   stmtlocks.Tx // the locks lockhooks saw it take (DeadlockError, lock-order checker)
 
 	// For hold times: the span of BeginTx's context, and when the
 	// transaction first took each kind of lock (zero: never).
@@ -94,7 +95,7 @@ func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions, 
 	t.inner, t.opts, t.ctx = inner, opts, ctx
 	t.gen++
 	t.read = false
-	t.held.reset()
+	t.held.Reset()
 	t.span = trace.SpanFromContext(ctx)
 	if t.run = runOf(ctx); t.run != nil {
 		t.c.selfRun.Store(t.run) // self-waits of fn on other connections (selfwait.go)
@@ -183,7 +184,7 @@ func (t *tx) end() {
 		t.c.ident.clear()
 	}
 	t.opts = driver.TxOptions{}
-	t.held.reset()
+	t.held.Reset()
 	if len(t.locks) > 0 {
 		t.releaseLast(len(t.locks))
 	}

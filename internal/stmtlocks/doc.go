@@ -1,0 +1,25 @@
+// Package stmtlocks is the locks statements ask for, as lockhooks sees
+// them from a statement's text and bound arguments, and the locks one
+// transaction took: what a [DeadlockError] names as held and waited for,
+// and what the lock-order checker orders.
+//
+// Its one job: the key of a scanned advisory call, resolved from literals
+// and bound arguments ([KeyOf], [ArgInt]); one lock as tracked ([Lock]: rows
+// of a table, an advisory key, a lockset namespace), named lazily for
+// messages so that tracking allocates nothing on the path every locking
+// statement takes; a transaction's locks, split at the statement running
+// now ([Tx]); a connection's session advisory locks for the checker
+// ([Session]); and what one statement adds to them ([Note]), fed to the
+// order graph of the lock-order checker ([Checker]) when it is on.
+//
+// State: one transaction's and one connection's tracked locks (owned by
+// the caller's connection, used by one goroutine at a time); the graph is
+// the lock-order checker's (internal/lockorder, safe for concurrent use).
+//
+// Imports: internal/sqlscan (the statement's calls and lock clauses),
+// internal/advisorykey (the keys), internal/lockset (ids in lock order),
+// internal/lockorder (the graph) and internal/callsite (where a lock was
+// taken); database/sql/driver for bound arguments.
+//
+// [DeadlockError]: https://pkg.go.dev/github.com/lockhooks/lockhooks#DeadlockError
+package stmtlocks
