@@ -3,7 +3,6 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
-	"errors"
 	"sync/atomic"
 	"time"
 
@@ -459,7 +458,7 @@ func (c *conn) observe(err error) error {
 	if err == nil || err == driver.ErrSkip {
 		return err
 	}
-	if isServerError(err) {
+	if dberr.FromServer(err) {
 		c.connector.tel.countError(context.Background(), err)
 		if dberr.SQLState(err) == dberr.Deadlock {
 			return c.deadlockError(err) // names the locks the transaction held
@@ -468,16 +467,4 @@ func (c *conn) observe(err error) error {
 		c.suspect.Store(true)
 	}
 	return err
-}
-
-// isServerError reports whether err is an error the database reported
-// (a Postgres SQLSTATE or an SQLite result code), after which the
-// connection is still usable.
-func isServerError(err error) bool {
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		return true
-	}
-	var lite interface{ Code() int }
-	return errors.As(err, &lite)
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
@@ -115,7 +116,7 @@ func (c *conn) backendPID(ctx context.Context) (int32, error) {
 	} else {
 		row, err = c.queryRow(ctx, sessionQuery, []driver.NamedValue{{Ordinal: 1, Value: c.marker()}})
 	}
-	if err != nil && c.mark != "" && isServerError(err) && !c.connectionBroken(err) {
+	if err != nil && c.mark != "" && dberr.FromServer(err) && !c.connectionBroken(err) {
 		// A server that refuses the marker (one that speaks Postgres's
 		// protocol but has no custom settings): the pid alone, and the
 		// pooler guard without markers.

@@ -132,13 +132,13 @@ func (c *conn) sentWith(plan advisoryPlan, args []driver.NamedValue) (string, []
 
 // afterTracked brings the lock tracking up to date and ends the lock wait.
 func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
-	if err == nil || isServerError(err) {
+	if err == nil || dberr.FromServer(err) {
 		c.noteAnswered()
 		c.noteSent("") // lockhooks' own reads of pg_locks may follow
 	}
 	err = c.afterAdvisory(ctx, plan, results, err)
 	c.settleTurnAfter(plan)
-	if err == nil || isServerError(err) {
+	if err == nil || dberr.FromServer(err) {
 		c.noteAnswered()
 	}
 	err = plan.wait.selfWaitResult(c, plan.st.text, err)

@@ -164,7 +164,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsi
 		return c.beginRow(ownCtx, m, own.Args, info)
 	})
 	if err != nil {
-		if isServerError(err) {
+		if dberr.FromServer(err) {
 			// BEGIN may have run before the statement that failed (lib/pq's
 			// order, or the identity after BEGIN): leave no transaction
 			// block behind.
@@ -206,7 +206,7 @@ func (c *conn) beginRow(ctx context.Context, m *beginMessage, args []driver.Name
 	}
 	info.SetXID(row[0])
 	clear(row)
-	if err != nil && !isServerError(err) {
+	if err != nil && !dberr.FromServer(err) {
 		// The transaction may have begun: end it, whatever state it is in
 		// (a server error is rolled back by the caller).
 		c.execOwn(context.Background(), "ROLLBACK")
@@ -267,7 +267,7 @@ func (t pgTx) Commit() error {
 	// COMMIT and ROLLBACK too.
 	note, _ := t.c.holderNote()
 	err := t.c.execOwn(ctx, note+text)
-	if err == nil || !isServerError(err) {
+	if err == nil || !dberr.FromServer(err) {
 		return err
 	}
 	// After the guard the block is still open; after COMMIT, a no-op.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
@@ -76,7 +77,7 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 	}
 	marked := !w.connector.opts.txPooler && !w.connector.opts.pinningPooler
 	row, err := w.connectRow(ctx, own, marked, true)
-	if err != nil && isServerError(err) && !w.connectionBroken(err) {
+	if err != nil && dberr.FromServer(err) && !w.connectionBroken(err) {
 		// A server that refuses the marker or the server's identity (one
 		// that speaks Postgres's protocol but has no custom settings or
 		// no pg_postmaster_start_time): the pool guard without markers,

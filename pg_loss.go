@@ -253,7 +253,7 @@ func (c *conn) noteAnswered() { c.trips.Answered() }
 func (c *conn) noteRoundTrip(text string, run func() error) error {
 	c.noteSent(text)
 	err := run()
-	if err == nil || isServerError(err) {
+	if err == nil || dberr.FromServer(err) {
 		c.noteAnswered()
 	}
 	return err
@@ -300,7 +300,7 @@ func (p *pinning) endBackends(ctx context.Context, side driver.Conn) error {
 			delete(reqs, pid) // gone already, another's now, or never showed the keys
 		case err == nil:
 			// alive and not (yet) on the keys: look again next round
-		case isServerError(err) && !dberr.ConnectionLost(err):
+		case dberr.FromServer(err) && !dberr.ConnectionLost(err):
 			delete(reqs, pid)
 			p.c.opts.logger.Warn("lockhooks: cannot end the backend of a lost advisory lock holder; it keeps the lock until the server notices its connection is gone",
 				"backend_pid", pid, "error", err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
@@ -162,7 +163,7 @@ func (p *pinning) ask(ctx context.Context, side driver.Conn, holders []holderSna
 	for reused := side != nil; ; reused = false {
 		if side == nil {
 			if side, err = p.c.inner.Connect(ctx); err != nil {
-				if !isServerError(err) {
+				if !dberr.FromServer(err) {
 					err = unreachableError{err}
 				}
 				return v, nil, err
@@ -319,7 +320,7 @@ func (c *conn) onParked(ctx context.Context, run func(context.Context) error) bo
 	ctx, cancel := context.WithTimeout(ctx, c.connector.opts.lockCheckTimeout)
 	defer cancel()
 	if err := run(ctx); err != nil {
-		if !isServerError(err) || c.connectionBroken(err) {
+		if !dberr.FromServer(err) || c.connectionBroken(err) {
 			c.loseLocks(err)
 		}
 		return false

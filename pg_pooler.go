@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
@@ -165,7 +166,7 @@ func (c *conn) runOnHolder(ctx context.Context, query string, args []driver.Name
 		answer, err = rawconn.ReadRow(rows)
 	}
 	if err != nil {
-		if !isServerError(err) {
+		if !dberr.FromServer(err) {
 			return nil, c.holderFailed(err)
 		}
 		if rerr := rawconn.Exec(ctx, h, "ROLLBACK TO SAVEPOINT lockhooks_lock"); rerr != nil {

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/stmtlocks"
 )
@@ -167,7 +168,7 @@ func (c *conn) noted(end func() error) error {
 // there may leave its backend, half-open, holding the transaction's locks;
 // the ones lockhooks saw it take have it ended (Postgres).
 func (c *conn) txEnded(err error) error {
-	if err != nil && c.connector.pins != nil && !isServerError(err) {
+	if err != nil && c.connector.pins != nil && !dberr.FromServer(err) {
 		c.endTransactionLocks()
 	}
 	return err

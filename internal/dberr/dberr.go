@@ -39,6 +39,18 @@ func SQLState(err error) string {
 	return ""
 }
 
+// FromServer reports whether err is an error the database reported (a
+// Postgres SQLSTATE or an SQLite result code), after which the connection
+// is still usable.
+func FromServer(err error) bool {
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		return true
+	}
+	var lite interface{ Code() int }
+	return errors.As(err, &lite)
+}
+
 // SQLiteCode returns err's SQLite result code (the extended one, where the
 // driver reports it, as modernc.org/sqlite does) and whether err has one.
 func SQLiteCode(err error) (int, bool) {

@@ -66,3 +66,24 @@ func TestSQLStateOfNilAllocatesNothing(t *testing.T) {
 		t.Errorf("SQLState(nil): %v allocations", n)
 	}
 }
+
+// An error is the server's when it, or one it wraps, has a SQLSTATE or an
+// SQLite result code; a network error or a driver's own is not.
+func TestFromServer(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgError{Code: "40001"}, true},
+		{fmt.Errorf("wrapped: %w", &pgError{Code: "57014"}), true},
+		{&liteError{code: 5}, true},
+		{fmt.Errorf("wrapped: %w", &liteError{code: 517}), true},
+		{driver.ErrBadConn, false},
+		{io.ErrUnexpectedEOF, false},
+		{nil, false},
+	} {
+		if got := FromServer(c.err); got != c.want {
+			t.Errorf("FromServer(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
