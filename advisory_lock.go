@@ -14,6 +14,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 )
 
 // AdvisoryLock is a session advisory lock held on one connection of a
@@ -141,7 +142,8 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 	}
 	l.noteTaken()
 	l.c.advisory.Store(l)
-	l.c.connector.pins.acquired(l.c) // nothing more of the acquisition runs on it
+	l.c.acquiring.Store(false)
+	l.c.connector.pins.Acquired(l.c) // nothing more of the acquisition runs on it
 	if l.Err() != nil {
 		l.freeTurn() // lost before the line above: markLost could not see l
 	}
@@ -172,7 +174,7 @@ func (l *AdvisoryLock) abandon() {
 		return
 	}
 	why := fmt.Sprintf("could not be unlocked after its acquire failed (unlock: %v, %v), so its connection is closed", ok, err)
-	l.c.markLost(why, errors.New(why), lossEnd)
+	l.c.MarkLost(why, errors.New(why), pgsession.LossEnd)
 }
 
 // lockhooksConn takes a connection of db and its lockhooks state.
@@ -469,8 +471,8 @@ func (l *AdvisoryLock) unlock(ctx context.Context) error {
 	// taken until Release has closed it: markLost must not free it.
 	l.c.advisory.CompareAndSwap(l, nil)
 	why := fmt.Sprintf("could not be unlocked at Release (%v), so its connection is closed", err)
-	l.c.markLost(why, err, lossEnd)
-	l.c.connector.pins.settle(l.c) // (a parked connection, after Conn().Close(), is closed here)
+	l.c.MarkLost(why, err, pgsession.LossEnd)
+	l.c.connector.pins.Settle(l.c) // (a parked connection, after Conn().Close(), is closed here)
 	return fmt.Errorf("%w; the connection still held the lock, so lockhooks closed it instead of returning it to the pool, which releases the lock on the server", err)
 }
 

@@ -70,7 +70,7 @@ func (c *conn) loseIfReleased(text string) {
 	lost := c.pin.Lost
 	c.pin.Unlock()
 
-	c.reportLoss(c.lockPID(), k.String(), 1, &taken, parked, lost, cause, "")
+	c.reportLoss(c.LockPID(), k.String(), 1, &taken, parked, lost, cause, "")
 	l.freeTurn()  // another acquirer of this process may take the key at once
 	close(lostCh) // after the log, the count and the turn, so whoever waits on Lost sees them
 }

@@ -446,9 +446,9 @@ func (c *conn) Close() error {
 		c.tx.end() // closed inside a transaction: its locks go with it
 	}
 	if c.connector.pins != nil {
-		c.connector.pins.unregister(c)
+		c.connector.pins.Unregister(c)
 	}
-	return c.closeInner()
+	return c.CloseInner()
 }
 
 // observe records what err says about the connection's health and returns

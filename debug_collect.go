@@ -30,7 +30,7 @@ func (c *connector) collectHeld(hc *debugpage.Collector, conns []*conn, waited m
 			if oc.pin.Parked {
 				state = "parked"
 			}
-			pid := oc.lockPID()
+			pid := oc.LockPID()
 			if oc.hold.PID() != 0 {
 				state += ", pooler holder"
 			}

@@ -109,7 +109,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 	d.Counters["wait_milliseconds_total"] = int64(waitedAll / time.Millisecond)
 	d.Counters["open_connections"] = int64(len(conns))
 	if c.pins != nil {
-		held, parked := c.pins.observe()
+		held, parked := c.pins.Observe()
 		d.Counters["held_session_locks"], d.Counters["parked_connections"] = held, parked
 	}
 	return d

@@ -349,7 +349,7 @@ func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sql
 	}
 	if o.dialect == Postgres {
 		c.pins = newPinning(c)
-		observe = c.pins.observe
+		observe = c.pins.Observe
 	}
 	c.tel = newReporting(o, c.pool, observe)
 	c.events = holders.NewEvents(eventCapacity)

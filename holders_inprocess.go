@@ -169,7 +169,7 @@ func (c *connector) inProcessHolders(v waitView, edges []inProcessEdge) []holder
 // session lock that conflicts with it.
 func (c *connector) pinHolders(k lockKey, except *conn) []holders.Holder {
 	var out []holders.Holder
-	for _, h := range c.pins.snapshot() {
+	for _, h := range c.pins.Snapshot() {
 		if h == except {
 			continue
 		}

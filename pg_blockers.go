@@ -195,7 +195,7 @@ func (c *connector) backendConn(pid int32, app, query string, x connIndex, byPID
 	if oc == nil || c.opts.txPooler || app != oc.pub.connectApp {
 		return nil
 	}
-	if c.pins != nil && c.pins.poolerSeen() != nil {
+	if c.pins != nil && c.pins.PoolerSeen() != nil {
 		return nil // a transaction-mode pooler seen: the backend a connection met at connect serves other clients, as with a declared one
 	}
 	return oc

@@ -327,7 +327,7 @@ func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
 		{"the very text, but started after the slack", pgsession.EndTarget{PID: pid, Incarnation: incarnation, Quiet: time.Now().Add(-time.Minute),
 			InFlight: true, SentQuiet: time.Now().Add(-30 * time.Second), Sent: "SELECT " + pgsession.IncarnationExpr}},
 	} {
-		alive, ended, err := pgsession.EndBackend(ctx, sideQueryRow(side), &pgsession.EndRequest{Target: c.target, Keys: keys})
+		alive, ended, err := pgsession.EndBackend(ctx, pgsession.SideQueryRow(side), &pgsession.EndRequest{Target: c.target, Keys: keys})
 		if err != nil || alive || ended {
 			t.Errorf("%s: endBackend = %v, %v, %v; want neither there nor ended", c.what, alive, ended, err)
 		}
@@ -338,7 +338,7 @@ func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
 	// The very backend, still showing the text of the unanswered statement
 	// (its last, the incarnation read above, started within the slack):
 	// ended.
-	alive, ended, err := pgsession.EndBackend(ctx, sideQueryRow(side), &pgsession.EndRequest{Target: pgsession.EndTarget{PID: pid, Incarnation: incarnation, Quiet: time.Now().Add(-time.Minute),
+	alive, ended, err := pgsession.EndBackend(ctx, pgsession.SideQueryRow(side), &pgsession.EndRequest{Target: pgsession.EndTarget{PID: pid, Incarnation: incarnation, Quiet: time.Now().Add(-time.Minute),
 		InFlight: true, SentQuiet: time.Now().Add(pgsession.EndSlack), Sent: "SELECT " + pgsession.IncarnationExpr}, Keys: keys})
 	if err != nil || !alive || !ended {
 		t.Fatalf("the named backend, running the unanswered statement: endBackend = %v, %v, %v; want it ended", alive, ended, err)
@@ -352,7 +352,7 @@ func TestEndRequestEndsOnlyTheBackendItNames(t *testing.T) {
 	if err := other.QueryRowContext(ctx, "SELECT "+pgsession.IncarnationExpr).Scan(&incarnation); err != nil {
 		t.Fatal(err)
 	}
-	alive, ended, err = pgsession.EndBackend(ctx, sideQueryRow(side), &pgsession.EndRequest{Target: pgsession.EndTarget{PID: pid, Incarnation: incarnation, Quiet: time.Now()}, Keys: keys})
+	alive, ended, err = pgsession.EndBackend(ctx, pgsession.SideQueryRow(side), &pgsession.EndRequest{Target: pgsession.EndTarget{PID: pid, Incarnation: incarnation, Quiet: time.Now()}, Keys: keys})
 	if err != nil || !alive || !ended {
 		t.Fatalf("the named backend, quiet since its last statement: endBackend = %v, %v, %v; want it ended", alive, ended, err)
 	}

@@ -48,7 +48,7 @@ func TestUndeclaredPoolerLeaksNoApplicationName(t *testing.T) {
 			// takes the backend for its connection's, and would name that
 			// connection as the holder of what the backend holds next.
 			pins := connectorOf(t, l).pins
-			waitFor(t, 10*time.Second, "the guard to see the pooler", func() bool { return pins.poolerSeen() != nil })
+			waitFor(t, 10*time.Second, "the guard to see the pooler", func() bool { return pins.PoolerSeen() != nil })
 
 			// Another application, no application_name, through the same pooler.
 			other, err := sql.Open("pgx", e.pooled)

@@ -12,7 +12,6 @@ import (
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
-	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // Lost locks: telling a broken connection from a failed statement,
@@ -71,21 +70,6 @@ func (c *conn) alive() bool {
 	return c.pinger.Ping(ctx) == nil
 }
 
-// How markLost treats a loss.
-type lossFlags uint8
-
-const (
-	// lossReport logs and counts the loss (db.Close reports its own way).
-	lossReport lossFlags = 1 << iota
-	// lossEnd ends the backend on the server, where it may still live
-	// (its socket half-open, or a connection lockhooks gave up on): the
-	// key is free only once it is gone.
-	lossEnd
-	// lossPooler: the locks are lost to a transaction-mode pooler; the
-	// error wraps ErrTransactionPooler too.
-	lossPooler
-)
-
 // loseLocks records that c's session locks are gone because its
 // connection died, reports it (log, metric, Lost), has the backend ended
 // where it still lives, and returns the error to give to whoever relied on
@@ -93,7 +77,7 @@ const (
 // is closed).
 func (c *conn) loseLocks(cause error) error {
 	c.endTransactionLocks()
-	return c.markLost("its connection died ("+cause.Error()+")", cause, lossReport|lossEnd)
+	return c.MarkLost("its connection died ("+cause.Error()+")", cause, pgsession.LossReport|pgsession.LossEnd)
 }
 
 // endTransactionLocks has the backend of a connection that died inside a
@@ -114,23 +98,23 @@ func (c *conn) endTransactionLocks() {
 	}
 	c.pin.Unlock()
 	if t := c.endTarget(); t.PID != 0 && len(keys) > 0 {
-		c.connector.pins.ends.Add(t, coreKeys(keys), false)
+		c.connector.pins.Ends().Add(t, coreKeys(keys), false)
 	}
 }
 
-// markLost records that the session locks of c's lock backend are gone
+// MarkLost records that the session locks of c's lock backend are gone
 // (why completes "…held advisory lock k and").
-func (c *conn) markLost(why string, cause error, flags lossFlags) error {
-	return c.markLostOn(c.lockPID(), why, cause, flags)
+func (c *conn) MarkLost(why string, cause error, flags pgsession.LossFlags) error {
+	return c.markLostOn(c.LockPID(), why, cause, flags)
 }
 
-// markLostOn is markLost for the locks held by backend pid (a transaction
+// markLostOn is MarkLost for the locks held by backend pid (a transaction
 // pooler's holder whose pid the caller read before dropping it). With
-// lossEnd, the backend is ended where it still holds or awaits them, only
+// pgsession.LossEnd, the backend is ended where it still holds or awaits them, only
 // where the rule of internal/pgsession allows it: a pooled backend serves
 // other clients once lockhooks' client connection is gone, and the pooler
 // resets it (which frees session locks) or closes it.
-func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) error {
+func (c *conn) markLostOn(pid int32, why string, cause error, flags pgsession.LossFlags) error {
 	c.pin.Lock()
 	if c.pin.Lost != nil {
 		defer c.pin.Unlock()
@@ -154,7 +138,7 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 	n := len(c.pin.Held)
 	c.pin.Lost = fmt.Errorf("%w: %v held advisory lock %s (taken at %s, %v ago) and %s; the work it protected must stop",
 		ErrLockLost, c, strings.Join(keys, ", "), oldest.Site, time.Since(oldest.Since).Round(time.Millisecond), why)
-	if flags&lossPooler != 0 {
+	if flags&pgsession.LossPooler != 0 {
 		c.pin.Lost = fmt.Errorf("%w (%w)", c.pin.Lost, ErrTransactionPooler)
 	}
 	c.pin.Held = nil
@@ -165,15 +149,15 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags lossFlags) e
 	// What becomes of the backend, for the log line.
 	backend := "left to the server's own timeouts"
 	switch {
-	case flags&lossEnd != 0 && pid != 0 && pid == c.pid.Load() && c.endable() && c.incarnation != "":
-		c.connector.pins.ends.Add(c.endTarget(), coreKeys(held), false)
+	case flags&pgsession.LossEnd != 0 && pid != 0 && pid == c.pid.Load() && c.endable() && c.incarnation != "":
+		c.connector.pins.Ends().Add(c.endTarget(), coreKeys(held), false)
 		backend = "ended where it still holds or awaits the lock"
 	case c.throughPooler():
 		backend += " (a pooler stands between lockhooks and the server: the backend may serve another client by now)"
 	case !c.reachesServer:
 		backend += " (the driver does not show that the connection reached the server itself)"
 	}
-	if flags&lossReport != 0 {
+	if flags&pgsession.LossReport != 0 {
 		c.reportLoss(pid, strings.Join(keys, ", "), n, oldest, parked, lost, cause, backend)
 	}
 	if l := c.advisory.Load(); l != nil {
@@ -272,57 +256,5 @@ func (c *conn) endable() bool { return c.reachesServer && !c.throughPooler() }
 // declared (either kind), or seen.
 func (c *conn) throughPooler() bool {
 	o := c.connector.opts
-	return o.txPooler || o.pinningPooler || c.connector.pins.poolerSeen() != nil
-}
-
-// endBackends ends, on side, each backend that still holds or awaits one
-// of the keys its lost holder held or asked for: pg_terminate_backend,
-// which the server permits for the role's own backends. Only the very
-// backend lockhooks gave up on is hit (see pgsession.EndBackend), never a pid that
-// was reused, one of another server, or one a pooler gave to another
-// client. A request whose backend is there but shows none of its keys is
-// kept for pgsession.EndPatience; one the server refuses is logged and dropped; if
-// the side connection fails, the rest wait for the next round.
-func (p *pinning) endBackends(ctx context.Context, side driver.Conn) error {
-	reqs := p.ends.Take()
-	defer func() {
-		if len(reqs) > 0 {
-			p.ends.PutBack(reqs)
-		}
-	}()
-	for pid, r := range reqs {
-		alive, ended, err := pgsession.EndBackend(ctx, sideQueryRow(side), r)
-		switch {
-		case err == nil && ended:
-			delete(reqs, pid)
-			p.c.opts.logger.Info("lockhooks: ended the backend of a lost advisory lock holder, which still held or awaited the lock", "backend_pid", pid)
-		case err == nil && (!alive || time.Since(r.Since) > pgsession.EndPatience):
-			delete(reqs, pid) // gone already, another's now, or never showed the keys
-		case err == nil:
-			// alive and not (yet) on the keys: look again next round
-		case dberr.FromServer(err) && !dberr.ConnectionLost(err):
-			delete(reqs, pid)
-			p.c.opts.logger.Warn("lockhooks: cannot end the backend of a lost advisory lock holder; it keeps the lock until the server notices its connection is gone",
-				"backend_pid", pid, "error", err)
-		default:
-			return err
-		}
-	}
-	return nil
-}
-
-// sideQueryRow runs lockhooks' own statements on side, a connection
-// database/sql does not hold, for the core's reads (their first row).
-func sideQueryRow(side driver.Conn) pgsession.QueryRow {
-	return func(ctx context.Context, query string, args []driver.NamedValue) ([]driver.Value, error) {
-		rows, err := rawconn.Query(ctx, side, query, args)
-		if err != nil {
-			return nil, err
-		}
-		row, err := rawconn.ReadRow(rows)
-		if err != nil {
-			return nil, err
-		}
-		return row.Values(), nil
-	}
+	return o.txPooler || o.pinningPooler || c.connector.pins.PoolerSeen() != nil
 }

@@ -196,10 +196,7 @@ func (m *model) injectFault() string {
 // state describes what lockhooks knows of w, for a failure message.
 func (m *model) state(w *conn) string {
 	p := m.conn.pins
-	p.mu.Lock()
-	_, registered := p.holders[w]
-	monitor := p.cancelMonitor != nil
-	p.mu.Unlock()
+	registered, monitor := p.Registered(w), p.MonitorRunning()
 	w.pin.Lock()
 	defer w.pin.Unlock()
 	return fmt.Sprintf("registered %v, monitor running %v, busy %d, gen %d, held %d, lost %v, pid %d, holder pid %d",

@@ -402,7 +402,7 @@ func (c *conn) checkUnlocks(adv *sqlscan.Advisory, keys []lockKey, site string) 
 	}
 	c.pin.Unlock()
 	for _, k := range unheld {
-		if h := c.connector.pins.holderOf(k, c); h != nil {
+		if h, ok := c.connector.pins.HolderOf(k, c); ok {
 			err := fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, in a statement with other advisory calls: the lock is held by %v, and an unlock inside a larger statement cannot be sent there; unlock it in a statement of its own", ErrNotLockOwner, sharedSuffix(k), k, c, h)
 			c.connector.events.Add(eventUnlockRefused, err.Error())
 			c.connector.tel.UnlockRefused(context.Background())
@@ -426,8 +426,8 @@ func (c *conn) warnSelfWait(adv *sqlscan.Advisory, keys []lockKey, known []bool,
 		if c.holds(k) {
 			continue
 		}
-		h := c.connector.pins.holderOf(k, c)
-		if h == nil {
+		h, ok := c.connector.pins.HolderOf(k, c)
+		if !ok {
 			continue
 		}
 		h.pin.Lock()

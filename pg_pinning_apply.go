@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -26,7 +27,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	if adv == nil {
 		if err != nil && c.connectionBroken(err) {
 			lost := c.loseLocks(err)
-			c.connector.pins.settle(c) // the monitor ends its backend
+			c.connector.pins.Settle(c) // the monitor ends its backend
 			return c.lostError(lost, err)
 		}
 		c.followTxControl(plan.st.text, false, err != nil)
@@ -46,7 +47,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		if c.connectionBroken(err) {
 			c.endAfterBreak(plan)
 			lost := c.loseLocks(err)
-			c.connector.pins.settle(c) // the monitor ends its backend
+			c.connector.pins.Settle(c) // the monitor ends its backend
 			return c.lostError(lost, err)
 		}
 		// Any error on a statement that may have taken or released a lock
@@ -70,7 +71,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 			}
 		}
 		c.loseIfReleased(plan.st.text) // (a statement of several calls may have run its unlock)
-		c.connector.pins.settle(c)
+		c.connector.pins.Settle(c)
 		if c.connector.opts.txPooler {
 			c.releaseHolder(context.WithoutCancel(ctx))
 		}
@@ -97,7 +98,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		case errors.Is(verr, ErrTransactionPooler):
 			// The statement ran on another backend than the connection's:
 			// its locks cannot be trusted.
-			c.markLost(verr.Error(), verr, lossReport|lossPooler) // not ours to end: other clients use that backend
+			c.MarkLost(verr.Error(), verr, pgsession.LossReport|pgsession.LossPooler) // not ours to end: other clients use that backend
 		case verr != nil && c.connectionBroken(verr):
 			verr = c.lostError(c.loseLocks(verr), verr)
 		default:
@@ -105,7 +106,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		}
 	}
 	c.loseIfReleased(plan.st.text) // an AdvisoryLock's key released on its own connection
-	c.connector.pins.settle(c)
+	c.connector.pins.Settle(c)
 	if c.connector.opts.txPooler {
 		c.releaseHolder(context.WithoutCancel(ctx))
 	}
@@ -132,7 +133,7 @@ func (c *conn) endAfterBreak(plan advisoryPlan) {
 		}
 	}
 	if t := c.endTarget(); t.PID != 0 && len(keys) > 0 {
-		c.connector.pins.ends.Add(t, coreKeys(keys), false)
+		c.connector.pins.Ends().Add(t, coreKeys(keys), false)
 	}
 }
 
@@ -247,7 +248,7 @@ func (c *conn) transactionEnded() {
 	if recheck {
 		c.reconcile(context.Background(), "unknown", nil, true)
 		c.loseIfReleased("")
-		c.connector.pins.settle(c)
+		c.connector.pins.Settle(c)
 	}
 }
 

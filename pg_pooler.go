@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"strings"
 	"time"
 
@@ -58,7 +57,7 @@ func WithTransactionPooler() Option {
 
 // lockPID returns the backend pid whose pg_locks rows are this
 // connection's session locks: its holder's in transaction-pooler mode.
-func (c *conn) lockPID() int32 {
+func (c *conn) LockPID() int32 {
 	if pid := c.hold.PID(); pid != 0 {
 		return pid
 	}
@@ -214,7 +213,7 @@ func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query str
 		case <-ctx.Done():
 			t.Stop()
 			return nil, ctx.Err()
-		case <-c.connector.pins.closing:
+		case <-c.connector.pins.Closing():
 			t.Stop()
 			return nil, fmt.Errorf("lockhooks: pg_advisory_lock%s(%s) on %v: the database was closed while the lock was awaited", sharedSuffix(k), k, c)
 		case <-t.C:
@@ -254,7 +253,7 @@ func (c *conn) holderFailed(err error) error {
 	// rule in pg_loss.go), since the pooler may have given it to another
 	// client already. PgBouncer closes a server connection whose client
 	// left mid-transaction, which ends the backend and frees its locks.
-	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, lossReport)
+	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, pgsession.LossReport)
 	return c.lostError(lost, err)
 }
 
@@ -302,7 +301,7 @@ func (c *conn) closeHolder() {
 	}
 	limit := c.connector.opts.lockCheckTimeout
 	select {
-	case <-c.connector.pins.closing:
+	case <-c.connector.pins.Closing():
 		// db.Close: a silent network must not stretch it. Past this the
 		// holder is just closed; the pooler drops the server connection of
 		// a client that left in the middle of a transaction, and its locks
@@ -332,7 +331,7 @@ func (c *conn) endHolderTxWithin(limit time.Duration) {
 
 // poolerDetected is the error for a connection found on a backend other
 // than the one it was opened on, or whose lock is not where it was taken.
-func (c *conn) poolerDetected(what string) error {
+func (c *conn) PoolerDetected(what string) error {
 	return fmt.Errorf("%w: %v %s; this database's DSN goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which gives the server connection to other clients after each transaction, so a session lock stays behind on it: open the database with lockhooks.WithTransactionPooler(), or use transaction-level locks (lockhooks.Lock)",
 		ErrTransactionPooler, c, what)
 }
@@ -358,13 +357,10 @@ func (c *conn) poolerDetected(what string) error {
 // its own marker ($1), and the backend's incarnation (see pgsession.IncarnationExpr).
 const sessionQuery = "SELECT pg_backend_pid(), current_setting('lockhooks.session', true), set_config('lockhooks.session', $1, false), " + pgsession.IncarnationExpr
 
-// markerPrefix starts every lockhooks session marker.
-const markerPrefix = "lh:"
-
 // marker returns c's session marker: this database's nonce and c's number.
 func (c *conn) marker() string {
 	if c.mark == "" {
-		c.mark = markerPrefix + c.connector.pins.nonce + ":" + strconv.FormatUint(c.id, 10)
+		c.mark = c.connector.pins.Marker(c.id)
 	}
 	return c.mark
 }
@@ -374,52 +370,12 @@ func (c *conn) marker() string {
 // only if that connection is still open (a session-mode pooler reuses
 // backends too, one client after another): one of this database's own.
 func (c *conn) sawMarker(m, pid string) {
-	if c.mark == "" || m == "" || m == c.mark || !strings.HasPrefix(m, markerPrefix) {
+	if c.mark == "" || m == "" || m == c.mark || !strings.HasPrefix(m, pgsession.MarkerPrefix) {
 		return
 	}
-	if o := c.connector.pins.ownerOf(m); o != nil && o != c {
-		c.connector.pins.sawPooler(c.poolerDetected(fmt.Sprintf("was opened on backend pid %s, which %v, still open, was opened on too", pid, o)))
+	if o, ok := c.connector.pins.OwnerOf(m); ok && o != c {
+		c.connector.pins.SawPooler(c.PoolerDetected(fmt.Sprintf("was opened on backend pid %s, which %v, still open, was opened on too", pid, o)))
 	}
-}
-
-// ownerOf returns the open connection of this database whose marker m is.
-func (p *pinning) ownerOf(m string) *conn {
-	rest, ok := strings.CutPrefix(m, markerPrefix+p.nonce+":")
-	if !ok {
-		return nil
-	}
-	id, err := strconv.ParseUint(rest, 10, 64)
-	if err != nil {
-		return nil
-	}
-	for _, w := range p.c.openConns() {
-		if w.id == id {
-			return w
-		}
-	}
-	return nil
-}
-
-// sawPooler records proof of a transaction-mode pooler on a database not
-// opened with WithTransactionPooler, once, and has the monitor report the
-// holders.
-func (p *pinning) sawPooler(err error) {
-	if p.c.opts.txPooler || p.c.opts.pinningPooler {
-		return
-	}
-	if p.pooler.CompareAndSwap(nil, &err) {
-		p.c.opts.logger.Error("lockhooks: this database's DSN goes through a transaction-mode pooler; its session advisory locks are refused from now on, and those held are lost", "error", err.Error())
-		p.wakeMonitor()
-	}
-}
-
-// poolerSeen returns the proof of a transaction-mode pooler on a database
-// not opened with WithTransactionPooler, or nil.
-func (p *pinning) poolerSeen() error {
-	if e := p.pooler.Load(); e != nil {
-		return *e
-	}
-	return nil
 }
 
 // refuseThroughPooler fails a statement, once a transaction-mode pooler is
@@ -431,7 +387,7 @@ func (c *conn) refuseThroughPooler(adv *sqlscan.Advisory) error {
 	if c.connector.pins == nil {
 		return nil // SQLite
 	}
-	perr := c.connector.pins.poolerSeen()
+	perr := c.connector.pins.PoolerSeen()
 	if perr == nil {
 		return nil
 	}
@@ -439,8 +395,8 @@ func (c *conn) refuseThroughPooler(adv *sqlscan.Advisory) error {
 	holding := len(c.pin.Held) > 0
 	c.pin.Unlock()
 	if holding {
-		lost := c.markLost("may no longer be held: "+perr.Error(), perr, lossReport|lossPooler)
-		c.connector.pins.settle(c)
+		lost := c.MarkLost("may no longer be held: "+perr.Error(), perr, pgsession.LossReport|pgsession.LossPooler)
+		c.connector.pins.Settle(c)
 		return lost
 	}
 	if adv != nil && takesSession(adv) {

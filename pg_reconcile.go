@@ -14,6 +14,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
@@ -64,7 +65,7 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (lockSet, error) {
 		// met at connect serves other clients now.
 		return c.readHolderLocks(ctx)
 	}
-	pid := c.lockPID()
+	pid := c.LockPID()
 	if c.connector.opts.pinningPooler {
 		pid = 0 // the backend that answers: the pooler moves the connection until it pins it
 	}
@@ -80,11 +81,11 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (lockSet, error) {
 	case c.connector.opts.pinningPooler:
 		err = c.followPin(ranOn, len(held) > 0 && !inTx)
 	case ranOn != pid:
-		err = c.poolerDetected(fmt.Sprintf("was opened on backend pid %d but its statements now run on backend pid %d", pid, ranOn))
-		c.connector.pins.sawPooler(err)
-	case c.mark != "" && marker != "" && marker != c.mark && strings.HasPrefix(marker, markerPrefix):
-		err = c.poolerDetected(fmt.Sprintf("runs on backend pid %d, where another lockhooks connection was opened meanwhile", pid))
-		c.connector.pins.sawPooler(err)
+		err = c.PoolerDetected(fmt.Sprintf("was opened on backend pid %d but its statements now run on backend pid %d", pid, ranOn))
+		c.connector.pins.SawPooler(err)
+	case c.mark != "" && marker != "" && marker != c.mark && strings.HasPrefix(marker, pgsession.MarkerPrefix):
+		err = c.PoolerDetected(fmt.Sprintf("runs on backend pid %d, where another lockhooks connection was opened meanwhile", pid))
+		c.connector.pins.SawPooler(err)
 	}
 	if inTx {
 		end := "RELEASE SAVEPOINT lockhooks_read"
@@ -208,7 +209,7 @@ func (c *conn) verifyUnknown(ctx context.Context) bool {
 		}
 		return false
 	}
-	c.connector.pins.settle(c)
+	c.connector.pins.Settle(c)
 	return true
 }
 
@@ -224,7 +225,7 @@ func (c *conn) verifyOnReturn() {
 		return
 	}
 	c.reconcile(ctx, "unknown (found in pg_locks when the connection was returned to the pool)", nil, true)
-	c.connector.pins.settle(c)
+	c.connector.pins.Settle(c)
 }
 
 // heldView is what the tracking says a connection holds: session locks
@@ -242,7 +243,7 @@ type heldView struct {
 func (c *conn) view() heldView {
 	c.pin.Lock()
 	defer c.pin.Unlock()
-	v := heldView{pid: c.lockPID(), session: map[lockKey]int{}, approx: map[lockKey]bool{}, xact: map[lockKey]int{}, lost: c.pin.Lost != nil, parked: c.pin.Parked}
+	v := heldView{pid: c.LockPID(), session: map[lockKey]int{}, approx: map[lockKey]bool{}, xact: map[lockKey]int{}, lost: c.pin.Lost != nil, parked: c.pin.Parked}
 	for k, l := range c.pin.Held {
 		v.session[k] = l.Count
 		if l.Approx {

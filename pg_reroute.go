@@ -19,8 +19,8 @@ func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) (err
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	h := p.holderOf(k, from)
-	if h == nil {
+	h, ok := p.HolderOf(k, from)
+	if !ok {
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v: no connection of this database holds that lock (Postgres would answer false); unlock only what you locked, with the same key and mode",
 			ErrNotLockOwner, sharedSuffix(k), k, from)
 	}
@@ -37,7 +37,7 @@ func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) (err
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v: the lock is held by %v, which is in use (taken at %s, %v ago); unlock it on that connection (hold a *sql.Conn, or use lockhooks.AcquireAdvisoryLock)",
 			ErrNotLockOwner, sharedSuffix(k), k, from, h, site, time.Since(since).Round(time.Millisecond))
 	}
-	defer p.settle(h) // closes the holder if it holds nothing more
+	defer p.Settle(h) // closes the holder if it holds nothing more
 	return h.unlockParked(context.WithoutCancel(ctx), k, site)
 }
 

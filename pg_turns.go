@@ -87,7 +87,7 @@ func (c *conn) takeTurn(ctx context.Context, key int64) error {
 	defer close(stop)
 	go c.connector.pins.watchPoolDeadlock(wctx, stop, key, cancel)
 	err := turns.lock(wctx, key, c, nil, nil, nil)
-	if err == nil && c.connector.pins.isClosed() {
+	if err == nil && c.connector.pins.IsClosed() {
 		turns.unlock(key, c) // db.Close ran meanwhile: nothing is sent
 		return fmt.Errorf("%w (advisory lock %s)", errDatabaseClosedWhileQueued, describeKey(key))
 	}
@@ -163,7 +163,7 @@ func (p *pinning) watchPoolDeadlock(ctx context.Context, stop <-chan struct{}, k
 			return
 		case <-ctx.Done():
 			return
-		case <-p.closing:
+		case <-p.Closing():
 			cancel(fmt.Errorf("%w (advisory lock %s)", errDatabaseClosedWhileQueued, describeKey(key)))
 			return
 		case <-t.C:
@@ -219,7 +219,7 @@ func (p *pinning) poolDeadlock(key int64) error {
 // key.
 func (p *pinning) stuckWaits(key int64) (stuck int, holder string) {
 	parked := map[int64]*conn{} // keys held by parked connections
-	for _, h := range p.snapshot() {
+	for _, h := range p.Snapshot() {
 		h.pin.Lock()
 		if h.pin.Parked && h.pin.Lost == nil {
 			for k := range h.pin.Held {

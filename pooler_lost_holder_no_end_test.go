@@ -141,7 +141,7 @@ func startPoolerLoss(t *testing.T, declared bool, delay time.Duration) *poolerLo
 	if a.l, err = AcquireAdvisoryLock(context.Background(), db, a.key); err != nil {
 		t.Fatal(err)
 	}
-	a.s1 = a.l.c.lockPID()
+	a.s1 = a.l.c.LockPID()
 	var holder int32
 	if err := e.raw.QueryRow("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND granted", a.key).Scan(&holder); err != nil || holder != a.s1 {
 		t.Fatalf("lock on backend %d (%v), lockhooks says %d", holder, err, a.s1)
@@ -253,11 +253,7 @@ func (a *poolerLoss) reconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	pins := a.l.c.connector.pins
-	waitFor(t, 20*time.Second, "A's monitor to handle its end queue and stop", func() bool {
-		pins.mu.Lock()
-		defer pins.mu.Unlock()
-		return pins.ends.Empty() && pins.cancelMonitor == nil
-	})
+	waitFor(t, 20*time.Second, "A's monitor to handle its end queue and stop", pins.Idle)
 }
 
 // advisoryHeldBy is how many times backend pid holds advisory key (a

@@ -63,7 +63,7 @@ func TestSessionPoolerHandsParkedHoldersBackendToTheCheck(t *testing.T) {
 					t.Fatal(err)
 				}
 				h := stateOf(t, c)
-				s1 := h.lockPID()
+				s1 := h.LockPID()
 				link := linkOfConn(t, proxy, h)
 				if err := c.Close(); err != nil { // parked: it holds the lock
 					t.Fatal(err)
@@ -82,7 +82,7 @@ func TestSessionPoolerHandsParkedHoldersBackendToTheCheck(t *testing.T) {
 					t.Fatalf("the holder's loss = %v, want ErrLockLost for its dead connection, not ErrTransactionPooler\nlog:\n%s", lost, e.log)
 				}
 				t.Logf("reported: %v", lost)
-				if perr := h.connector.pins.poolerSeen(); perr != nil {
+				if perr := h.connector.pins.PoolerSeen(); perr != nil {
 					t.Fatalf("a transaction-mode pooler was named: %v", perr)
 				}
 				if n := advisoryHeldBy(t, e.raw, s1, key); n != 0 {
@@ -95,7 +95,7 @@ func TestSessionPoolerHandsParkedHoldersBackendToTheCheck(t *testing.T) {
 				if err != nil {
 					t.Fatalf("AcquireAdvisoryLock after the loss: %v\nlog:\n%s", err, e.log)
 				}
-				if got := l.c.lockPID(); got != s1 {
+				if got := l.c.LockPID(); got != s1 {
 					t.Fatalf("the new lock is on backend %d, want %d (the pool's only server connection)", got, s1)
 				}
 				if n := advisoryHeldBy(t, e.raw, s1, key); n != 1 {
@@ -169,7 +169,7 @@ func TestUndeclaredPoolerNamedAtFirstLookOnParkedHolder(t *testing.T) {
 		t.Fatalf("the lock through an idle pool: %v", err)
 	}
 	h := stateOf(t, c)
-	pid := h.lockPID()
+	pid := h.LockPID()
 	t.Cleanup(func() { mustExec(t, e.raw, "SELECT pg_terminate_backend($1)", pid) }) // the stranded lock
 	if err := c.Close(); err != nil {
 		t.Fatal(err)

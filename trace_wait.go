@@ -196,7 +196,7 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, key
 		return w
 	}
 	for _, k := range resolved {
-		if h := c.connector.pins.holderOf(k, c); h != nil {
+		if h, ok := c.connector.pins.HolderOf(k, c); ok {
 			w.heldBy(h.asHolder([]lockKey{k}))
 		}
 	}

@@ -21,7 +21,16 @@
 //     lockhooks' ([RoundTrips]: the quiet time an end request carries);
 //   - the holder that keeps a connection's session locks through a
 //     transaction-mode pooler, a server connection of its own inside a
-//     transaction ([Holder]: opened, begun, pinged, ended).
+//     transaction ([Holder]: opened, begun, pinged, ended);
+//   - the registry of one database's connections that hold session locks,
+//     in use or parked ([Registry], over the caller's connection as a
+//     [Member]): registering and settling them, closing a parked one once
+//     it holds nothing, db.Close, the proof of an undeclared transaction
+//     pooler; and its monitor, one goroutine per database while there is
+//     something to watch, which checks on a side connection that the
+//     holders' backends are alive and hold their locks, loses what cannot
+//     be confirmed when the server cannot be reached, warns of long
+//     parked holds, and ends the backends of lost holders.
 //
 // The rule for ending a backend: lockhooks ends one only where it can
 // prove that no other client can have used it since lockhooks last did.
@@ -43,8 +52,10 @@
 // act.
 //
 // State: one connection's advisory locks ([State]; its mutex is taken
-// after the caller's registry and statement locks, and only leaves are
-// taken under it: the turn table's and the telemetry of a freed hold);
+// after the registry's and the caller's statement locks, and only leaves
+// are taken under it: the turn table's and the telemetry of a freed hold);
+// one database's holders ([Registry]: its mutex first, before any
+// member's; the monitor's goroutine, stopped by Close);
 // the queue of end requests of one database ([EndQueue]; its mutex is a
 // leaf: taken under any other lock, none taken under it); one connection's
 // last round trips ([RoundTrips]: atomics, and a leaf mutex); one
@@ -54,6 +65,8 @@
 // Imports: internal/advisorykey (the keys), internal/callsite (where a
 // transaction took its first transaction-level lock), internal/rawconn
 // and internal/pgdriver (the holder's own statements, and what the driver
-// allows them); database/sql/driver for the values of its own statements;
+// allows them), internal/pgserver (the monitor's read of the holders'
+// backends), internal/dberr (whether an error is the server's);
+// database/sql/driver for the values of its own statements;
 // OpenTelemetry's trace package for the span a lock was taken in.
 package pgsession
