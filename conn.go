@@ -101,8 +101,8 @@ type conn struct {
 	pin pinState
 
 	// hold keeps the session locks in transaction-pooler mode
-	// (pg_pooler.go); its PID is read by other goroutines.
-	hold pgsession.Holder
+	// (pgsession.TxHolder); its PID is read by other goroutines.
+	hold pgsession.TxHolder
 
 	// order is the lock-order checker's state for the connection.
 	order stmtlocks.Session
@@ -158,6 +158,9 @@ const (
 func newConn(c *connector, inner driver.Conn) driver.Conn {
 	w := &conn{connector: c, inner: inner, id: c.nextID.Add(1)}
 	w.tx.c = w
+	if c.pins != nil {
+		w.hold.Init(&c.pins.holders, w)
+	}
 	var mask uint
 	if e, ok := inner.(driver.ExecerContext); ok {
 		w.execer = e

@@ -432,7 +432,7 @@ func (c *connector) Driver() driver.Driver {
 func (c *connector) Close() error {
 	databases.leave(c)
 	if c.pins != nil {
-		c.pins.close()
+		c.pins.Close()
 	}
 	c.tel.Close()
 	c.waits.Close()

@@ -327,13 +327,13 @@ func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall,
 	return string(append(append(id.AppendAnnotation(buf[:0]), text...), suffix...))
 }
 
-// releaseLockSavepoint ends the savepoint of a statement run on c's
-// transaction-pooler holder (runOnHolder). On a connection that publishes
+// ReleaseLockSavepoint ends the savepoint of a statement run on c's
+// transaction-pooler holder (pgsession.TxHolder.Run). On a connection that publishes
 // identities it also sets the holder's application_name for its
 // transaction and begins with the annotation, so that the holder's last
 // statement names it: the oldest lock it holds, or the one being taken
 // (where ctx says, now).
-func (c *conn) releaseLockSavepoint(ctx context.Context, h driver.Conn) error {
+func (c *conn) ReleaseLockSavepoint(ctx context.Context, h driver.Conn) error {
 	const release = "RELEASE SAVEPOINT lockhooks_lock"
 	if !c.connector.own.OK() {
 		return rawconn.Exec(ctx, h, release)

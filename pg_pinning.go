@@ -142,7 +142,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	}
 	adv := st.advisory
 	if adv == nil {
-		if err := c.checkHolder(ctx); err != nil {
+		if err := c.hold.Check(ctx); err != nil {
 			return plan, nil, err
 		}
 		if st.rowLock {
@@ -170,7 +170,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		return plan, nil, err
 	}
 	if !plan.onHolder {
-		if err := c.checkHolder(ctx); err != nil {
+		if err := c.hold.Check(ctx); err != nil {
 			return plan, nil, err
 		}
 	}

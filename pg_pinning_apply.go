@@ -73,7 +73,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		c.loseIfReleased(plan.st.text) // (a statement of several calls may have run its unlock)
 		c.connector.pins.Settle(c)
 		if c.connector.opts.txPooler {
-			c.releaseHolder(context.WithoutCancel(ctx))
+			c.hold.EndIfEmpty()
 		}
 		return err
 	}
@@ -108,7 +108,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	c.loseIfReleased(plan.st.text) // an AdvisoryLock's key released on its own connection
 	c.connector.pins.Settle(c)
 	if c.connector.opts.txPooler {
-		c.releaseHolder(context.WithoutCancel(ctx))
+		c.hold.EndIfEmpty()
 	}
 	return verr
 }
@@ -120,7 +120,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 // gone (half-open), and nobody could unlock it. Only keys the statement
 // named (a call whose key lockhooks could not resolve, in a DO block or a
 // function, is left alone), and not through a pooler: there the holder's
-// own failure does it (holderFailed), and an undeclared pooler's backend
+// own failure does it (pgsession.TxHolder.Failed), and an undeclared pooler's backend
 // serves others.
 func (c *conn) endAfterBreak(plan advisoryPlan) {
 	if !c.endable() {

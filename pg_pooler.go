@@ -5,11 +5,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
-	"time"
 
-	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
@@ -138,195 +135,40 @@ func (c *conn) splitConflict(adv *sqlscan.Advisory, keys []lockKey, known []bool
 	return nil
 }
 
-// runOnHolder runs a session-lock statement on c's holder, in a savepoint
-// so that a failed lock (a deadlock, a lock_timeout) does not abort the
-// transaction that keeps the other locks, and returns its one row.
-//
-// Holder statements are short (a try, an unlock; a blocking lock polls), and
-// run with a bounded context of their own: a caller's cancellation in the
-// middle of one would make the driver close the holder, and every other
-// lock on it would be lost. The caller's context is checked first.
-func (c *conn) runOnHolder(ctx context.Context, query string, args []driver.NamedValue) (*rawconn.Row, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
-	defer cancel()
-	h, err := c.holder(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := rawconn.Exec(ctx, h, "SAVEPOINT lockhooks_lock"); err != nil {
-		return nil, c.holderFailed(err)
-	}
-	rows, err := rawconn.Query(ctx, h, query, args)
-	var answer *rawconn.Row
-	if err == nil {
-		answer, err = rawconn.ReadRow(rows)
-	}
-	if err != nil {
-		if !dberr.FromServer(err) {
-			return nil, c.holderFailed(err)
-		}
-		if rerr := rawconn.Exec(ctx, h, "ROLLBACK TO SAVEPOINT lockhooks_lock"); rerr != nil {
-			return nil, c.holderFailed(rerr)
-		}
-		return nil, err
-	}
-	if err := c.releaseLockSavepoint(ctx, h); err != nil { // with the holder's identity (pg_identity_publish.go)
-		return nil, c.holderFailed(err)
-	}
-	return answer, nil
-}
-
-// Polling bounds for a blocking lock through a transaction pooler.
-const (
-	poolerPollMin = 5 * time.Millisecond
-	poolerPollMax = 250 * time.Millisecond
-)
-
-// runPlanOnHolder runs a statement's session-lock calls on c's holder. A
-// lone blocking pg_advisory_lock polls with pg_try_advisory_lock instead of
-// waiting on the server: a waiting statement would keep one of the pooler's
-// few server connections busy for as long as it waits (one per waiting
-// replica), and the holder's own work could find none left. Between tries
-// the holder's transaction ends, so it keeps no server connection either.
+// runPlanOnHolder runs a statement's session-lock calls on c's holder; a
+// lone blocking pg_advisory_lock polls with pg_try_advisory_lock there
+// instead of waiting on the server (pgsession.TxHolder.PollLock).
 func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query string, args []driver.NamedValue) (*rawconn.Row, error) {
 	adv := plan.st.advisory
 	if !adv.Simple || adv.Calls[0].Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 || !plan.known[0] {
-		return c.runOnHolder(ctx, query, args)
+		return c.hold.Run(ctx, query, args)
 	}
 	k := plan.keys[0]
 	try, tryArgs := k.tryQuery()
-	delay := poolerPollMin
-	for {
-		answer, err := c.runOnHolder(ctx, try, tryArgs)
-		if err != nil {
-			return nil, err
-		}
-		if got, _ := answer.Values()[0].(bool); got {
-			return rawconn.OneValue(adv.Calls[0].Column, nil), nil // pg_advisory_lock returns void
-		}
-		c.releaseHolder(ctx)
-		t := time.NewTimer(delay/2 + rand.N(delay/2+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-c.connector.pins.Closing():
-			t.Stop()
+	if err := c.hold.PollLock(ctx, try, tryArgs); err != nil {
+		if errors.Is(err, pgsession.ErrClosing) {
 			return nil, fmt.Errorf("lockhooks: pg_advisory_lock%s(%s) on %v: the database was closed while the lock was awaited", sharedSuffix(k), k, c)
-		case <-t.C:
 		}
-		delay = min(2*delay, poolerPollMax)
+		return nil, err
 	}
+	return rawconn.OneValue(adv.Calls[0].Column, nil), nil // pg_advisory_lock returns void
 }
 
-// holder returns the connection of c's holder, opening it and its
-// transaction if needed.
-func (c *conn) holder(ctx context.Context) (driver.Conn, error) {
-	h := &c.hold
-	if h.Conn() == nil {
-		inner, err := c.connector.inner.Connect(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("lockhooks: opening the connection that holds session locks through the transaction pooler: %w", err)
-		}
-		h.Open(inner)
-	}
-	if !h.InTx() {
-		// (TestPoolerHolderBackend checks the pid Begin reads against the
-		// backend that holds the locks; a wrong one would also fail every
-		// readHolderLocks: "its holder answered from backend pid …")
-		if err := h.Begin(ctx, c.connector.own.Of(h.Conn())); err != nil {
-			return nil, c.holderFailed(err)
-		}
-	}
-	return h.Conn(), nil
-}
+// The connection as the host of its transaction-pooler holder
+// (pgsession.HolderHost).
 
-// holderFailed drops a holder whose statement failed outside the server's
-// control: its transaction, and the locks it kept, are gone.
-func (c *conn) holderFailed(err error) error {
-	pid := c.hold.Drop()
-	// Whatever its backend still holds or awaits stays there until the
-	// pooler drops it: a backend behind a pooler is never ended (see the
-	// rule in pg_loss.go), since the pooler may have given it to another
-	// client already. PgBouncer closes a server connection whose client
-	// left mid-transaction, which ends the backend and frees its locks.
+// HolderLost records that the session locks on c's holder's backend pid
+// are lost with the holder, whose statement failed with err.
+func (c *conn) HolderLost(pid int32, err error) error {
 	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, pgsession.LossReport)
 	return c.lostError(lost, err)
 }
 
-// checkHolder confirms, before a statement of the protected work runs on
-// the connection (not on its holder), that the holder keeping its session
-// locks is still there: through a transaction pooler the statement runs on
-// another server connection, so nothing else would stop it from running
-// after the lock was lost. It costs one round trip (a ping of the holder)
-// per such statement while the connection holds session locks, and
-// nothing otherwise.
-func (c *conn) checkHolder(ctx context.Context) error {
-	if !c.hold.InTx() || c.hold.PID() == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	// The ping runs with a bounded context of its own: the caller's
-	// cancellation in the middle of it would make the driver close the
-	// holder, and every lock on it would be lost.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
-	defer cancel()
-	if err := c.hold.Ping(ctx); err != nil {
-		return c.holderFailed(fmt.Errorf("its holder did not answer a ping: %w", err))
-	}
-	return nil
-}
-
-// releaseHolder ends the holder's transaction once c holds nothing: the
-// pooler may then give its server connection to others.
-func (c *conn) releaseHolder(ctx context.Context) {
+// HoldsNothing reports whether c holds no session lock.
+func (c *conn) HoldsNothing() bool {
 	c.pin.Lock()
-	empty := len(c.pin.Held) == 0
-	c.pin.Unlock()
-	if empty {
-		c.endHolderTxWithin(c.connector.opts.lockCheckTimeout)
-	}
-}
-
-// closeHolder closes c's holder, releasing what it holds (c is being
-// closed).
-func (c *conn) closeHolder() {
-	if c.hold.Conn() == nil {
-		return
-	}
-	limit := c.connector.opts.lockCheckTimeout
-	select {
-	case <-c.connector.pins.Closing():
-		// db.Close: a silent network must not stretch it. Past this the
-		// holder is just closed; the pooler drops the server connection of
-		// a client that left in the middle of a transaction, and its locks
-		// with it (a clean end, when it comes in time, spares the pooler
-		// that churn).
-		limit = min(limit, closeHolderLimit)
-	default:
-	}
-	c.endHolderTxWithin(limit)
-	c.hold.Close()
-}
-
-// closeHolderLimit bounds the clean end of a holder's transaction during
-// db.Close.
-const closeHolderLimit = 250 * time.Millisecond
-
-// endHolderTxWithin ends the holder's transaction, within limit
-// (pgsession.Holder.EndTx: its locks released, or the holder closed).
-func (c *conn) endHolderTxWithin(limit time.Duration) {
-	if !c.hold.InTx() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	c.hold.EndTx(ctx)
+	defer c.pin.Unlock()
+	return len(c.pin.Held) == 0
 }
 
 // poolerDetected is the error for a connection found on a backend other

@@ -121,7 +121,7 @@ func (c *conn) readHolderLocks(ctx context.Context) (lockSet, error) {
 		err = fmt.Errorf("its holder answered from backend pid %d, not its own %d", ranOn, pid)
 	}
 	if err != nil {
-		return nil, c.holderFailed(err)
+		return nil, c.hold.Failed(err)
 	}
 	return held, nil
 }

@@ -31,10 +31,12 @@ import (
 // taken under them.
 type pinning struct {
 	*pgsession.Registry[lockKey, *conn]
-	c *connector
+	c       *connector
+	holders pgsession.TxPooler // what its connections' holders share through a declared transaction pooler
 
-	locksMu sync.Mutex
-	locks   map[*AdvisoryLock]struct{} // handed out and not released
+	locksMu     sync.Mutex
+	locks       map[*AdvisoryLock]struct{} // handed out and not released
+	locksClosed bool                       // db.Close has run: track refuses
 
 	// deadlockLogged is when a pool deadlock was last logged (monoNow;
 	// pg_turns.go).
@@ -46,14 +48,17 @@ type pinning struct {
 
 func newPinning(c *connector) *pinning {
 	o := c.opts
-	return &pinning{c: c, locks: make(map[*AdvisoryLock]struct{}),
+	connect := func(ctx context.Context) (driver.Conn, error) { return c.inner.Connect(ctx) }
+	p := &pinning{c: c, locks: make(map[*AdvisoryLock]struct{}),
 		Registry: pgsession.NewRegistry[lockKey](pgsession.Config[*conn]{
 			CheckInterval: o.lockCheckInterval, CheckTimeout: o.lockCheckTimeout, ParkedWarning: o.parkedWarning,
 			TxPooler: o.txPooler, PinningPooler: o.pinningPooler, Logger: o.logger,
-			Connect:  func(ctx context.Context) (driver.Conn, error) { return c.inner.Connect(ctx) },
+			Connect:  connect,
 			OpenConn: func(id uint64) (*conn, bool) { oc := c.openConn(id); return oc, oc != nil },
 			LongHold: func(msg string) { c.events.Add(eventLongHold, msg) },
 		})}
+	p.holders = pgsession.TxPooler{Timeout: o.lockCheckTimeout, Connect: connect, Own: &c.own, Closing: p.Closing()}
+	return p
 }
 
 // track notes an AdvisoryLock handed out, for db.Close; false once
@@ -61,7 +66,7 @@ func newPinning(c *connector) *pinning {
 func (p *pinning) track(l *AdvisoryLock) bool {
 	p.locksMu.Lock()
 	defer p.locksMu.Unlock()
-	if p.IsClosed() {
+	if p.locksClosed {
 		return false
 	}
 	p.locks[l] = struct{}{}
@@ -75,14 +80,17 @@ func (p *pinning) untrack(l *AdvisoryLock) {
 	p.locksMu.Unlock()
 }
 
-// close is called by db.Close: every connection lockhooks kept for its
+// Close is called by db.Close: every connection lockhooks kept for its
 // locks is closed, which releases them on the server: parked ones at once
-// (pgsession.Registry.Close), those of AdvisoryLocks through their
-// *sql.Conn; a *sql.Conn the application still holds is closed by
-// database/sql when it is returned, and its locks are reported lost now.
-// One log line says what was released.
-func (p *pinning) close() {
-	released := p.Registry.Close() // closed from here on: track refuses
+// (pgsession.Registry.Close, which this shadows), those of AdvisoryLocks
+// through their *sql.Conn; a *sql.Conn the application still holds is
+// closed by database/sql when it is returned, and its locks are reported
+// lost now. One log line says what was released.
+func (p *pinning) Close() {
+	p.locksMu.Lock()
+	p.locksClosed = true // from here on track refuses, as before db.Close looks at the holders
+	p.locksMu.Unlock()
+	released := p.Registry.Close()
 	p.locksMu.Lock()
 	locks := slices.Collect(maps.Keys(p.locks))
 	p.locksMu.Unlock()
@@ -126,7 +134,7 @@ func (c *conn) CloseInner() error {
 	c.releaseTurnsLocked()
 	c.pin.Unlock()
 	c.connector.forget(c)
-	c.closeHolder()
+	c.hold.Shut()
 	return c.inner.Close()
 }
 

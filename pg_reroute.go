@@ -59,7 +59,7 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 	var err error
 	if h.connector.opts.txPooler {
 		var answer *rawconn.Row
-		if answer, err = h.runOnHolder(ctx, q, args); err == nil && len(answer.Values()) == 1 {
+		if answer, err = h.hold.Run(ctx, q, args); err == nil && len(answer.Values()) == 1 {
 			v = answer.Values()[0]
 		}
 	} else {
@@ -86,7 +86,7 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 	}
 	h.connector.tel.UnlockRerouted(ctx)
 	h.forgetLock(k)
-	h.releaseHolder(ctx)
+	h.hold.EndIfEmpty()
 	if approx {
 		// The count may be off: pg_locks says whether the key is still held.
 		h.reconcile(ctx, site, nil, false)

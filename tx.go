@@ -139,7 +139,7 @@ func (t *tx) Commit() (err error) {
 		if ctx == nil {
 			ctx = context.Background()
 		}
-		if err := t.c.checkHolder(ctx); err != nil {
+		if err := t.c.hold.Check(ctx); err != nil {
 			t.inner.Rollback()
 			return err
 		}

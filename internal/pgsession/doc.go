@@ -21,7 +21,11 @@
 //     lockhooks' ([RoundTrips]: the quiet time an end request carries);
 //   - the holder that keeps a connection's session locks through a
 //     transaction-mode pooler, a server connection of its own inside a
-//     transaction ([Holder]: opened, begun, pinged, ended);
+//     transaction ([Holder]: opened, begun, pinged, ended), and what runs
+//     there ([TxHolder], over the connection as a [HolderHost]: a lock
+//     statement in a savepoint, a blocking lock polled, the ping before
+//     the protected work, the end of its transaction once nothing is
+//     held, and its loss when it fails);
 //   - the registry of one database's connections that hold session locks,
 //     in use or parked ([Registry], over the caller's connection as a
 //     [Member]): registering and settling them, closing a parked one once
@@ -59,8 +63,8 @@
 // the queue of end requests of one database ([EndQueue]; its mutex is a
 // leaf: taken under any other lock, none taken under it); one connection's
 // last round trips ([RoundTrips]: atomics, and a leaf mutex); one
-// connection's pooler holder ([Holder]: used by one goroutine at a time,
-// its backend pid in an atomic).
+// connection's pooler holder ([Holder], [TxHolder]: used by one goroutine
+// at a time, its backend pid in an atomic).
 //
 // Imports: internal/advisorykey (the keys), internal/callsite (where a
 // transaction took its first transaction-level lock), internal/rawconn
