@@ -27,37 +27,19 @@ import (
 // server's own "terminating connection" and connection-exception errors:
 // any FATAL (the server ends the session after it), among them 57P01
 // (pg_terminate_backend), 57P05 (idle_session_timeout) and 25P03
-// (idle_in_transaction_session_timeout).
+// (idle_in_transaction_session_timeout) (dberr.SessionEnded).
 func (c *conn) connectionBroken(err error) bool {
 	if errors.Is(err, driver.ErrBadConn) {
 		return true
 	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		switch code := pg.SQLState(); {
-		case strings.HasPrefix(code, "08"), code == "57P01", code == "57P02", code == "57P03", code == "57P05", code == dberr.IdleInTransactionTimeout:
-			return true
-		}
-		return fatal(err)
+	if ended, isServer := dberr.SessionEnded(err); isServer {
+		return ended
 	}
 	if !c.suspect.Load() {
 		return false
 	}
 	// Not the server's error: ask whether the connection is still there.
 	return !c.alive()
-}
-
-// fatal reports whether a server error has severity FATAL or PANIC: the
-// server ends the session after sending it. Neither pgx's *pgconn.PgError
-// nor lib/pq's *pq.Error has a method for it, only string fields
-// (SeverityUnlocalized, which does not depend on lc_messages, and
-// Severity), read by reflection so that the root package imports no driver.
-func fatal(err error) bool {
-	s := dberr.Field(err, "SeverityUnlocalized")
-	if s == "" {
-		s = dberr.Field(err, "Severity")
-	}
-	return s == "FATAL" || s == "PANIC"
 }
 
 // alive pings the connection.

@@ -85,6 +85,37 @@ func ConnectionLost(err error) bool {
 		errors.As(err, &ne)
 }
 
+// SessionEnded reports whether err, if it is the server's (one with a
+// SQLSTATE: isServer), says the server ended the session: a
+// connection-exception (class 08), 57P01 (pg_terminate_backend), 57P02
+// and 57P03 (crash and shutdown), 57P05 (idle_session_timeout), 25P03
+// (idle_in_transaction_session_timeout), or any error of severity FATAL
+// or PANIC (the server ends the session after it).
+func SessionEnded(err error) (ended, isServer bool) {
+	var pg interface{ SQLState() string }
+	if !errors.As(err, &pg) {
+		return false, false
+	}
+	switch code := pg.SQLState(); {
+	case strings.HasPrefix(code, "08"), code == "57P01", code == "57P02", code == "57P03", code == "57P05", code == IdleInTransactionTimeout:
+		return true, true
+	}
+	return Fatal(err), true
+}
+
+// Fatal reports whether a server error has severity FATAL or PANIC: the
+// server ends the session after sending it. Neither pgx's
+// *pgconn.PgError nor lib/pq's *pq.Error has a method for it, only string
+// fields (SeverityUnlocalized, which does not depend on lc_messages, and
+// Severity), read by reflection so that no driver is imported.
+func Fatal(err error) bool {
+	s := Field(err, "SeverityUnlocalized")
+	if s == "" {
+		s = Field(err, "Severity")
+	}
+	return s == "FATAL" || s == "PANIC"
+}
+
 // Detail returns the DETAIL of a Postgres error, "" when it has none.
 // Neither pgx's *pgconn.PgError nor lib/pq's *pq.Error has a method for
 // it, only a string field named Detail, which is read by reflection.

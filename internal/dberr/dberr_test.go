@@ -87,3 +87,28 @@ func TestFromServer(t *testing.T) {
 		}
 	}
 }
+
+// The server ended the session with a connection exception, a
+// termination, a session timeout, or any FATAL or PANIC; other server
+// errors leave it open; an error that is not the server's says nothing.
+func TestSessionEnded(t *testing.T) {
+	for _, c := range []struct {
+		err             error
+		ended, isServer bool
+	}{
+		{&pgError{Code: "08006"}, true, true},
+		{&pgError{Code: "57P01"}, true, true},
+		{fmt.Errorf("wrapped: %w", &pgError{Code: "57P05"}), true, true},
+		{&pgError{Code: IdleInTransactionTimeout}, true, true},
+		{&pgError{Code: "53300", Severity: "FATAL"}, true, true}, // too many connections
+		{&pgError{Code: "XX000", Severity: "PANIC"}, true, true},
+		{&pgError{Code: "57014", Severity: "ERROR"}, false, true}, // a cancelled statement
+		{&pgError{Code: "40P01"}, false, true},
+		{driver.ErrBadConn, false, false},
+		{io.ErrUnexpectedEOF, false, false},
+	} {
+		if ended, isServer := SessionEnded(c.err); ended != c.ended || isServer != c.isServer {
+			t.Errorf("SessionEnded(%v) = %v, %v; want %v, %v", c.err, ended, isServer, c.ended, c.isServer)
+		}
+	}
+}
