@@ -165,7 +165,7 @@ func (pageNames) StringID(cid string) (string, bool) {
 }
 
 func (pageNames) KeyName(k1 int64) (string, bool) {
-	o, ok := originOf(k1)
+	o, ok := keyNames.Origin(k1)
 	if !ok {
 		return "", false
 	}

@@ -113,7 +113,7 @@ func (d *Driver) Open(dsn string) (driver.Conn, error) {
 	}
 	// A connector of its own that nobody closes: it must not stay in the
 	// process's registry of databases.
-	databases.leave(c.(*connector))
+	databases.Leave(c.(*connector))
 	return c.Connect(context.Background())
 }
 
@@ -430,7 +430,7 @@ func (c *connector) Driver() driver.Driver {
 // session advisory locks are closed, which releases the locks (each is
 // logged); then the inner connector is closed when it is an io.Closer.
 func (c *connector) Close() error {
-	databases.leave(c)
+	databases.Leave(c)
 	if c.pins != nil {
 		c.pins.Close()
 	}

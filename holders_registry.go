@@ -32,12 +32,6 @@ func (r *registry) join(c *connector, defaultName string) {
 	}
 }
 
-// leave forgets c (db.Close).
-func (r *registry) leave(c *connector) { r.Leave(c) }
-
-// list returns the open databases.
-func (r *registry) list() []*connector { return r.List() }
-
 // connOf returns the connection of any open Postgres database of the
 // process whose statements backend pid runs, as pg_stat_activity shows
 // the backend (its application_name app and last statement query) to
@@ -48,7 +42,7 @@ func (r *registry) connOf(pid int32, app, query string, seenBy *connector) *conn
 	if pid == 0 {
 		return nil
 	}
-	for _, c := range r.list() {
+	for _, c := range r.List() {
 		if c.opts.dialect != Postgres {
 			continue
 		}

@@ -203,26 +203,26 @@ func testAdvisoryHolderInAnotherDatabaseIsNamed(t *testing.T, pooler bool, opts 
 
 // The process's registry holds each database from Open to Close.
 func TestRegistryForgetsClosedDatabases(t *testing.T) {
-	before := len(databases.list())
+	before := len(databases.List())
 	db, err := Open("sqlite", t.TempDir()+"/r.db")
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := connectorOf(t, db)
 	found := false
-	for _, x := range databases.list() {
+	for _, x := range databases.List() {
 		found = found || x == c
 	}
 	if !found {
 		t.Error("an open database is not in the registry")
 	}
 	db.Close()
-	for _, x := range databases.list() {
+	for _, x := range databases.List() {
 		if x == c {
 			t.Error("a closed database stays in the registry")
 		}
 	}
-	if after := len(databases.list()); after > before {
+	if after := len(databases.List()); after > before {
 		t.Errorf("the registry grew from %d to %d", before, after)
 	}
 }
@@ -238,7 +238,7 @@ func TestBackendPIDsAreMatchedPerServer(t *testing.T) {
 			c.server.Store(&server)
 		}
 		databases.join(c, name)
-		t.Cleanup(func() { databases.leave(c) })
+		t.Cleanup(func() { databases.Leave(c) })
 		return c
 	}
 	open := func(c *connector, pid int32) {
@@ -281,11 +281,11 @@ func (h registryReadingHandler) Enabled(context.Context, slog.Level) bool { retu
 
 func (h registryReadingHandler) Handle(ctx context.Context, r slog.Record) error {
 	msg := r.Message
-	// A handler calling databases.list() would deadlock under the
+	// A handler calling databases.List() would deadlock under the
 	// registry's write lock; a list on another goroutine tells without
 	// hanging the test (it returns once the lock is free, if it was not).
 	listed := make(chan struct{})
-	go func() { databases.list(); close(listed) }()
+	go func() { databases.List(); close(listed) }()
 	select {
 	case <-listed:
 	case <-time.After(5 * time.Second):

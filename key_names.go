@@ -18,9 +18,6 @@ import "github.com/lockhooks/lockhooks/internal/keynames"
 // when the name is already known, one insertion when it is not.
 var keyNames keynames.Memory
 
-// originOf returns what key k was made from, if lockhooks saw it.
-func originOf(k int64) (keynames.Origin, bool) { return keyNames.Origin(k) }
-
 // describeKey formats advisory key k for a reader: "name (k)" when
 // lockhooks knows the name it was made from (LockID's argument, or Lock's
 // "namespace / id"), else the number alone. Every place that shows a key

@@ -33,7 +33,7 @@ func TestKeyNames(t *testing.T) {
 			t.Fatal(err)
 		}
 		key := lockset.AdvisoryKeys("invoices", ids, LockID)[0]
-		o, ok := originOf(key)
+		o, ok := keyNames.Origin(key)
 		if !ok || !o.Lockset || o.Namespace != "invoices" || o.Label() != c.want {
 			t.Errorf("Lock(%v): origin %+v %v, label %q, want %q", c.id, o, ok, o.Label(), c.want)
 		}

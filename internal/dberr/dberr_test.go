@@ -88,6 +88,13 @@ func TestFromServer(t *testing.T) {
 	}
 }
 
+// localizedError has pgx's two severities: SeverityUnlocalized, which does
+// not depend on lc_messages, is read first.
+type localizedError struct {
+	pgError
+	SeverityUnlocalized string
+}
+
 // The server ended the session with a connection exception, a
 // termination, a session timeout, or any FATAL or PANIC; other server
 // errors leave it open; an error that is not the server's says nothing.
@@ -98,12 +105,16 @@ func TestSessionEnded(t *testing.T) {
 	}{
 		{&pgError{Code: "08006"}, true, true},
 		{&pgError{Code: "57P01"}, true, true},
+		{&pgError{Code: "57P02"}, true, true},
+		{&pgError{Code: "57P03"}, true, true},
 		{fmt.Errorf("wrapped: %w", &pgError{Code: "57P05"}), true, true},
 		{&pgError{Code: IdleInTransactionTimeout}, true, true},
 		{&pgError{Code: "53300", Severity: "FATAL"}, true, true}, // too many connections
 		{&pgError{Code: "XX000", Severity: "PANIC"}, true, true},
 		{&pgError{Code: "57014", Severity: "ERROR"}, false, true}, // a cancelled statement
 		{&pgError{Code: "40P01"}, false, true},
+		{&localizedError{pgError: pgError{Code: "53300", Severity: "SCHWERWIEGEND"}, SeverityUnlocalized: "FATAL"}, true, true},
+		{&localizedError{pgError: pgError{Code: "53300", Severity: "FATAL"}, SeverityUnlocalized: "ERROR"}, false, true},
 		{driver.ErrBadConn, false, false},
 		{io.ErrUnexpectedEOF, false, false},
 	} {

@@ -204,6 +204,9 @@ func (t *TxHolder) Check(ctx context.Context) error {
 // EndIfEmpty ends the holder's transaction once the connection holds
 // nothing: the pooler may then give its server connection to others.
 func (t *TxHolder) EndIfEmpty() {
+	if !t.InTx() {
+		return // no holder transaction (nor a host, before Init)
+	}
 	if t.host.HoldsNothing() {
 		t.endTxWithin(t.db.Timeout)
 	}

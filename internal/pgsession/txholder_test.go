@@ -64,9 +64,14 @@ func TestTxHolder(t *testing.T) {
 	if pid == 0 || h.released != 1 {
 		t.Fatalf("after a lock on the holder: pid %d, savepoints released %d", pid, h.released)
 	}
-	// A failed statement rolls back to its savepoint: the lock stays.
+	// A failed statement rolls back to its savepoint: the holder's
+	// transaction goes on (a session lock would outlive an aborted one
+	// anyway: the next statement tells), nothing is lost.
 	if _, err := th.Run(ctx, "SELECT pg_advisory_lock(1/0)", nil); err == nil {
 		t.Fatal("a failing statement succeeded")
+	}
+	if _, err := th.Run(ctx, "SELECT 1", nil); err != nil || !th.InTx() || th.PID() != pid || len(h.lost) != 0 {
+		t.Fatalf("after a failed statement: next statement %v, in a transaction %v, pid %d (was %d), losses %v", err, th.InTx(), th.PID(), pid, h.lost)
 	}
 	var held bool
 	if err := raw.QueryRowContext(ctx, "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND objid = 11 AND pid = $1)", pid).Scan(&held); err != nil || !held {
@@ -111,7 +116,7 @@ func TestTxHolder(t *testing.T) {
 
 	// A holder whose backend is gone is dropped, its loss reported.
 	pid = th.PID()
-	if _, err := raw.ExecContext(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+	if _, err := raw.ExecContext(ctx, "SELECT pg_terminate_backend($1, 10000)", pid); err != nil { // (waits until it is gone)
 		t.Fatal(err)
 	}
 	if err := th.Check(ctx); err == nil {
