@@ -363,7 +363,7 @@ func (l *AdvisoryLock) Conn() *sql.Conn { return l.conn }
 // may take the key at once. On SQLite the in-process lock cannot be lost
 // and the channel never closes.
 func (l *AdvisoryLock) Lost() <-chan struct{} {
-	return l.c.lostChan()
+	return l.c.pin.LostChan()
 }
 
 // Err returns nil while the lock is held, and an error wrapping

@@ -115,7 +115,7 @@ func TestTokenFencesAStaleHolder(t *testing.T) {
 		t.Fatalf("the holder's guarded write updated %d rows", n)
 	}
 	// The old holder stalls; its backend is terminated, the lock is lost.
-	mustExec(t, raw, "SELECT pg_terminate_backend($1)", old.c.pid.Load())
+	mustExec(t, raw, "SELECT pg_terminate_backend($1)", old.c.pin.PID.Load())
 	select {
 	case <-old.Lost():
 	case <-time.After(20 * time.Second):

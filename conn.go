@@ -59,22 +59,13 @@ type conn struct {
 	// the state's own fields are.
 	readTexts fixedReads
 
-	// pid is the Postgres backend pid, read when the connection opens (0
-	// until then, and on SQLite).
-	pid atomic.Int32
-
 	// direct: the connection reaches the server itself, no pooler between
 	// (the process id the server sent at connect is pg_backend_pid()'s,
 	// which a pooler's is not; pgx only, no pooler declared, and not in
 	// the simple protocol the user chose). Its statements then run on
-	// pid's backend, always: an exact session-lock statement needs no
+	// pin.PID's backend, always: an exact session-lock statement needs no
 	// pg_locks read after it (see annotatedLockText).
 	direct bool
-	// reachesServer: the process id the server sent at connect is
-	// pg_backend_pid()'s (pgx, or lib/pq), so no pooler stands between the
-	// connection and its backend, whatever the options say; only then may
-	// lockhooks end that backend after a loss (see endable).
-	reachesServer bool
 	// sentArgs holds the arguments of a statement lockhooks annotated
 	// (sentWith).
 	sentArgs []driver.NamedValue
@@ -83,26 +74,15 @@ type conn struct {
 	sentTexts [8]string
 	sentNext  int
 
-	// incarnation names pid's backend among all that had its pid (see
-	// pgsession.IncarnationExpr), read with it; "" when the server could not tell
-	// (then lockhooks never ends the backend: see endBackend).
-	incarnation string
-
-	// trips are when the connection last sent a statement that lockhooks
-	// follows and last had one answered, for ending its backend after a
-	// loss only if nobody else ran on it since (endTarget).
-	trips pgsession.RoundTrips
-
 	// tx is the connection's transaction; database/sql runs at most one
 	// per connection at a time, so BeginTx hands out a pointer to it.
 	tx tx
 
-	// pin is the connection's session advisory locks (Postgres).
-	pin pinState
-
-	// hold keeps the session locks in transaction-pooler mode
-	// (pgsession.TxHolder); its PID is read by other goroutines.
-	hold pgsession.TxHolder
+	// pin is the connection's session-lock tracking (Postgres): its
+	// advisory locks, the backend it reached (PID, Incarnation,
+	// ReachesServer; PID is 0 until the connection opens, and on SQLite),
+	// its round trips and its transaction-pooler holder.
+	pin pgsession.Conn[lockKey]
 
 	// order is the lock-order checker's state for the connection.
 	order stmtlocks.Session
@@ -159,7 +139,7 @@ func newConn(c *connector, inner driver.Conn) driver.Conn {
 	w := &conn{connector: c, inner: inner, id: c.nextID.Add(1)}
 	w.tx.c = w
 	if c.pins != nil {
-		w.hold.Init(&c.pins.holders, w)
+		w.pin.Hold.Init(&c.pins.holders, w)
 	}
 	var mask uint
 	if e, ok := inner.(driver.ExecerContext); ok {

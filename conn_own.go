@@ -101,7 +101,7 @@ func (c *conn) execPrepared(ctx context.Context, query string) error {
 // server once, the first time a feature needs it. The same statement leaves
 // the connection's marker on its backend (see sessionQuery).
 func (c *conn) backendPID(ctx context.Context) (int32, error) {
-	if pid := c.pid.Load(); pid != 0 {
+	if pid := c.pin.PID.Load(); pid != 0 {
 		return pid, nil
 	}
 	if c.connector.pins == nil {
@@ -128,19 +128,19 @@ func (c *conn) backendPID(ctx context.Context) (int32, error) {
 	}
 	switch pid := row[0].(type) {
 	case int64:
-		c.pid.Store(int32(pid))
+		c.pin.PID.Store(int32(pid))
 	case int32:
-		c.pid.Store(pid)
+		c.pin.PID.Store(pid)
 	default:
 		return 0, fmt.Errorf("lockhooks: pg_backend_pid() returned %T, want an integer", row[0])
 	}
 	if len(row) > 3 {
-		c.incarnation = pgsession.ReadIncarnation(pgdriver.AsString(row[3]))
+		c.pin.Incarnation = pgsession.ReadIncarnation(pgdriver.AsString(row[3]))
 	}
 	if len(row) > 1 {
-		c.sawMarker(pgdriver.AsString(row[1]), strconv.Itoa(int(c.pid.Load())))
+		c.sawMarker(pgdriver.AsString(row[1]), strconv.Itoa(int(c.pin.PID.Load())))
 	}
-	return c.pid.Load(), nil
+	return c.pin.PID.Load(), nil
 }
 
 // queryValue runs a statement of lockhooks' own on the inner connection,

@@ -118,7 +118,7 @@ func (c *conn) sentWith(plan advisoryPlan, args []driver.NamedValue) (string, []
 	if plan.sent == "" {
 		return plan.st.text, args
 	}
-	c.noteSent(plan.sent)
+	c.pin.Trips.Sent(plan.sent)
 	if slices.Contains(c.sentTexts[:], plan.sent) && c.discards.Load() == 0 { // (DISCARD ALL forgot the driver's prepared statements)
 		return plan.sent, args
 	}
@@ -133,13 +133,13 @@ func (c *conn) sentWith(plan advisoryPlan, args []driver.NamedValue) (string, []
 // afterTracked brings the lock tracking up to date and ends the lock wait.
 func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
 	if err == nil || dberr.FromServer(err) {
-		c.noteAnswered()
-		c.noteSent("") // lockhooks' own reads of pg_locks may follow
+		c.pin.Trips.Answered()
+		c.pin.Trips.Sent("") // lockhooks' own reads of pg_locks may follow
 	}
 	err = c.afterAdvisory(ctx, plan, results, err)
 	c.settleTurnAfter(plan)
 	if err == nil || dberr.FromServer(err) {
-		c.noteAnswered()
+		c.pin.Trips.Answered()
 	}
 	err = plan.wait.selfWaitResult(c, plan.st.text, err)
 	if !(plan.st.locks&sqlscan.NoWait != 0 && dberr.SQLState(err) == dberr.LockNotAvailable) { // NOWAIT did not wait

@@ -66,7 +66,7 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 		return
 	}
 	facts := c.connector.readDeadlockFacts(edges, de.Detail)
-	self := c.pid.Load()
+	self := c.pin.PID.Load()
 	held := map[int32][]string{}
 	for _, e := range edges {
 		held[e.By] = append(held[e.By], pgserver.DescribeTarget(e, facts, true, describeAdvisoryKey))

@@ -31,7 +31,7 @@ func (c *connector) collectHeld(hc *debugpage.Collector, conns []*conn, waited m
 				state = "parked"
 			}
 			pid := oc.LockPID()
-			if oc.hold.PID() != 0 {
+			if oc.pin.Hold.PID() != 0 {
 				state += ", pooler holder"
 			}
 			for k, l := range oc.pin.Held {
@@ -82,7 +82,7 @@ func (c *connector) collectHeld(hc *debugpage.Collector, conns []*conn, waited m
 // ownerOf fills the connection of a held lock's owner.
 func ownerOf(c *debugpage.Candidate, owner any) {
 	if oc := ownerConn(owner); oc != nil {
-		c.Conn, c.PID = oc.id, oc.pid.Load()
+		c.Conn, c.PID = oc.id, oc.pin.PID.Load()
 	}
 }
 

@@ -58,7 +58,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 			Since: v.Start, WaitSeconds: debugpage.SecondsSince(now, v.Start), Site: v.Site, Statement: holders.Truncate(v.Query, 500),
 			Holders: c.inProcessHolders(v, edges), Blockers: []holders.Blocker{}}
 		if v.Waiter != nil {
-			wt.Conn, wt.PID = v.Waiter.id, v.Waiter.pid.Load()
+			wt.Conn, wt.PID = v.Waiter.id, v.Waiter.pin.PID.Load()
 		}
 		b := blocked[v.Waiter]
 		if ahead := c.turnAhead(v.Waiter); b == nil && ahead != nil && blocked[ahead] != nil {
@@ -97,7 +97,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 	d.WaitersTotal = nwaits
 	pids := make(map[uint64]int32, len(conns))
 	for _, oc := range conns {
-		pids[oc.id] = oc.pid.Load()
+		pids[oc.id] = oc.pin.PID.Load()
 	}
 	d.Graph = debugpage.GraphOf(d.Waiters, pids, c.pool)
 

@@ -346,7 +346,7 @@ func TestBackendPIDIsReadAtConnect(t *testing.T) {
 	}
 	conn.Raw(func(dc any) error {
 		c := dc.(connCore).state()
-		if got := c.pid.Load(); got != want {
+		if got := c.pin.PID.Load(); got != want {
 			t.Errorf("pid read at connect = %d, want %d", got, want)
 		}
 		for range 2 {

@@ -169,7 +169,7 @@ func (c *conn) deadlockError(err error) error {
 	de = &DeadlockError{Err: err, Detail: dberr.Detail(err), Held: held, Waiting: waiting}
 	c.explainDeadlock(de, dberr.Where(err))
 	c.connector.events.Add(eventDeadlock, de.Error())
-	args := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", c.pid.Load()}
+	args := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", c.pin.PID.Load()}
 	for _, s := range de.Sides {
 		if s.This {
 			args = append(args, "waited_for", s.WaitedFor)

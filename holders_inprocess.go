@@ -120,7 +120,7 @@ func conflicting(k lockKey) []lockKey {
 // pg_locks shows holding its advisory keys.
 func (c *connector) holdersOf(ctx context.Context, v waitView) *holders.Blockage {
 	b := &holders.Blockage{Holders: c.inProcessHolders(v, c.inProcessEdges()), At: time.Now()}
-	if c.opts.dialect != Postgres || v.Waiter == nil || v.Waiter.pid.Load() == 0 {
+	if c.opts.dialect != Postgres || v.Waiter == nil || v.Waiter.pin.PID.Load() == 0 {
 		return b
 	}
 	ahead := c.turnAhead(v.Waiter)

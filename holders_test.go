@@ -243,7 +243,7 @@ func TestBackendPIDsAreMatchedPerServer(t *testing.T) {
 	}
 	open := func(c *connector, pid int32) {
 		oc := &conn{connector: c, id: 1}
-		oc.pid.Store(pid)
+		oc.pin.PID.Store(pid)
 		c.live[oc] = struct{}{}
 	}
 	a := db("server-a:5432/app", "1796119200100000")

@@ -65,7 +65,7 @@ func (c *connector) blockedConns(ctx context.Context, conns []*conn) (map[*conn]
 func (c *connector) readBlocked(ctx context.Context, side driver.Conn, conns []*conn) (map[*conn]*blockedBackend, error) {
 	pids := []string{"0"}
 	for _, oc := range conns {
-		if p := oc.pid.Load(); p != 0 {
+		if p := oc.pin.PID.Load(); p != 0 {
 			pids = append(pids, strconv.Itoa(int(p)))
 		}
 	}
@@ -158,10 +158,10 @@ func (c *connector) index() connIndex {
 	x := connIndex{byID: make(map[uint64]*conn, len(conns)), byPID: make(map[int32]*conn, len(conns)), byHolder: map[int32]*conn{}}
 	for _, oc := range conns {
 		x.byID[oc.id] = oc
-		if p := oc.pid.Load(); p != 0 {
+		if p := oc.pin.PID.Load(); p != 0 {
 			x.byPID[p] = oc
 		}
-		if p := oc.hold.PID(); p != 0 {
+		if p := oc.pin.Hold.PID(); p != 0 {
 			x.byHolder[p] = oc
 		}
 	}

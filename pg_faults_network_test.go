@@ -32,7 +32,7 @@ func TestUnreachableServerLosesTheLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := l.c.pid.Load()
+	pid := l.c.pin.PID.Load()
 	e.proxy.Refuse()
 	e.proxy.BlackHoleAll()
 	lostWithin(t, l, 20*time.Second)
@@ -66,7 +66,7 @@ func TestHalfOpenHolderIsEnded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := l.c.pid.Load()
+	pid := l.c.pin.PID.Load()
 	e.linkOf(t, pid).CutClient()
 	if _, err := l.Conn().ExecContext(ctx, "SELECT 1"); !errors.Is(err, ErrLockLost) {
 		t.Fatalf("a statement on the half-open holder: %v, want ErrLockLost", err)
@@ -89,7 +89,7 @@ func TestHalfOpenHolderIsEnded(t *testing.T) {
 	// and its backend is ended too.
 	c := otherConn(t, e.wrapped)
 	mustExec(t, c, "SELECT pg_advisory_lock(96)")
-	pid = trackedConn(t, c).pid.Load()
+	pid = trackedConn(t, c).pin.PID.Load()
 	c.Close() // parked
 	e.linkOf(t, pid).CutClient()
 	if _, err := unlock(t, e.wrapped, 96); !errors.Is(err, ErrLockLost) {
@@ -140,7 +140,7 @@ func TestLostLockFreesItsTurn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := l.c.pid.Load()
+	pid := l.c.pin.PID.Load()
 	terminate(t, e.raw, pid)
 	waitFor(t, 20*time.Second, "the holder's backend to exit", func() bool { return !backendAlive(t, e.raw, pid) })
 	lostWithin(t, l, 20*time.Second)
@@ -370,7 +370,7 @@ func TestMonitorReplacesItsEndedSideConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder := l.c.pid.Load()
+	holder := l.c.pin.PID.Load()
 	sideOf := func() int32 {
 		var pid int32
 		err := e.raw.QueryRow(`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pid <> $2 ORDER BY backend_start DESC LIMIT 1`, e.app, holder).Scan(&pid)
@@ -408,8 +408,8 @@ func TestConnectWithoutSessionMarker(t *testing.T) {
 	mustExec(t, e.raw, "ALTER DATABASE "+e.db+" SET search_path = shadow, pg_catalog, public")
 	c := otherConn(t, e.wrapped)
 	w := trackedConn(t, c)
-	if pid := pidOf(t, c); w.pid.Load() != pid || w.mark != "" {
-		t.Fatalf("connection opened with pid %d (want %d), marker %q (want none)", w.pid.Load(), pid, w.mark)
+	if pid := pidOf(t, c); w.pin.PID.Load() != pid || w.mark != "" {
+		t.Fatalf("connection opened with pid %d (want %d), marker %q (want none)", w.pin.PID.Load(), pid, w.mark)
 	}
 	mustExec(t, c, "SELECT pg_advisory_lock(108)")
 	assertTracked(t, e.raw, w)

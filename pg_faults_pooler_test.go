@@ -105,7 +105,7 @@ func TestPoolerLostHolderStopsTheNextStatement(t *testing.T) {
 	if _, err := tx.ExecContext(ctx, "INSERT INTO work VALUES (2)"); err != nil {
 		t.Fatal(err)
 	}
-	holder := l.c.hold.PID()
+	holder := l.c.pin.Hold.PID()
 	terminate(t, e.raw, holder)
 	waitFor(t, 20*time.Second, "the holder's backend to exit", func() bool { return !backendAlive(t, e.raw, holder) })
 	if err := tx.Commit(); !errors.Is(err, ErrLockLost) {
@@ -247,7 +247,7 @@ func TestUndeclaredPoolerWithAnIdlePoolIsReported(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the lock through an idle pool: %v", err)
 	}
-	pid := l.c.pid.Load()
+	pid := l.c.pin.PID.Load()
 	t.Cleanup(func() { mustExec(t, e.raw, "SELECT pg_terminate_backend($1)", pid) }) // the stranded lock
 	lostWithin(t, l, 20*time.Second)
 	if !errors.Is(l.Err(), ErrTransactionPooler) || !strings.Contains(l.Err().Error(), "WithTransactionPooler") {
@@ -282,7 +282,7 @@ func TestUndeclaredPoolerSeenAtConnect(t *testing.T) {
 	ctx := context.Background()
 	c1 := otherConn(t, db)
 	c2 := otherConn(t, db)
-	if pid1, pid2 := trackedConn(t, c1).pid.Load(), trackedConn(t, c2).pid.Load(); pid1 != pid2 {
+	if pid1, pid2 := trackedConn(t, c1).pin.PID.Load(), trackedConn(t, c2).pin.PID.Load(); pid1 != pid2 {
 		t.Fatalf("the two connections opened on backends %d and %d; the test needs PgBouncer to reuse the idle one", pid1, pid2)
 	}
 	if _, err := c1.ExecContext(ctx, "SELECT pg_advisory_lock(103)"); !errors.Is(err, ErrTransactionPooler) {

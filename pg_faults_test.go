@@ -130,7 +130,7 @@ func TestIdleSessionTimeoutIsALostLock(t *testing.T) {
 	ctx := context.Background()
 	c := otherConn(t, e.wrapped)
 	mustExec(t, c, "SELECT pg_advisory_lock(71)")
-	pid := trackedConn(t, c).pid.Load()
+	pid := trackedConn(t, c).pin.PID.Load()
 	e.waitGone(t, pid)
 	_, err := c.ExecContext(ctx, "SELECT 1")
 	if !errors.Is(err, ErrLockLost) {
@@ -150,7 +150,7 @@ func TestIdleInTransactionTimeoutIsALostLock(t *testing.T) {
 	ctx := context.Background()
 	c := otherConn(t, e.wrapped)
 	mustExec(t, c, "SELECT pg_advisory_lock(72)")
-	pid := trackedConn(t, c).pid.Load()
+	pid := trackedConn(t, c).pin.PID.Load()
 	tx, err := c.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -89,26 +89,26 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 		return fmt.Errorf("lockhooks: reading the backend pid of %v: %w", w, w.observe(err))
 	}
 	pid := int32(pgdriver.AsInt64(row[0]))
-	w.pid.Store(pid)
+	w.pin.PID.Store(pid)
 	if k, ok := pgdriver.BackendKeyPID(w.inner); ok && k == int64(pid) {
-		w.reachesServer = true
+		w.pin.ReachesServer = true
 	}
 	if own.PGX {
 		w.tx.status = pgdriver.TxStatus(w.inner)
 		// The annotated statements of a direct connection may go in pgx's
 		// exec mode (sentWith): not where the user asked for the simple
 		// protocol.
-		w.direct = w.reachesServer && !w.connector.opts.txPooler && !w.connector.opts.pinningPooler &&
+		w.direct = w.pin.ReachesServer && !w.connector.opts.txPooler && !w.connector.opts.pinningPooler &&
 			pgdriver.DefaultMode(w.inner) != own.Args[0].Value
 	}
 	app := pgdriver.AsString(row[1])
 	w.pub.connectApp = app
 	w.pub.on = app == "" || strings.HasPrefix(app, identity.AppNamePrefix)
 	if len(row) > 2 {
-		w.incarnation = pgsession.ReadIncarnation(pgdriver.AsString(row[2]))
+		w.pin.Incarnation = pgsession.ReadIncarnation(pgdriver.AsString(row[2]))
 		// The server's start time, the incarnation's second half, names
 		// the server (backend pids are per server).
-		if _, server, ok := strings.Cut(w.incarnation, "@"); ok && w.connector.server.Load() == nil {
+		if _, server, ok := strings.Cut(w.pin.Incarnation, "@"); ok && w.connector.server.Load() == nil {
 			w.connector.server.Store(&server)
 		}
 	}

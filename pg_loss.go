@@ -72,14 +72,9 @@ func (c *conn) endTransactionLocks() {
 		return
 	}
 	c.pin.Lock()
-	var keys []lockKey
-	for k, n := range c.pin.Xact {
-		if n > 0 {
-			keys = append(keys, k)
-		}
-	}
+	keys := c.pin.XactKeysLocked()
 	c.pin.Unlock()
-	if t := c.endTarget(); t.PID != 0 && len(keys) > 0 {
+	if t := c.pin.EndTarget(); t.PID != 0 && len(keys) > 0 {
 		c.connector.pins.Ends().Add(t, coreKeys(keys), false)
 	}
 }
@@ -131,12 +126,12 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags pgsession.Lo
 	// What becomes of the backend, for the log line.
 	backend := "left to the server's own timeouts"
 	switch {
-	case flags&pgsession.LossEnd != 0 && pid != 0 && pid == c.pid.Load() && c.endable() && c.incarnation != "":
-		c.connector.pins.Ends().Add(c.endTarget(), coreKeys(held), false)
+	case flags&pgsession.LossEnd != 0 && pid != 0 && pid == c.pin.PID.Load() && c.endable() && c.pin.Incarnation != "":
+		c.connector.pins.Ends().Add(c.pin.EndTarget(), coreKeys(held), false)
 		backend = "ended where it still holds or awaits the lock"
 	case c.throughPooler():
 		backend += " (a pooler stands between lockhooks and the server: the backend may serve another client by now)"
-	case !c.reachesServer:
+	case !c.pin.ReachesServer:
 		backend += " (the driver does not show that the connection reached the server itself)"
 	}
 	if flags&pgsession.LossReport != 0 {
@@ -194,45 +189,23 @@ func (c *conn) lostError(lost, err error) error {
 	return fmt.Errorf("%w (the statement failed with: %w)", lost, err)
 }
 
-// lostChan returns the channel closed when c's locks are lost.
-func (c *conn) lostChan() <-chan struct{} {
-	c.pin.Lock()
-	defer c.pin.Unlock()
-	if c.pin.LostCh == nil {
-		c.pin.LostCh = make(chan struct{})
-	}
-	return c.pin.LostCh
-}
-
-// noteSent records that c is sending a statement to its backend, with
-// its text ("" when it need not be recognised: see
-// pgsession.RoundTrips.Sent).
-func (c *conn) noteSent(text string) { c.trips.Sent(text) }
-
-// noteAnswered records that c's backend answered c.
-func (c *conn) noteAnswered() { c.trips.Answered() }
-
 // noteRoundTrip runs run, a round trip of a statement of text ("" when it
 // need not be recognised), noted as the backend's last statement should
 // c's connection break: sent before, and answered after unless run failed
 // outside the server.
 func (c *conn) noteRoundTrip(text string, run func() error) error {
-	c.noteSent(text)
+	c.pin.Trips.Sent(text)
 	err := run()
 	if err == nil || dberr.FromServer(err) {
-		c.noteAnswered()
+		c.pin.Trips.Answered()
 	}
 	return err
 }
 
-// endTarget is the end request's target for c's own backend, as of now
-// (pgsession.RoundTrips.Target).
-func (c *conn) endTarget() pgsession.EndTarget { return c.trips.Target(c.pid.Load(), c.incarnation) }
-
 // endable reports whether lockhooks may end c's backend after a loss: c
 // reached the server itself and no pooler is declared or seen (see the
 // rule of internal/pgsession).
-func (c *conn) endable() bool { return c.reachesServer && !c.throughPooler() }
+func (c *conn) endable() bool { return c.pin.ReachesServer && !c.throughPooler() }
 
 // throughPooler reports whether a pooler stands between c and the server:
 // declared (either kind), or seen.

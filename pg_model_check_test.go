@@ -21,7 +21,7 @@ func (m *model) check(when string) {
 		seen := map[int32]bool{}
 		for _, w := range m.conn.openConns() {
 			v := w.view()
-			if m.kind == modelPooled && w.hold.PID() == 0 {
+			if m.kind == modelPooled && w.pin.Hold.PID() == 0 {
 				// No holder: the connection holds no session lock, and the
 				// backend it was opened on is the pooler's, shared.
 				if len(v.session) > 0 && !v.lost {

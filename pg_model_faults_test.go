@@ -16,7 +16,7 @@ import (
 // wait once pg_locks shows it; pgx then closes the connection, and
 // lockhooks must report any session lock it held as lost.
 func (m *model) cancelledWait(i int, s *slot) {
-	pid := trackedConn(m.t, s.c).pid.Load()
+	pid := trackedConn(m.t, s.c).pin.PID.Load()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -200,5 +200,5 @@ func (m *model) state(w *conn) string {
 	w.pin.Lock()
 	defer w.pin.Unlock()
 	return fmt.Sprintf("registered %v, monitor running %v, busy %d, gen %d, held %d, lost %v, pid %d, holder pid %d",
-		registered, monitor, w.pin.Busy, w.pin.Gen, len(w.pin.Held), w.pin.Lost, w.pid.Load(), w.hold.PID())
+		registered, monitor, w.pin.Busy, w.pin.Gen, len(w.pin.Held), w.pin.Lost, w.pin.PID.Load(), w.pin.Hold.PID())
 }

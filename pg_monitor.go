@@ -30,8 +30,8 @@ func (c *conn) VerifyParked(ctx context.Context) {
 // meanwhile; a failure because the connection broke loses c's locks with
 // that cause. It reports whether run ran and succeeded.
 func (c *conn) onParked(ctx context.Context, run func(context.Context) error) bool {
-	c.pin.exec.Lock()
-	defer c.pin.exec.Unlock()
+	c.pin.Exec.Lock()
+	defer c.pin.Exec.Unlock()
 	c.pin.Lock()
 	closed := c.pin.Closed
 	c.pin.Unlock()

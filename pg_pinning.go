@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/lockset"
@@ -56,18 +55,6 @@ func lockID(name string) int64 {
 
 // heldLock is one session lock a connection holds (pgsession.Held).
 type heldLock = pgsession.Held
-
-// pinState is what a connection knows of its advisory locks: the state
-// pgsession keeps of them (its mutex is what the code here calls c.pin's
-// mutex), and the serialisation of lockhooks' own statements on it.
-type pinState struct {
-	pgsession.State[lockKey]
-
-	// exec serialises what lockhooks itself runs on a connection that
-	// database/sql no longer uses (a parked one): rerouted unlocks, reads of
-	// pg_locks, Close.
-	exec sync.Mutex
-}
 
 // updateActiveLocked recomputes whether statements need the slow path,
 // and gives up the turns c no longer needs; c.pin is locked.
@@ -122,7 +109,7 @@ type advisoryPlan struct {
 // is not a prepared statement): see advisoryPlan.sent.
 func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.NamedValue, retext bool) (plan advisoryPlan, answer *rawconn.Row, err error) {
 	plan = advisoryPlan{st: st, args: args}
-	c.noteSent(st.text)
+	c.pin.Trips.Sent(st.text)
 	c.pin.Lock()
 	lost := c.pin.Lost
 	c.pin.Unlock()
@@ -142,7 +129,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	}
 	adv := st.advisory
 	if adv == nil {
-		if err := c.hold.Check(ctx); err != nil {
+		if err := c.pin.Hold.Check(ctx); err != nil {
 			return plan, nil, err
 		}
 		if st.rowLock {
@@ -170,7 +157,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		return plan, nil, err
 	}
 	if !plan.onHolder {
-		if err := c.hold.Check(ctx); err != nil {
+		if err := c.pin.Hold.Check(ctx); err != nil {
 			return plan, nil, err
 		}
 	}
@@ -241,7 +228,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 				return plan, nil, err
 			}
 			plan.turn = true
-			c.noteSent(st.text) // sent now, after its wait in memory (pg_loss.go's quiet)
+			c.pin.Trips.Sent(st.text) // sent now, after its wait in memory (pg_loss.go's quiet)
 		}
 	}
 	c.pin.Lock()
@@ -439,7 +426,7 @@ func (c *conn) warnSelfWait(adv *sqlscan.Advisory, keys []lockKey, known []bool,
 		h.pin.Unlock()
 		if parked && (!k.Shared || h.holds(k.exclusive())) {
 			c.connector.opts.logger.Warn("lockhooks: an advisory lock request waits for a connection of this same database that holds the lock outside the pool; if the same code took it, it waits for itself: unlock it first (pg_advisory_unlock through this database), or take locks with lockhooks.AcquireAdvisoryLock",
-				"key", k.String(), "requested_at", site, "holder", h.id, "holder_pid", h.pid.Load(), "taken_at", taken)
+				"key", k.String(), "requested_at", site, "holder", h.id, "holder_pid", h.pin.PID.Load(), "taken_at", taken)
 		}
 	}
 }

@@ -73,7 +73,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		c.loseIfReleased(plan.st.text) // (a statement of several calls may have run its unlock)
 		c.connector.pins.Settle(c)
 		if c.connector.opts.txPooler {
-			c.hold.EndIfEmpty()
+			c.pin.Hold.EndIfEmpty()
 		}
 		return err
 	}
@@ -108,7 +108,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	c.loseIfReleased(plan.st.text) // an AdvisoryLock's key released on its own connection
 	c.connector.pins.Settle(c)
 	if c.connector.opts.txPooler {
-		c.hold.EndIfEmpty()
+		c.pin.Hold.EndIfEmpty()
 	}
 	return verr
 }
@@ -124,7 +124,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 // serves others.
 func (c *conn) endAfterBreak(plan advisoryPlan) {
 	if !c.endable() {
-		return // (a pinning pooler may have run the statement on another backend than c.pid)
+		return // (a pinning pooler may have run the statement on another backend than c.pin.PID)
 	}
 	var keys []lockKey
 	for i, call := range plan.st.advisory.Calls {
@@ -132,7 +132,7 @@ func (c *conn) endAfterBreak(plan advisoryPlan) {
 			keys = append(keys, plan.keys[i])
 		}
 	}
-	if t := c.endTarget(); t.PID != 0 && len(keys) > 0 {
+	if t := c.pin.EndTarget(); t.PID != 0 && len(keys) > 0 {
 		c.connector.pins.Ends().Add(t, coreKeys(keys), false)
 	}
 }

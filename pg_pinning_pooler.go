@@ -52,7 +52,7 @@ func (c *conn) followPin(ranOn int32, holding bool) error {
 	if to := c.pin.PinnedTo; to != 0 && to != ranOn {
 		return c.PoolerDetected(fmt.Sprintf("held session locks on backend pid %d, pinned there by the pooler (WithSessionPinningPooler), but its statements now run on backend pid %d, so the pooler does not pin it", to, ranOn))
 	}
-	c.pid.Store(ranOn)
+	c.pin.PID.Store(ranOn)
 	if holding {
 		c.pin.PinnedTo = ranOn
 	}

@@ -459,7 +459,7 @@ func TestReleaseThatCannotUnlockClosesTheConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := l.c.pid.Load()
+	pid := l.c.pin.PID.Load()
 	mustExec(t, l.Conn(), "BEGIN")
 	if _, err := l.Conn().ExecContext(ctx, "SELECT 1/0"); err == nil {
 		t.Fatal("1/0 succeeded")

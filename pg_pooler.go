@@ -52,23 +52,18 @@ func WithTransactionPooler() Option {
 	return func(o *options) { o.txPooler = true }
 }
 
-// lockPID returns the backend pid whose pg_locks rows are this
-// connection's session locks: its holder's in transaction-pooler mode.
-func (c *conn) LockPID() int32 {
-	if pid := c.hold.PID(); pid != 0 {
-		return pid
-	}
-	return c.pid.Load()
-}
+// LockPID returns the backend pid whose pg_locks rows are this
+// connection's session locks (pgsession.Conn.LockPID).
+func (c *conn) LockPID() int32 { return c.pin.LockPID() }
 
 // shownPID is the backend pid messages name c by: through a transaction
 // pooler the backend c met at connect serves other clients, so only its
 // holder connection's (0: none known).
 func (c *conn) shownPID() int32 {
 	if c.connector.opts.txPooler {
-		return c.hold.PID()
+		return c.pin.Hold.PID()
 	}
-	return c.pid.Load()
+	return c.pin.PID.Load()
 }
 
 // onHolder reports whether a statement's advisory calls must run on the
@@ -141,11 +136,11 @@ func (c *conn) splitConflict(adv *sqlscan.Advisory, keys []lockKey, known []bool
 func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query string, args []driver.NamedValue) (*rawconn.Row, error) {
 	adv := plan.st.advisory
 	if !adv.Simple || adv.Calls[0].Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 || !plan.known[0] {
-		return c.hold.Run(ctx, query, args)
+		return c.pin.Hold.Run(ctx, query, args)
 	}
 	k := plan.keys[0]
 	try, tryArgs := k.tryQuery()
-	if err := c.hold.PollLock(ctx, try, tryArgs); err != nil {
+	if err := c.pin.Hold.PollLock(ctx, try, tryArgs); err != nil {
 		if errors.Is(err, pgsession.ErrClosing) {
 			return nil, fmt.Errorf("lockhooks: pg_advisory_lock%s(%s) on %v: the database was closed while the lock was awaited", sharedSuffix(k), k, c)
 		}

@@ -246,7 +246,7 @@ func testPoolerHolderKilledByIdleTimeoutIsLost(t *testing.T, p *pgtest.Pooler) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder := l.c.hold.PID()
+	holder := l.c.pin.Hold.PID()
 	if holder == 0 {
 		t.Fatal("no holder connection")
 	}
@@ -383,7 +383,7 @@ func testPoolerHolderBackend(t *testing.T, p *pgtest.Pooler) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, want := l.c.hold.PID(), holderPID(t, e.raw, 13)
+		got, want := l.c.pin.Hold.PID(), holderPID(t, e.raw, 13)
 		var state string
 		if err := e.raw.QueryRow("SELECT state FROM pg_stat_activity WHERE pid = $1", want).Scan(&state); err != nil {
 			t.Fatal(err)

@@ -110,18 +110,18 @@ func (c *conn) readAdvisoryLocks(ctx context.Context) (lockSet, error) {
 // with a bounded context of its own (a cancellation in the middle would
 // make the driver close the holder).
 func (c *conn) readHolderLocks(ctx context.Context) (lockSet, error) {
-	pid := c.hold.PID()
-	if c.hold.Conn() == nil || pid == 0 {
+	pid := c.pin.Hold.PID()
+	if c.pin.Hold.Conn() == nil || pid == 0 {
 		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.connector.opts.lockCheckTimeout)
 	defer cancel()
-	held, ranOn, _, err := queryLocksOn(ctx, c.hold.Conn(), pid, "")
+	held, ranOn, _, err := queryLocksOn(ctx, c.pin.Hold.Conn(), pid, "")
 	if err == nil && ranOn != pid {
 		err = fmt.Errorf("its holder answered from backend pid %d, not its own %d", ranOn, pid)
 	}
 	if err != nil {
-		return nil, c.hold.Failed(err)
+		return nil, c.pin.Hold.Failed(err)
 	}
 	return held, nil
 }

@@ -115,7 +115,7 @@ func (c *conn) Session() *pgsession.State[lockKey] { return &c.pin.State }
 func (c *conn) ID() uint64 { return c.id }
 
 // PID is c's backend pid, 0 until known.
-func (c *conn) PID() int32 { return c.pid.Load() }
+func (c *conn) PID() int32 { return c.pin.PID.Load() }
 
 // Acquiring reports whether an AdvisoryLock's acquisition runs on c.
 func (c *conn) Acquiring() bool { return c.acquiring.Load() }
@@ -123,8 +123,8 @@ func (c *conn) Acquiring() bool { return c.acquiring.Load() }
 // CloseInner closes the physical connection once, after whatever
 // lockhooks runs on it.
 func (c *conn) CloseInner() error {
-	c.pin.exec.Lock()
-	defer c.pin.exec.Unlock()
+	c.pin.Exec.Lock()
+	defer c.pin.Exec.Unlock()
 	c.pin.Lock()
 	if c.pin.Closed {
 		c.pin.Unlock()
@@ -134,7 +134,7 @@ func (c *conn) CloseInner() error {
 	c.releaseTurnsLocked()
 	c.pin.Unlock()
 	c.connector.forget(c)
-	c.hold.Shut()
+	c.pin.Hold.Shut()
 	return c.inner.Close()
 }
 

@@ -45,8 +45,8 @@ func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) (err
 func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 	ctx, cancel := context.WithTimeout(ctx, h.connector.opts.lockCheckTimeout)
 	defer cancel()
-	h.pin.exec.Lock()
-	defer h.pin.exec.Unlock()
+	h.pin.Exec.Lock()
+	defer h.pin.Exec.Unlock()
 	h.pin.Lock()
 	closed, held := h.pin.Closed, h.pin.Held[k] != nil
 	approx := held && h.pin.Held[k].Approx
@@ -59,7 +59,7 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 	var err error
 	if h.connector.opts.txPooler {
 		var answer *rawconn.Row
-		if answer, err = h.hold.Run(ctx, q, args); err == nil && len(answer.Values()) == 1 {
+		if answer, err = h.pin.Hold.Run(ctx, q, args); err == nil && len(answer.Values()) == 1 {
 			v = answer.Values()[0]
 		}
 	} else {
@@ -86,7 +86,7 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 	}
 	h.connector.tel.UnlockRerouted(ctx)
 	h.forgetLock(k)
-	h.hold.EndIfEmpty()
+	h.pin.Hold.EndIfEmpty()
 	if approx {
 		// The count may be off: pg_locks says whether the key is still held.
 		h.reconcile(ctx, site, nil, false)

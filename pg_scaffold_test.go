@@ -97,7 +97,7 @@ func otherConn(t *testing.T, db *sql.DB) *sql.Conn {
 func connPID(t testing.TB, c *sql.Conn) int32 {
 	t.Helper()
 	var pid int32
-	if err := c.Raw(func(dc any) error { pid = dc.(connCore).state().pid.Load(); return nil }); err != nil {
+	if err := c.Raw(func(dc any) error { pid = dc.(connCore).state().pin.PID.Load(); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return pid

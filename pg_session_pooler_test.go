@@ -132,7 +132,7 @@ func TestSessionPinningPoolerRecyclesConnections(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			pid := l.c.pid.Load()
+			pid := l.c.pin.PID.Load()
 			mustExec(t, l.Conn(), "SELECT 1")
 			if err := l.Release(ctx); err != nil {
 				t.Fatal(err)
@@ -143,7 +143,7 @@ func TestSessionPinningPoolerRecyclesConnections(t *testing.T) {
 			}
 			mustExec(t, c, "SELECT pg_advisory_lock(8)")
 			mustExec(t, c, "SELECT pg_advisory_unlock(8)")
-			pid2 := stateOf(t, c).pid.Load()
+			pid2 := stateOf(t, c).pin.PID.Load()
 			c.Close()
 			if !declared {
 				if n := db.Stats().OpenConnections; n == 0 || pid2 != pid {
@@ -187,7 +187,7 @@ func TestSessionPinningPoolerFollowsTheBackend(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		s1 := stateOf(t, c).pid.Load()
+		s1 := stateOf(t, c).pin.PID.Load()
 		other, err := sql.Open("pgx", e.pooled)
 		if err != nil {
 			t.Fatal(err)
@@ -210,7 +210,7 @@ func TestSessionPinningPoolerFollowsTheBackend(t *testing.T) {
 		if s2 == s1 {
 			t.Fatalf("the lock was taken on S1 = %d; the hand-over did not move the connection", s1)
 		}
-		if got := stateOf(t, c).pid.Load(); got != s2 {
+		if got := stateOf(t, c).pin.PID.Load(); got != s2 {
 			t.Errorf("the connection is followed on backend %d, its lock is on %d", got, s2)
 		}
 		var ok bool

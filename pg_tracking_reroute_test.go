@@ -268,7 +268,7 @@ func TestRerouteIgnoresTheCallersDeadline(t *testing.T) {
 			holder = w
 		}
 	}
-	holder.pin.exec.Lock() // the holder is busy with another reroute
+	holder.pin.Exec.Lock() // the holder is busy with another reroute
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)
@@ -277,7 +277,7 @@ func TestRerouteIgnoresTheCallersDeadline(t *testing.T) {
 		done <- e.wrapped.QueryRowContext(ctx, "SELECT pg_advisory_unlock(901)").Scan(&ok)
 	}()
 	<-ctx.Done()
-	holder.pin.exec.Unlock()
+	holder.pin.Exec.Unlock()
 	err := <-done
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("rerouted unlock: %v", err)

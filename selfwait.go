@@ -220,7 +220,7 @@ type selfWaitProbe struct {
 // probeSelfWait starts the probe of a row-lock wait of c for the
 // transaction of h.
 func (w *lockWait) probeSelfWait(c, h *conn) {
-	pid, hpid := c.pid.Load(), h.pid.Load()
+	pid, hpid := c.pin.PID.Load(), h.pin.PID.Load()
 	if w == nil || pid == 0 || hpid == 0 {
 		return
 	}

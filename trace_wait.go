@@ -85,7 +85,7 @@ func (w *lockWait) orphanSpan(ctx context.Context) {
 		attrs = append(attrs, AttrLockKeys.String(keys))
 	}
 	if wc := w.Waiter(); wc != nil {
-		if pid := wc.pid.Load(); pid != 0 {
+		if pid := wc.pin.PID.Load(); pid != 0 {
 			attrs = append(attrs, AttrBackendPID.Int64(int64(pid)))
 		}
 	}

@@ -131,7 +131,7 @@ func (t *tx) Commit() (err error) {
 		hook()
 	}
 	defer t.end() // even if the driver panics: the writer lock must not stay held
-	if t.c.hold.Conn() != nil {
+	if t.c.pin.Hold.Conn() != nil {
 		// Through a transaction pooler the work commits on another server
 		// connection than the one keeping its session locks: not after
 		// the lock is lost.
@@ -139,7 +139,7 @@ func (t *tx) Commit() (err error) {
 		if ctx == nil {
 			ctx = context.Background()
 		}
-		if err := t.c.hold.Check(ctx); err != nil {
+		if err := t.c.pin.Hold.Check(ctx); err != nil {
 			t.inner.Rollback()
 			return err
 		}

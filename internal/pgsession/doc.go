@@ -6,6 +6,10 @@
 // reroute, reconcile, loss, the monitor, poolers) over a small interface
 // for running its own statements; ARCHITECTURE.md says which parts are
 // here and which are still the root package's. Here today:
+//   - what one connection keeps for session-lock tracking ([Conn]: the
+//     state below, the backend it reached at connect, its round trips and
+//     its pooler holder, with what needs them together: the backend its
+//     locks live on, an end request's target);
 //   - the state a connection keeps of its advisory locks ([State]): the
 //     session locks it holds ([Held]), its transaction-level ones, whether
 //     it is parked, lost or unverified, the turns it owns in its
@@ -55,7 +59,9 @@
 // backend ([EndBackend]), so nothing changes between the check and the
 // act.
 //
-// State: one connection's advisory locks ([State]; its mutex is taken
+// State: one connection's session-lock tracking ([Conn]: its Exec mutex
+// is taken after the registry's and before its State's); its advisory
+// locks ([State]; its mutex is taken
 // after the registry's and the caller's statement locks, and only leaves
 // are taken under it: the turn table's and the telemetry of a freed hold);
 // one database's holders ([Registry]: its mutex first, before any
