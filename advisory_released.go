@@ -64,10 +64,10 @@ func (c *conn) loseIfReleased(text string) {
 	}
 	ago := time.Since(taken.Since).Round(time.Millisecond)
 	cause := errors.New(releasedOnOwnConn + " (" + by + ")")
-	c.pin.Lost = fmt.Errorf("%w: advisory lock %s (taken at %s, %v ago) held on %v was %s; the work it protected must stop, as another session may hold the lock now; end the lock with AdvisoryLock.Release, not by unlocking it on its connection (pg_advisory_unlock, pg_advisory_unlock_all, DISCARD ALL)",
+	lost := fmt.Errorf("%w: advisory lock %s (taken at %s, %v ago) held on %v was %s; the work it protected must stop, as another session may hold the lock now; end the lock with AdvisoryLock.Release, not by unlocking it on its connection (pg_advisory_unlock, pg_advisory_unlock_all, DISCARD ALL)",
 		ErrLockLost, describeKey(l.key), taken.Site, ago, c, cause)
-	lostCh, parked := c.setLostLocked()
-	lost := c.pin.Lost
+	lostCh, parked := c.pin.SetLostLocked(lost)
+	c.updateActiveLocked() // statements now fail with lost
 	c.pin.Unlock()
 
 	c.reportLoss(c.LockPID(), k.String(), 1, &taken, parked, lost, cause, "")

@@ -5,8 +5,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
@@ -101,41 +99,21 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags pgsession.Lo
 		c.pin.Unlock()
 		return nil
 	}
-	keys := make([]string, 0, len(c.pin.Held))
-	held := make([]lockKey, 0, len(c.pin.Held))
-	var oldest *heldLock
-	for k, l := range c.pin.Held {
-		keys = append(keys, k.String())
-		held = append(held, k)
-		if oldest == nil || l.Since.Before(oldest.Since) {
-			oldest = l
-		}
-	}
-	sort.Strings(keys)
-	n := len(c.pin.Held)
-	c.pin.Lost = fmt.Errorf("%w: %v held advisory lock %s (taken at %s, %v ago) and %s; the work it protected must stop",
-		ErrLockLost, c, strings.Join(keys, ", "), oldest.Site, time.Since(oldest.Since).Round(time.Millisecond), why)
+	held, keys, oldest := pgsession.TakeHeldLocked(&c.pin.State)
+	n := len(held)
+	lost := fmt.Errorf("%w: %v held advisory lock %s (taken at %s, %v ago) and %s; the work it protected must stop",
+		ErrLockLost, c, keys, oldest.Site, time.Since(oldest.Since).Round(time.Millisecond), why)
 	if flags&pgsession.LossPooler != 0 {
-		c.pin.Lost = fmt.Errorf("%w (%w)", c.pin.Lost, ErrTransactionPooler)
+		lost = fmt.Errorf("%w (%w)", lost, ErrTransactionPooler)
 	}
-	c.pin.Held = nil
-	lostCh, parked := c.setLostLocked()
-	lost := c.pin.Lost
+	lostCh, parked := c.pin.SetLostLocked(lost)
+	c.updateActiveLocked() // statements now fail with lost
 	c.pin.Unlock()
 
 	// What becomes of the backend, for the log line.
-	backend := "left to the server's own timeouts"
-	switch {
-	case flags&pgsession.LossEnd != 0 && pid != 0 && pid == c.pin.PID.Load() && c.endable() && c.pin.Incarnation != "":
-		c.connector.pins.Ends().Add(c.pin.EndTarget(), coreKeys(held), false)
-		backend = "ended where it still holds or awaits the lock"
-	case c.throughPooler():
-		backend += " (a pooler stands between lockhooks and the server: the backend may serve another client by now)"
-	case !c.pin.ReachesServer:
-		backend += " (the driver does not show that the connection reached the server itself)"
-	}
+	backend := c.pin.EndOnLoss(pid, coreKeys(held), flags&pgsession.LossEnd != 0, c.throughPooler(), c.connector.pins.Ends())
 	if flags&pgsession.LossReport != 0 {
-		c.reportLoss(pid, strings.Join(keys, ", "), n, oldest, parked, lost, cause, backend)
+		c.reportLoss(pid, keys, n, oldest, parked, lost, cause, backend)
 	}
 	if l := c.advisory.Load(); l != nil {
 		l.freeTurn() // another acquirer of this process may take the key at once
@@ -162,31 +140,6 @@ func (c *conn) reportLoss(pid int32, keys string, n int, oldest *heldLock, parke
 	h := connHolder(c)
 	h.Key, h.Site, h.Since, h.SiteKind = keys, oldest.Site, oldest.Since, holders.SiteTook
 	c.connector.tel.LockLostSpan(h.WithSpan(oldest.Span), cause)
-}
-
-// setLostLocked finishes recording the loss set in c.pin.Lost: statements
-// now fail with it; it returns the channel to close once the loss is
-// reported, and whether c was parked. c.pin is locked.
-func (c *conn) setLostLocked() (lostCh chan struct{}, parked bool) {
-	c.pin.Gen++
-	if c.pin.LostCh == nil {
-		c.pin.LostCh = make(chan struct{})
-	}
-	c.updateActiveLocked() // statements now fail with lost
-	return c.pin.LostCh, c.pin.Parked
-}
-
-// lostError combines the lost-lock error with the driver's error; a
-// driver.ErrBadConn is not wrapped, so database/sql does not retry the
-// protected work on a fresh connection.
-func (c *conn) lostError(lost, err error) error {
-	if lost == nil {
-		return err
-	}
-	if errors.Is(err, driver.ErrBadConn) {
-		return lost
-	}
-	return fmt.Errorf("%w (the statement failed with: %w)", lost, err)
 }
 
 // noteRoundTrip runs run, a round trip of a statement of text ("" when it

@@ -28,7 +28,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		if err != nil && c.connectionBroken(err) {
 			lost := c.loseLocks(err)
 			c.connector.pins.Settle(c) // the monitor ends its backend
-			return c.lostError(lost, err)
+			return pgsession.LostError(lost, err)
 		}
 		c.followTxControl(plan.st.text, false, err != nil)
 		return err
@@ -48,7 +48,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 			c.endAfterBreak(plan)
 			lost := c.loseLocks(err)
 			c.connector.pins.Settle(c) // the monitor ends its backend
-			return c.lostError(lost, err)
+			return pgsession.LostError(lost, err)
 		}
 		// Any error on a statement that may have taken or released a lock
 		// makes the server say what the backend holds now: a lock_timeout
@@ -63,7 +63,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 			case rerr == nil:
 			case c.connectionBroken(rerr):
 				if lost := c.loseLocks(rerr); lost != nil {
-					err = c.lostError(lost, err)
+					err = pgsession.LostError(lost, err)
 				}
 			case !inTx:
 				// (inside a transaction the read is made once it ends)
@@ -100,7 +100,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 			// its locks cannot be trusted.
 			c.MarkLost(verr.Error(), verr, pgsession.LossReport|pgsession.LossPooler) // not ours to end: other clients use that backend
 		case verr != nil && c.connectionBroken(verr):
-			verr = c.lostError(c.loseLocks(verr), verr)
+			verr = pgsession.LostError(c.loseLocks(verr), verr)
 		default:
 			verr = nil // a failed read was logged; the next one catches up
 		}

@@ -156,7 +156,7 @@ func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query str
 // are lost with the holder, whose statement failed with err.
 func (c *conn) HolderLost(pid int32, err error) error {
 	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, pgsession.LossReport)
-	return c.lostError(lost, err)
+	return pgsession.LostError(lost, err)
 }
 
 // HoldsNothing reports whether c holds no session lock.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
@@ -76,7 +77,7 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 	}
 	if err != nil {
 		if h.connectionBroken(err) {
-			return h.lostError(h.loseLocks(err), err)
+			return pgsession.LostError(h.loseLocks(err), err)
 		}
 		return fmt.Errorf("lockhooks: rerouting pg_advisory_unlock%s(%s) to %v: %w", sharedSuffix(k), k, h, err)
 	}

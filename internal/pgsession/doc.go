@@ -18,6 +18,10 @@
 //     ALL, the end of a transaction, whether statements take the slow
 //     path); the statement's classification and what needs the server
 //     stay the caller's, which passes in their outcome as values;
+//   - a loss's transitions ([TakeHeldLocked], [State.SetLostLocked]),
+//     whether its backend is ended ([Conn.EndOnLoss]) and the error a
+//     statement gets with it ([LostError]); what the loss is called and
+//     how it is reported stay the caller's;
 //   - recovery, the one action lockhooks takes on the server by itself,
 //     ending the backend of a holder it gave up on so that the key is
 //     truly free ([EndQueue], [EndBackend]), and the round trips of a
