@@ -17,8 +17,9 @@ import (
 // holder lockhooks gave up on, so that the key is truly free.
 //
 // The rule for ending a backend is internal/pgsession's (its package
-// comment); what is decided here is its first point, whether the
-// connection reached the server itself with no pooler between (endable).
+// comment); its first point, whether the connection reached the server
+// itself with no pooler between, is pgsession.Conn.Endable, given here
+// whether a pooler stands between (throughPooler).
 
 // connectionBroken reports whether err means the connection is gone, so its
 // session locks are too: a driver error that is not the server's, or the
@@ -158,7 +159,7 @@ func (c *conn) noteRoundTrip(text string, run func() error) error {
 // endable reports whether lockhooks may end c's backend after a loss: c
 // reached the server itself and no pooler is declared or seen (see the
 // rule of internal/pgsession).
-func (c *conn) endable() bool { return c.pin.ReachesServer && !c.throughPooler() }
+func (c *conn) endable() bool { return c.pin.Endable(c.throughPooler()) }
 
 // throughPooler reports whether a pooler stands between c and the server:
 // declared (either kind), or seen.

@@ -23,10 +23,10 @@ import (
 // and its monitor, in internal/pgsession, and the AdvisoryLocks handed
 // out, which only the database/sql adapter knows.
 //
-// Lock order: the registry's mutex, then a connection's pin.exec, then its
+// Lock order: the registry's mutex, then a connection's pin.Exec, then its
 // pin's mutex (pgsession.State's, c.pin.Lock); locksMu is a leaf. Code
 // holding a pin's mutex never calls into pinning; code holding the
-// registry's mutex never takes a pin.exec. The end queue's mutex and the
+// registry's mutex never takes a pin.Exec. The end queue's mutex and the
 // in-process turn table's are leaves: taken under any of these, nothing is
 // taken under them.
 type pinning struct {

@@ -9,8 +9,12 @@ import (
 // the state of its advisory locks, the backend it reached at connect, its
 // last round trips, and the holder that keeps its session locks through a
 // declared transaction pooler. The caller's connection holds one Conn, by
-// value, from Connect to Close; its fields say which goroutines may read
-// them.
+// value, from Connect to Close. PID and Hold's pid are read by other
+// goroutines (atomics); State and Trips guard themselves. ReachesServer
+// and Incarnation are written when the connection opens, before any other
+// goroutine can see it (Incarnation may instead be read with the first
+// later read of the pid, on a connection whose ReachesServer stays false:
+// nothing reads it then, since only an Endable connection's is).
 type Conn[K NamedKey] struct {
 	// State is its advisory locks; its mutex is what the caller calls the
 	// connection's pin mutex.
@@ -56,8 +60,15 @@ func (c *Conn[K]) LockPID() int32 {
 	return c.PID.Load()
 }
 
+// Endable reports whether lockhooks may end the connection's backend
+// after a loss, the first point of the package's rule: it reached the
+// server itself and no pooler stands between (throughPooler: one is
+// declared, or was seen). Whoever asks for an end (EndTarget,
+// EndQueue.Add) checks it first.
+func (c *Conn[K]) Endable(throughPooler bool) bool { return c.ReachesServer && !throughPooler }
+
 // EndTarget is the end request's target for the connection's own backend,
-// as of now (RoundTrips.Target).
+// as of now (RoundTrips.Target); the caller has checked Endable.
 func (c *Conn[K]) EndTarget() EndTarget { return c.Trips.Target(c.PID.Load(), c.Incarnation) }
 
 // XactKeysLocked returns the transaction-level locks the connection's

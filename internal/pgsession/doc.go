@@ -48,7 +48,8 @@
 // prove that no other client can have used it since lockhooks last did.
 //   - The connection reached the server itself (the process id the server
 //     sent at connect is the backend's own pid) and no pooler is declared
-//     or was seen: the caller's decision, before it asks ([EndQueue.Add]).
+//     or was seen ([Conn.Endable], checked before any end is asked for:
+//     [Conn.EndOnLoss], or the caller before [EndQueue.Add]).
 //     Through any pooler, session or transaction mode, a backend serves
 //     other clients once lockhooks' client connection is gone.
 //   - It is the same incarnation of the pid (its backend_start and its

@@ -56,7 +56,7 @@ func (s *State[K]) SetLostLocked(lost error) (lostCh chan struct{}, parked bool)
 func (c *Conn[K]) EndOnLoss(pid int32, keys []advisorykey.Key, end, throughPooler bool, ends *EndQueue) (backend string) {
 	backend = "left to the server's own timeouts"
 	switch {
-	case end && pid != 0 && pid == c.PID.Load() && c.ReachesServer && !throughPooler && c.Incarnation != "":
+	case end && pid != 0 && pid == c.PID.Load() && c.Endable(throughPooler) && c.Incarnation != "":
 		ends.Add(c.EndTarget(), keys, false)
 		backend = "ended where it still holds or awaits the lock"
 	case throughPooler:
