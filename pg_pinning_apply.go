@@ -138,54 +138,14 @@ func (c *conn) endAfterBreak(plan advisoryPlan) {
 }
 
 // apply records the effect of a target list whose keys are all known, call
-// by call, left to right (span: the statement's). It returns the try-locks
-// whose outcome only pg_locks can tell (negative counts: transaction-level
-// ones).
+// by call, left to right (span: the statement's; pgsession.State.ApplyLocked).
+// It returns the try-locks whose outcome only pg_locks can tell (negative
+// counts: transaction-level ones).
 func (c *conn) apply(span trace.SpanContext, plan advisoryPlan, results []driver.Value) (pending map[lockKey]int) {
-	adv := plan.st.advisory
 	inTx := c.inTx()
 	c.pin.Lock()
 	defer c.pin.Unlock()
-	for i, call := range adv.Calls {
-		k := plan.keys[i]
-		fn := call.Func
-		if fn&sqlscan.FnTry != 0 {
-			var got, sure bool
-			if i < len(results) {
-				got, sure = results[i].(bool)
-			}
-			if !sure && c.pin.TryCertainLocked(k) {
-				got, sure = true, true
-			}
-			if !sure {
-				if pending == nil {
-					pending = map[lockKey]int{}
-				}
-				if fn&sqlscan.FnXact != 0 {
-					pending[k]--
-				} else {
-					pending[k]++
-				}
-				continue
-			}
-			if !got {
-				continue
-			}
-		}
-		switch {
-		case fn&sqlscan.FnUnlockAll != 0:
-			c.pin.ForgetAllLocked(c.sessionLockFreed)
-		case fn&sqlscan.FnXact != 0:
-			if inTx {
-				c.pin.AddXactLocked(k, plan.site)
-			}
-		case fn&sqlscan.FnUnlock != 0:
-			c.forgetLocked(k)
-		default:
-			c.pin.AddLocked(k, plan.site, span, 1)
-		}
-	}
-	c.pin.Gen++
+	pending = c.pin.ApplyLocked(plan.st.advisory.Calls, plan.keys, results, inTx, plan.site, span, c.sessionLockFreed)
 	c.updateActiveLocked()
 	return pending
 }

@@ -16,8 +16,10 @@
 //     database's in-process queue, and the transitions that need no
 //     connection (a grant, a release, pg_advisory_unlock_all, DISCARD
 //     ALL, the end of a transaction, whether statements take the slow
-//     path); the statement's classification and what needs the server
-//     stay the caller's, which passes in their outcome as values;
+//     path, and the effect of a statement's advisory calls as the scanner
+//     found them, [State.ApplyLocked]); the statement's classification
+//     and what needs the server stay the caller's, which passes in their
+//     outcome as values;
 //   - a loss's transitions ([TakeHeldLocked], [State.SetLostLocked]),
 //     whether its backend is ended ([Conn.EndOnLoss]) and the error a
 //     statement gets with it ([LostError]); what the loss is called and
@@ -81,7 +83,8 @@
 // transaction took its first transaction-level lock), internal/rawconn
 // and internal/pgdriver (the holder's own statements, and what the driver
 // allows them), internal/pgserver (the monitor's read of the holders'
-// backends), internal/dberr (whether an error is the server's);
+// backends), internal/dberr (whether an error is the server's),
+// internal/sqlscan (the flags of a statement's advisory calls);
 // database/sql/driver for the values of its own statements;
 // OpenTelemetry's trace package for the span a lock was taken in.
 package pgsession

@@ -1,0 +1,64 @@
+package pgsession
+
+import (
+	"database/sql/driver"
+	"testing"
+	"time"
+
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
+	"github.com/lockhooks/lockhooks/internal/sqlscan"
+)
+
+// apply runs ApplyLocked for one statement text, its keys the literals
+// 1, 2, … in call order, with the answers given.
+func apply(t *testing.T, s *State[advisorykey.Key], text string, results []driver.Value, inTx bool) (pending map[advisorykey.Key]int, freed int) {
+	t.Helper()
+	adv := sqlscan.ParseAdvisory(text)
+	keys := make([]advisorykey.Key, len(adv.Calls))
+	for i, call := range adv.Calls {
+		keys[i] = advisorykey.Key{K1: call.Args[0].Value, Shared: call.Func&sqlscan.FnShared != 0}
+	}
+	s.Lock()
+	defer s.Unlock()
+	gen := s.Gen
+	pending = s.ApplyLocked(adv.Calls, keys, results, inTx, "app.go:9", noSpan, func(time.Time) { freed++ })
+	if s.Gen == gen {
+		t.Errorf("%s: Gen unchanged", text)
+	}
+	return pending, freed
+}
+
+// A statement's calls take effect left to right: locks stack, a try-lock
+// counts by its answer, an unknown answer is pending unless the key is
+// already held, transaction-level locks count only inside a transaction
+// block, and each release that frees a key is told.
+func TestApplyLocked(t *testing.T) {
+	var s State[advisorykey.Key]
+	k := func(n int64) advisorykey.Key { return advisorykey.Key{K1: n} }
+	apply(t, &s, "SELECT pg_advisory_lock(1), pg_advisory_lock(1)", nil, false)
+	if l := s.Held[k(1)]; l == nil || l.Count != 2 || l.Site != "app.go:9" {
+		t.Fatalf("after two locks of 1: %+v", l)
+	}
+	apply(t, &s, "SELECT pg_try_advisory_lock(2), pg_try_advisory_lock(3)", []driver.Value{true, false}, false)
+	if s.Held[k(2)] == nil || s.Held[k(3)] != nil {
+		t.Errorf("try-locks answered true, false: held 2 %v, 3 %v", s.Held[k(2)] != nil, s.Held[k(3)] != nil)
+	}
+	pending, _ := apply(t, &s, "SELECT pg_try_advisory_lock(1), pg_try_advisory_lock(4), pg_try_advisory_xact_lock(5)", nil, true)
+	if len(pending) != 2 || pending[k(4)] != 1 || pending[k(5)] != -1 || s.Held[k(1)].Count != 3 {
+		t.Errorf("try-locks without answers: pending %v (want 4: +1, 5: -1), count of 1 %d (want 3: held, so certain)", pending, s.Held[k(1)].Count)
+	}
+	apply(t, &s, "SELECT pg_advisory_xact_lock(6)", nil, false)
+	if s.Xact[k(6)] != 0 {
+		t.Error("a transaction-level lock outside a transaction block was kept")
+	}
+	apply(t, &s, "SELECT pg_advisory_xact_lock(6)", nil, true)
+	if s.Xact[k(6)] != 1 || s.XactSite != "app.go:9" {
+		t.Errorf("a transaction-level lock inside one: %d at %q", s.Xact[k(6)], s.XactSite)
+	}
+	if _, freed := apply(t, &s, "SELECT pg_advisory_unlock(1), pg_advisory_unlock(2)", nil, false); freed != 1 || s.Held[k(1)].Count != 2 || s.Held[k(2)] != nil {
+		t.Errorf("unlocks of 1 (held 3 times) and 2: %d freed, want 1 (2)", freed)
+	}
+	if _, freed := apply(t, &s, "SELECT pg_advisory_unlock_all()", nil, false); freed != 1 || len(s.Held) != 0 {
+		t.Errorf("unlock_all: %d freed, %d still held; want 1 freed, none held", freed, len(s.Held))
+	}
+}
