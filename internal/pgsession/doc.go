@@ -85,6 +85,7 @@
 // allows them), internal/pgserver (the monitor's read of the holders'
 // backends), internal/dberr (whether an error is the server's),
 // internal/sqlscan (the flags of a statement's advisory calls);
-// database/sql/driver for the values of its own statements;
+// database/sql/driver for the values of its own statements and of the
+// caller's (a statement's answers, ApplyLocked);
 // OpenTelemetry's trace package for the span a lock was taken in.
 package pgsession

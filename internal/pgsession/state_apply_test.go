@@ -44,8 +44,12 @@ func TestApplyLocked(t *testing.T) {
 		t.Errorf("try-locks answered true, false: held 2 %v, 3 %v", s.Held[k(2)] != nil, s.Held[k(3)] != nil)
 	}
 	pending, _ := apply(t, &s, "SELECT pg_try_advisory_lock(1), pg_try_advisory_lock(4), pg_try_advisory_xact_lock(5)", nil, true)
-	if len(pending) != 2 || pending[k(4)] != 1 || pending[k(5)] != -1 || s.Held[k(1)].Count != 3 {
-		t.Errorf("try-locks without answers: pending %v (want 4: +1, 5: -1), count of 1 %d (want 3: held, so certain)", pending, s.Held[k(1)].Count)
+	if l := s.Held[k(1)]; len(pending) != 2 || pending[k(4)] != 1 || pending[k(5)] != -1 || l == nil || l.Count != 3 {
+		t.Fatalf("try-locks without answers: pending %v (want 4: +1, 5: -1), 1 held %+v (want 3 times: held, so certain)", pending, l)
+	}
+	// Left to right: the lock of 7 makes the try-lock after it certain.
+	if pending, _ := apply(t, &s, "SELECT pg_advisory_lock(7), pg_try_advisory_lock(7)", nil, false); pending != nil || s.Held[k(7)] == nil || s.Held[k(7)].Count != 2 {
+		t.Errorf("a lock then a try-lock of one key: pending %v, 7 held %+v; want nothing pending, held twice", pending, s.Held[k(7)])
 	}
 	apply(t, &s, "SELECT pg_advisory_xact_lock(6)", nil, false)
 	if s.Xact[k(6)] != 0 {
@@ -55,10 +59,10 @@ func TestApplyLocked(t *testing.T) {
 	if s.Xact[k(6)] != 1 || s.XactSite != "app.go:9" {
 		t.Errorf("a transaction-level lock inside one: %d at %q", s.Xact[k(6)], s.XactSite)
 	}
-	if _, freed := apply(t, &s, "SELECT pg_advisory_unlock(1), pg_advisory_unlock(2)", nil, false); freed != 1 || s.Held[k(1)].Count != 2 || s.Held[k(2)] != nil {
+	if _, freed := apply(t, &s, "SELECT pg_advisory_unlock(1), pg_advisory_unlock(2)", nil, false); freed != 1 || s.Held[k(1)] == nil || s.Held[k(1)].Count != 2 || s.Held[k(2)] != nil {
 		t.Errorf("unlocks of 1 (held 3 times) and 2: %d freed, want 1 (2)", freed)
 	}
-	if _, freed := apply(t, &s, "SELECT pg_advisory_unlock_all()", nil, false); freed != 1 || len(s.Held) != 0 {
-		t.Errorf("unlock_all: %d freed, %d still held; want 1 freed, none held", freed, len(s.Held))
+	if _, freed := apply(t, &s, "SELECT pg_advisory_unlock_all()", nil, false); freed != 2 || len(s.Held) != 0 {
+		t.Errorf("unlock_all: %d freed, %d still held; want 2 freed (1 and 7), none held", freed, len(s.Held))
 	}
 }
