@@ -10,6 +10,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
@@ -212,7 +213,7 @@ func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey
 	}
 	var out []holders.Blocker
 	c.side.Use(ctx, func(side driver.Conn) error {
-		rows, err := rawconn.Query(ctx, side, pgserver.KeyHoldersQuery(coreKeys(keys), waiter.shownPID()), c.own.Of(side).Args)
+		rows, err := rawconn.Query(ctx, side, pgserver.KeyHoldersQuery(pgsession.CoreKeys(keys), waiter.shownPID()), c.own.Of(side).Args)
 		if err != nil {
 			out = nil
 			return err

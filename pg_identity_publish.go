@@ -167,16 +167,7 @@ func (c *conn) holderIdentityWithoutLocked(skip *lockKey) *identity.Holder {
 // locks, leaving out the lock of key skip (if not nil), and reports
 // whether it holds any other. c.pin is locked.
 func (c *conn) holderIdentityInto(id *identity.Holder, skip *lockKey) bool {
-	var oldest *heldLock
-	var key lockKey
-	for k, l := range c.pin.Held {
-		if skip != nil && k == *skip {
-			continue
-		}
-		if oldest == nil || l.Since.Before(oldest.Since) {
-			oldest, key = l, k
-		}
-	}
+	key, oldest := c.pin.OldestLocked(skip)
 	if oldest == nil {
 		return false
 	}

@@ -92,12 +92,3 @@ func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []dr
 	}
 	return k, true
 }
-
-// coreKeys is keys as the core's key values.
-func coreKeys(keys []lockKey) []advisorykey.Key {
-	out := make([]advisorykey.Key, len(keys))
-	for i, k := range keys {
-		out[i] = advisorykey.Key(k)
-	}
-	return out
-}

@@ -74,7 +74,7 @@ func (c *conn) endTransactionLocks() {
 	keys := c.pin.XactKeysLocked()
 	c.pin.Unlock()
 	if t := c.pin.EndTarget(); t.PID != 0 && len(keys) > 0 {
-		c.connector.pins.Ends().Add(t, coreKeys(keys), false)
+		c.connector.pins.Ends().Add(t, pgsession.CoreKeys(keys), false)
 	}
 }
 
@@ -112,7 +112,7 @@ func (c *conn) markLostOn(pid int32, why string, cause error, flags pgsession.Lo
 	c.pin.Unlock()
 
 	// What becomes of the backend, for the log line.
-	backend := c.pin.EndOnLoss(pid, coreKeys(held), flags&pgsession.LossEnd != 0, c.throughPooler(), c.connector.pins.Ends())
+	backend := c.pin.EndOnLoss(pid, held, flags&pgsession.LossEnd != 0, c.throughPooler(), c.connector.pins.Ends())
 	if flags&pgsession.LossReport != 0 {
 		c.reportLoss(pid, keys, n, oldest, parked, lost, cause, backend)
 	}

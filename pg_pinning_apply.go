@@ -133,7 +133,7 @@ func (c *conn) endAfterBreak(plan advisoryPlan) {
 		}
 	}
 	if t := c.pin.EndTarget(); t.PID != 0 && len(keys) > 0 {
-		c.connector.pins.Ends().Add(t, coreKeys(keys), false)
+		c.connector.pins.Ends().Add(t, pgsession.CoreKeys(keys), false)
 	}
 }
 

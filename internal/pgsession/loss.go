@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-
-	"github.com/lockhooks/lockhooks/internal/advisorykey"
 )
 
 // Losing session locks: the transitions of a loss that need no connection.
@@ -21,14 +19,12 @@ func TakeHeldLocked[K NamedKey](s *State[K]) (keys []K, names string, oldest *He
 	if len(s.Held) == 0 {
 		return nil, "", nil
 	}
+	_, oldest = s.OldestLocked(nil)
 	named := make([]string, 0, len(s.Held))
 	keys = make([]K, 0, len(s.Held))
-	for k, l := range s.Held {
+	for k := range s.Held {
 		named = append(named, k.String())
 		keys = append(keys, k)
-		if oldest == nil || l.Since.Before(oldest.Since) {
-			oldest = l
-		}
 	}
 	sort.Strings(named)
 	s.Held = nil
@@ -53,11 +49,11 @@ func (s *State[K]) SetLostLocked(lost error) (lostCh chan struct{}, parked bool)
 // still live, its socket half-open or given up on), and says for the log
 // line what becomes of it. throughPooler: a pooler is declared or was
 // seen between the connection and the server.
-func (c *Conn[K]) EndOnLoss(pid int32, keys []advisorykey.Key, end, throughPooler bool, ends *EndQueue) (backend string) {
+func (c *Conn[K]) EndOnLoss(pid int32, keys []K, end, throughPooler bool, ends *EndQueue) (backend string) {
 	backend = "left to the server's own timeouts"
 	switch {
 	case end && pid != 0 && pid == c.PID.Load() && c.Endable(throughPooler) && c.Incarnation != "":
-		ends.Add(c.EndTarget(), keys, false)
+		ends.Add(c.EndTarget(), CoreKeys(keys), false)
 		backend = "ended where it still holds or awaits the lock"
 	case throughPooler:
 		backend += " (a pooler stands between lockhooks and the server: the backend may serve another client by now)"

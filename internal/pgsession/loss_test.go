@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/lockhooks/lockhooks/internal/advisorykey"
 )
 
 // A loss takes every held lock, named in order, with the oldest; it
@@ -39,7 +37,7 @@ func TestLoseHeldLocks(t *testing.T) {
 // for, the connection's own backend, reached directly, no pooler, its
 // incarnation known; the log line says why not otherwise.
 func TestEndOnLoss(t *testing.T) {
-	keys := []advisorykey.Key{{K1: 7}}
+	keys := []namedKey{{K1: 7}}
 	for _, c := range []struct {
 		name                     string
 		pid                      int32

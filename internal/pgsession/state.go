@@ -119,6 +119,30 @@ func (s *State[K]) TryCertainLocked(k K) bool {
 	return s.Held[k] != nil || s.Held[x] != nil || s.Xact[k] > 0 || s.Xact[x] > 0
 }
 
+// OldestLocked returns the session lock held longest and its key,
+// leaving out the lock of key skip (if not nil); nil when no other is
+// held. s is locked.
+func (s *State[K]) OldestLocked(skip *K) (key K, oldest *Held) {
+	for k, l := range s.Held {
+		if skip != nil && k == *skip {
+			continue
+		}
+		if oldest == nil || l.Since.Before(oldest.Since) {
+			key, oldest = k, l
+		}
+	}
+	return key, oldest
+}
+
+// CoreKeys returns keys as the core's key values.
+func CoreKeys[K Key](keys []K) []advisorykey.Key {
+	out := make([]advisorykey.Key, len(keys))
+	for i, k := range keys {
+		out[i] = advisorykey.Key(k)
+	}
+	return out
+}
+
 // exclusive returns k in exclusive mode.
 func exclusive[K Key](k K) K { return K(advisorykey.Key(k).Exclusive()) }
 
