@@ -202,12 +202,8 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 			cfg.onRetry(RetryEvent{Attempt: attempt, Err: err, Wait: wait})
 		}
 		if wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return &RetryError{Attempts: attempt, Err: err, Ctx: context.Cause(ctx)}
+			if cause := retry.Sleep(ctx, wait); cause != nil {
+				return &RetryError{Attempts: attempt, Err: err, Ctx: cause}
 			}
 		}
 	}

@@ -228,11 +228,7 @@ func (c *Config) resolve(ctx context.Context, s Server, xid string) (string, err
 		default:
 			last = fmt.Errorf("asking pg_xact_status: %w", err)
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if Sleep(ctx, wait) != nil {
 			return "", last
 		}
 		wait = min(2*wait, 200*time.Millisecond)

@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"time"
@@ -48,6 +49,19 @@ func (b Backoff) After(attempt int) time.Duration {
 		}
 	}
 	return rand.N(limit + 1)
+}
+
+// Sleep waits d, a backoff's wait, or until ctx ends; it then returns
+// ctx's cause.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // Transient reports whether err is one that running the whole transaction

@@ -110,3 +110,16 @@ func TestBeforeCommit(t *testing.T) {
 		t.Errorf("a broken connection after the context ended: %v, retryable %v", err, c.Retryable(err))
 	}
 }
+
+// Sleep waits its duration, and ends early with the context's cause.
+func TestSleep(t *testing.T) {
+	if err := Sleep(context.Background(), time.Millisecond); err != nil {
+		t.Fatalf("Sleep with a live context: %v", err)
+	}
+	cause := errors.New("shutting down")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(cause)
+	if err := Sleep(ctx, time.Hour); err != cause {
+		t.Fatalf("Sleep with an ended context: %v, want its cause", err)
+	}
+}

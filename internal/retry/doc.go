@@ -1,6 +1,7 @@
 // Package retry holds RunInTx's machinery outside database/sql: its
 // configuration and defaults ([Config], [Defaults]), the jittered backoff
-// between attempts ([Backoff]), which errors another attempt may not meet
+// between attempts ([Backoff]) and its wait, cut short when the context
+// ends ([Sleep]), which errors another attempt may not meet
 // ([Config.Retryable], [Transient]), and what a failed COMMIT means
 // ([Config.CommitFailed]): one that the server rejected, one cut off
 // before it could be sent, and one whose reply was lost, which is resolved

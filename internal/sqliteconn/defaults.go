@@ -165,7 +165,7 @@ func (d *Defaults) switchToWAL(ctx context.Context, inner driver.Conn) error {
 			return fmt.Errorf("lockhooks: PRAGMA journal_mode = WAL on a new SQLite connection still met SQLITE_BUSY after %d attempt%s in %v (the busy timeout is %v): another connection or process holds the database file's lock; raise the busy timeout (lockhooks.WithBusyTimeout, or the DSN's busy_timeout), or switch the file to WAL once before opening it from many connections: %w",
 				attempt, plural(attempt), time.Since(start).Round(time.Millisecond), budget, err)
 		}
-		if cerr := sleepCtx(ctx, min(wait, left)); cerr != nil {
+		if cerr := retry.Sleep(ctx, min(wait, left)); cerr != nil {
 			return fmt.Errorf("lockhooks: gave up switching a new SQLite connection to WAL after %d attempt%s in %v: %w (the last attempt: %w)",
 				attempt, plural(attempt), time.Since(start).Round(time.Millisecond), cerr, err)
 		}
@@ -194,18 +194,6 @@ func (d *Defaults) takeWALTurn(ctx context.Context, budget time.Duration) bool {
 		return false
 	case <-ctx.Done():
 		return false
-	}
-}
-
-// sleepCtx waits d, or until ctx ends (it then returns ctx's cause).
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
 	}
 }
 

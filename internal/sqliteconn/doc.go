@@ -14,6 +14,7 @@
 //
 // Imports: internal/sqlitelock (what the DSN sets itself),
 // internal/rawconn (running the pragmas), internal/dberr (SQLITE_BUSY),
-// internal/retry (the backoff) and internal/pgdriver (the values drivers
-// return, converted); database/sql/driver for the connection.
+// internal/retry (the backoff and its wait) and internal/pgdriver (the
+// values drivers return, converted); database/sql/driver for the
+// connection.
 package sqliteconn
