@@ -145,7 +145,7 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 	l.c.acquiring.Store(false)
 	l.c.connector.pins.Acquired(l.c) // nothing more of the acquisition runs on it
 	if l.Err() != nil {
-		l.freeTurn() // lost before the line above: markLost could not see l
+		l.freeTurn() // lost before the line above: MarkLost could not see l
 	}
 	return l, true, nil
 }
@@ -468,7 +468,7 @@ func (l *AdvisoryLock) unlock(ctx context.Context) error {
 	}
 	// Closing the connection ends its session, and the lock with it (its
 	// backend is ended too if it outlives the connection). The turn stays
-	// taken until Release has closed it: markLost must not free it.
+	// taken until Release has closed it: MarkLost must not free it.
 	l.c.advisory.CompareAndSwap(l, nil)
 	why := fmt.Sprintf("could not be unlocked at Release (%v), so its connection is closed", err)
 	l.c.MarkLost(why, err, pgsession.LossEnd)
