@@ -234,7 +234,7 @@ func (l *AdvisoryLock) lockAlone(ctx context.Context) error {
 
 // tokenAfterLockKey marks the context of AcquireAdvisoryLock's lock
 // statement on a connection to the server itself: the statement, which
-// lockhooks sends annotated (annotatedLockText), also returns the fencing
+// lockhooks sends annotated (pgsession.Conn.LockText), also returns the fencing
 // token, taken once the lock is granted (the target list runs left to
 // right), in its second column. One round trip for both; through a pooler
 // the token is read apart (readToken).

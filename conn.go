@@ -54,17 +54,12 @@ type conn struct {
 	// discards counts DISCARD ALLs: the server forgot the driver's
 	// prepared statements, so the connection is not pooled again.
 	discards atomic.Int32
-	// readTexts are its pg_locks reads that do not change with what it
-	// holds (fixedLocksQuery); guarded by c.pin's mutex (c.pin.Lock), as
-	// the state's own fields are.
-	readTexts fixedReads
-
 	// direct: the connection reaches the server itself, no pooler between
 	// (the process id the server sent at connect is pg_backend_pid()'s,
 	// which a pooler's is not; pgx only, no pooler declared, and not in
 	// the simple protocol the user chose). Its statements then run on
 	// pin.PID's backend, always: an exact session-lock statement needs no
-	// pg_locks read after it (see annotatedLockText).
+	// pg_locks read after it (see pgsession.Conn.LockText).
 	direct bool
 	// sentArgs holds the arguments of a statement lockhooks annotated
 	// (sentWith).
@@ -81,7 +76,8 @@ type conn struct {
 	// pin is the connection's session-lock tracking (Postgres): its
 	// advisory locks, the backend it reached (PID, Incarnation,
 	// ReachesServer; PID is 0 until the connection opens, and on SQLite),
-	// its round trips and its transaction-pooler holder.
+	// its round trips, its transaction-pooler holder and its identity as
+	// other processes see it (Who).
 	pin pgsession.Conn[lockKey]
 
 	// order is the lock-order checker's state for the connection.
@@ -95,10 +91,6 @@ type conn struct {
 	// ident is the open transaction as other goroutines see it (Postgres):
 	// a holder's identity in the model of holders (holders_inprocess.go).
 	ident txIdent
-
-	// pub is what the connection publishes of its identity to other
-	// processes (Postgres; pg_identity_publish.go).
-	pub published
 
 	// selfRun is RunInTx's fn whose transaction the connection runs, if
 	// any, read by other connections' waiters (selfwait.go).
@@ -138,6 +130,7 @@ const (
 func newConn(c *connector, inner driver.Conn) driver.Conn {
 	w := &conn{connector: c, inner: inner, id: c.nextID.Add(1)}
 	w.tx.c = w
+	w.pin.Who = pgsession.NewIdentity(c.seq, c.pool, w.id)
 	if c.pins != nil {
 		w.pin.Hold.Init(&c.pins.holders, w)
 	}

@@ -39,7 +39,7 @@ func identify(s holders.Blocker, keys []lockKey) (h holders.Holder, ok bool) {
 		h = holderOf(id)
 		if h.SiteKind == holders.SiteTook && h.Since.IsZero() && ownStatement && s.State != "active" && s.StateSeconds > 0 {
 			// Its last statement is the lock statement that took the lock,
-			// which names no since (annotatedLockText): held since that
+			// which names no since (pgsession.Conn.LockText): held since that
 			// statement ended.
 			h.Since = time.Now().Add(-time.Duration(s.StateSeconds * float64(time.Second)))
 		}

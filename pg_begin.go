@@ -135,7 +135,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsi
 	// Through pgx, a transaction at another level cannot learn its id at
 	// BEGIN: RunInTx reads it before COMMIT.
 	id := info != nil && (!own.IDFirst || opts.Isolation == driver.IsolationLevel(sql.LevelDefault))
-	publish := c.pub.on
+	publish := c.pin.Who.Publishes
 	if !id && !publish {
 		return nil, false, nil
 	}
@@ -148,7 +148,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsi
 		*m = beginMessage{site: where, opts: opts, id: id, publish: publish}
 		var appName string
 		if publish {
-			appName = c.txAppName(where)
+			appName = c.pin.TxAppName(where)
 		}
 		m.compose(begin, own.IDFirst, appName)
 	}

@@ -193,7 +193,7 @@ func (c *connector) backendConn(pid int32, app, query string, x connIndex, byPID
 		return oc
 	}
 	oc := x.byPID[pid]
-	if oc == nil || c.opts.txPooler || app != oc.pub.connectApp {
+	if oc == nil || c.opts.txPooler || app != oc.pin.Who.ConnectApp {
 		return nil
 	}
 	if c.pins != nil && c.pins.PoolerSeen() != nil {

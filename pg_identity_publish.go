@@ -6,20 +6,16 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
-	"github.com/lockhooks/lockhooks/internal/pgserver"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
-	"github.com/lockhooks/lockhooks/internal/sqlscan"
-	"go.opentelemetry.io/otel/trace"
 )
 
-// Publishing a holder's identity (see internal/identity), always inside
+// Publishing a holder's identity (encoded by internal/identity; the texts
+// that carry it are composed by pgsession.Conn, its identity.go), always inside
 // statements that run anyway, so that no statement path gains a round trip:
 //
 //   - Connect's read of the backend pid also reads the application_name the
@@ -36,7 +32,7 @@ import (
 //     records anyway, named through the database's callsite.Names.
 //   - A session advisory lock's identity rides on the statement that
 //     leaves it held: on a connection to the server itself, the exact
-//     session-lock or unlock statement of one call (annotatedLockText);
+//     session-lock or unlock statement of one call (pgsession.Conn.LockText);
 //     elsewhere the pg_locks read that follows it (pg_reconcile.go); and
 //     the fencing-token read. They carry the annotation, so the holder's
 //     last statement names it while it runs no other (a parked holder, a
@@ -56,12 +52,6 @@ import (
 // without arguments that way already (pgdriver.Statements, pg_begin.go). On other
 // drivers lockhooks publishes nothing (it still reads the identities
 // others publish).
-
-// published is what a connection shows other processes of its identity.
-type published struct {
-	on         bool   // the connection publishes (its application_name was the user's to set, and the user set none)
-	connectApp string // its application_name at connect
-}
 
 // identifyOnConnect reads, in the one statement Connect runs on Postgres
 // anyway, the backend pid and the application_name the user's
@@ -102,8 +92,8 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 			pgdriver.DefaultMode(w.inner) != own.Args[0].Value
 	}
 	app := pgdriver.AsString(row[1])
-	w.pub.connectApp = app
-	w.pub.on = app == "" || strings.HasPrefix(app, identity.AppNamePrefix)
+	w.pin.Who.ConnectApp = app
+	w.pin.Who.Publishes = app == "" || strings.HasPrefix(app, identity.AppNamePrefix)
 	if len(row) > 2 {
 		w.pin.Incarnation = pgsession.ReadIncarnation(pgdriver.AsString(row[2]))
 		// The server's start time, the incarnation's second half, names
@@ -149,107 +139,21 @@ func (w *conn) connectRow(ctx context.Context, own *pgdriver.Statements, marked,
 	return row.Values(), nil
 }
 
-// holderIdentityLocked is c's identity as a holder of session locks: its
-// oldest lock; nil when it holds none. c.pin is locked.
-func (c *conn) holderIdentityLocked() *identity.Holder { return c.holderIdentityWithoutLocked(nil) }
-
-// holderIdentityWithoutLocked is holderIdentityLocked as it will be once
-// the lock of key skip (if not nil) is released. c.pin is locked.
-func (c *conn) holderIdentityWithoutLocked(skip *lockKey) *identity.Holder {
-	id := new(identity.Holder)
-	if !c.holderIdentityInto(id, skip) {
-		return nil
-	}
-	return id
-}
-
-// holderIdentityInto sets *id to c's identity as a holder of session
-// locks, leaving out the lock of key skip (if not nil), and reports
-// whether it holds any other. c.pin is locked.
-func (c *conn) holderIdentityInto(id *identity.Holder, skip *lockKey) bool {
-	key, oldest := c.pin.OldestLocked(skip)
-	if oldest == nil {
-		return false
-	}
-	c.baseIdentityInto(id)
-	var holds [48]byte
-	id.Holds = string(advisorykey.Key(key).AppendToken(append(holds[:0], "lock "...)))
-	id.Site, id.Since = identity.SafeToken(oldest.Site, "_"), oldest.Since
-	id.TraceID, id.SpanID = identity.TraceIDs(oldest.Span)
-	return true
-}
-
-// baseIdentity names c's process, database and connection.
-func (c *conn) baseIdentity() *identity.Holder {
-	id := new(identity.Holder)
-	c.baseIdentityInto(id)
-	return id
-}
-
-// baseIdentityInto sets *id to baseIdentity's value.
-func (c *conn) baseIdentityInto(id *identity.Holder) {
-	*id = identity.Holder{Process: identity.ProcessLabel(), Database: c.connector.seq,
-		Pool: identity.SafeToken(c.connector.pool, "_"), Conn: c.id}
-}
-
-// txAppName is the application_name of c's transaction begun at site.
-func (c *conn) txAppName(site string) string {
-	id := c.baseIdentity()
-	id.Holds, id.Site = "tx", identity.SafeToken(site, "_")
-	return id.AppName()
-}
-
 // ownLocksQuery is the read of backend pid's advisory locks that
 // queryOwnLocks runs on c, and its arguments. On a connection that holds
-// session locks it begins with the holder's annotation (holderNote); such
-// a text changes with every hold, so pgx runs it in the simple protocol,
-// while the plain read (a connection that holds nothing) stays a cached
-// statement. Through a declared transaction pooler c reads its holder's
-// locks from another backend, and annotates nothing here.
-//
-// The plain read is composed once per connection; a holder's text is
-// composed in one buffer, so that the read costs an allocation or two, not
-// one per field.
+// session locks it begins with the holder's annotation
+// (pgsession.Conn.OwnLocksQuery); such a text changes with every hold, so
+// pgx runs it in the simple protocol, while the plain read (a connection
+// that holds nothing) stays a cached statement. Through a declared
+// transaction pooler c reads its holder's locks from another backend, and
+// annotates nothing here.
 func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue) {
 	own := &c.connector.own
-	if !own.OK() || c.connector.opts.txPooler {
-		return c.fixedLocksQuery(pid), nil
+	query, annotated := c.pin.OwnLocksQuery(pid, c.discards.Load(), own.OK() && !c.connector.opts.txPooler)
+	if annotated {
+		return query, own.Args // a text of this hold's: not for pgx's statement cache
 	}
-	var id identity.Holder
-	c.pin.Lock()
-	holding := c.holderIdentityInto(&id, nil)
-	c.pin.Unlock()
-	if !holding {
-		return c.fixedLocksQuery(pid), nil
-	}
-	var buf [1024]byte
-	b := id.AppendAnnotation(buf[:0])
-	b = pgserver.AppendOwnLocksQuery(b, "(SELECT 1) one", pid, c.afterDiscard())
-	return string(b), own.Args // a text of this hold's: not for pgx's statement cache
-}
-
-// fixedLocksQuery is c's read of backend pid's advisory locks when it
-// holds none: the same text until pid or the DISCARD ALLs change,
-// composed once.
-func (c *conn) fixedLocksQuery(pid int32) string {
-	discards := c.discards.Load()
-	c.pin.Lock()
-	defer c.pin.Unlock()
-	t := &c.readTexts
-	if t.pid != pid || t.discards != discards || t.plain == "" {
-		*t = fixedReads{pid: pid, discards: discards,
-			plain: string(pgserver.AppendOwnLocksQuery(nil, "(SELECT 1) one", pid, c.afterDiscard()))}
-	}
-	return t.plain
-}
-
-// fixedReads is a connection's read of pg_locks that does not change with
-// what it holds (fixedLocksQuery), for one backend pid and DISCARD ALL
-// count.
-type fixedReads struct {
-	pid      int32
-	discards int32
-	plain    string
+	return query, nil
 }
 
 // holderNote is the annotation that names c as the holder of its session
@@ -267,79 +171,20 @@ func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
 	if !own.OK() || c.connector.opts.txPooler {
 		return "", nil
 	}
-	c.pin.Lock()
-	id := c.holderIdentityWithoutLocked(skip)
-	c.pin.Unlock()
-	if id == nil {
-		return "", nil
+	if note := c.pin.Note(skip); note != "" {
+		return note, own.Args
 	}
-	return id.Annotation(), own.Args
-}
-
-// annotatedLockText is text, an exact session-lock statement of one call
-// (of key k, at site) on a connection that reaches the server itself
-// (c.direct), beginning with the annotation that names c as the holder of
-// its session locks as the statement leaves them; "" when it leaves none
-// (an unlock of the last one: the text stays the user's); suffix ends it
-// (AcquireAdvisoryLock's fencing token: see tokenAfterLockKey). No
-// pg_locks read follows such a statement (beforeAdvisory), so the
-// statement is what names the holder while it runs no other, as the read
-// did. The text may change with every hold: it runs in pgx's
-// QueryExecModeExec (one round trip, the arguments bound by the server,
-// nothing cached) unless the connection sent it lately (sentWith), and
-// either way the server shows it as sent, which the end requests of
-// pg_loss.go compare.
-//
-// The lock it takes names no since: it is held from the statement's end,
-// which the server shows (pg_stat_activity's state_change; see identify),
-// not from its start (a lock may wait), and a text without a time can be
-// the same at every hold.
-func (c *conn) annotatedLockText(ctx context.Context, call sqlscan.AdvisoryCall, k lockKey, site, text, suffix string) string {
-	var id identity.Holder
-	unlock := call.Func&sqlscan.FnUnlock != 0
-	c.pin.Lock()
-	var skip *lockKey
-	if l := c.pin.Held[k]; unlock && l != nil && l.Count <= 1 {
-		skip = &k
-	}
-	holding := c.holderIdentityInto(&id, skip)
-	c.pin.Unlock()
-	if !holding {
-		if unlock {
-			return ""
-		}
-		c.baseIdentityInto(&id)
-		var holds [48]byte
-		id.Holds = string(advisorykey.Key(k).AppendToken(append(holds[:0], "lock "...)))
-		id.Site = identity.SafeToken(site, "_")
-		id.TraceID, id.SpanID = identity.TraceIDs(trace.SpanContextFromContext(ctx))
-	}
-	var buf [512]byte
-	return string(append(append(id.AppendAnnotation(buf[:0]), text...), suffix...))
+	return "", nil
 }
 
 // ReleaseLockSavepoint ends the savepoint of a statement run on c's
-// transaction-pooler holder (pgsession.TxHolder.Run). On a connection that publishes
-// identities it also sets the holder's application_name for its
+// transaction-pooler holder (pgsession.TxHolder.Run). On a connection that
+// publishes identities it also sets the holder's application_name for its
 // transaction and begins with the annotation, so that the holder's last
-// statement names it: the oldest lock it holds, or the one being taken
-// (where ctx says, now).
+// statement names it (pgsession.Conn.SavepointRelease).
 func (c *conn) ReleaseLockSavepoint(ctx context.Context, h driver.Conn) error {
-	const release = "RELEASE SAVEPOINT lockhooks_lock"
 	if !c.connector.own.OK() {
-		return rawconn.Exec(ctx, h, release)
+		return rawconn.Exec(ctx, h, "RELEASE SAVEPOINT lockhooks_lock")
 	}
-	c.pin.Lock()
-	id := c.holderIdentityLocked()
-	c.pin.Unlock()
-	if id == nil {
-		id = c.baseIdentity()
-		id.Holds, id.Site, id.Since = "lock", identity.SafeToken(siteOf(ctx), "_"), time.Now()
-		id.TraceID, id.SpanID = identity.TraceIDs(trace.SpanContextFromContext(ctx))
-	}
-	q := id.Annotation() + release
-	if c.pub.on {
-		q += "; SELECT " + identity.SetAppName(id.AppName(), true, 0)
-	}
-	return rawconn.ExecSimple(ctx, h, q)
+	return rawconn.ExecSimple(ctx, h, c.pin.SavepointRelease(ctx, siteOf))
 }

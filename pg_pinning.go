@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/lockset"
@@ -15,6 +14,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ErrLockLost is wrapped by the errors that report a lock whose connection
@@ -96,7 +96,7 @@ type advisoryPlan struct {
 	// sent is the text the statement runs with when it is not its own: an
 	// exact session-lock statement on a connection that reaches the server
 	// itself carries the holder's annotation instead of a pg_locks read
-	// after it (annotatedLockText); "" otherwise.
+	// after it (pgsession.Conn.LockText); "" otherwise.
 	sent string
 	// turn: the statement took its key's turn in the in-process queue
 	// before it was sent (pg_turns.go).
@@ -202,11 +202,18 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	}
 	plan.site = c.siteOf(ctx)
 	if annotate {
+		// The text may change with every hold: it runs in pgx's
+		// QueryExecModeExec (one round trip, the arguments bound by the
+		// server, nothing cached) unless the connection sent it lately
+		// (sentWith), and either way the server shows it as sent, which
+		// the end requests of pg_loss.go compare. suffix is
+		// AcquireAdvisoryLock's fencing token (see tokenAfterLockKey).
 		suffix := ""
 		if adv.Calls[0].Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll|sqlscan.FnXact) == 0 && ctx.Value(tokenAfterLockKey{}) != nil {
 			suffix = ", " + tokenExpr // AcquireAdvisoryLock's, with its fencing token
 		}
-		plan.sent = c.annotatedLockText(ctx, adv.Calls[0], plan.keys[0], plan.site, st.text, suffix)
+		unlock := adv.Calls[0].Func&sqlscan.FnUnlock != 0
+		plan.sent = c.pin.LockText(unlock, plan.keys[0], plan.site, trace.SpanContextFromContext(ctx), st.text, suffix)
 	}
 	if plan.exact && !adv.Simple {
 		if err := c.checkUnlocks(adv, plan.keys, plan.site); err != nil {
@@ -240,7 +247,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 
 // integerArgs reports whether every argument is a value of one of Go's
 // integer types that fits an int64: sent as text with its type left to
-// the server (pgx's QueryExecModeExec, see annotatedLockText), such a
+// the server (pgx's QueryExecModeExec, see pgsession.Conn.LockText), such a
 // value means what it meant in the driver's own mode, where a []byte, a
 // time.Time or a value of the driver's own types need not.
 func integerArgs(args []driver.NamedValue) bool {
@@ -277,15 +284,8 @@ func takesOrFreesSession(adv *sqlscan.Advisory) bool {
 }
 
 // afterDiscard returns a comment that makes lockhooks' own query texts
-// new after each DISCARD ALL, so a driver that caches prepared statements
-// by text (pgx) prepares them again instead of using ones the server
-// forgot.
-func (c *conn) afterDiscard() string {
-	if n := c.discards.Load(); n > 0 {
-		return " -- lockhooks: after DISCARD ALL " + strconv.Itoa(int(n))
-	}
-	return ""
-}
+// new after each DISCARD ALL (pgsession.AfterDiscard).
+func (c *conn) afterDiscard() string { return pgsession.AfterDiscard(c.discards.Load()) }
 
 // anyApprox reports whether c holds one of keys with a count that may be off.
 func (c *conn) anyApprox(keys []lockKey, known []bool) bool {

@@ -49,6 +49,13 @@ type Conn[K NamedKey] struct {
 	// Hold keeps the session locks in transaction-pooler mode; its PID is
 	// read by other goroutines.
 	Hold TxHolder
+
+	// Who is the connection's identity as other processes see it.
+	Who Identity
+
+	// plainRead is its pg_locks read that does not change with what it
+	// holds (OwnLocksQuery); guarded by State's mutex.
+	plainRead plainRead
 }
 
 // LockPID returns the backend pid whose pg_locks rows are the

@@ -20,6 +20,12 @@
 //     found them, [State.ApplyLocked]); the statement's classification
 //     and what needs the server stay the caller's, which passes in their
 //     outcome as values;
+//   - the connection's identity as other processes see it ([Identity]:
+//     its process, database and number, and whether it publishes an
+//     application_name), and the texts that carry it on statements that
+//     run anyway ([Conn.TxAppName], [Conn.LockText], [Conn.Note],
+//     [Conn.OwnLocksQuery], [Conn.SavepointRelease]); which statements
+//     carry them stays the caller's;
 //   - a loss's transitions ([TakeHeldLocked], [State.SetLostLocked]),
 //     whether its backend is ended ([Conn.EndOnLoss]) and the error a
 //     statement gets with it ([LostError]); what the loss is called and
@@ -84,7 +90,8 @@
 // and internal/pgdriver (the holder's own statements, and what the driver
 // allows them), internal/pgserver (the monitor's read of the holders'
 // backends), internal/dberr (whether an error is the server's),
-// internal/sqlscan (the flags of a statement's advisory calls);
+// internal/sqlscan (the flags of a statement's advisory calls),
+// internal/identity (the encoding of a holder's identity);
 // database/sql/driver for the values of its own statements and of the
 // caller's (a statement's answers, ApplyLocked);
 // OpenTelemetry's trace package for the span a lock was taken in.
