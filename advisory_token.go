@@ -77,10 +77,10 @@ func (l *AdvisoryLock) readToken(ctx context.Context) {
 		switch {
 		case err == nil && row[0] != nil:
 			l.token = pgdriver.AsInt64(row[0])
-		case err != nil && l.c.connectionBroken(err):
+		case err != nil && l.c.ConnectionBroken(err):
 			// The read bypasses the statement hooks, which would have
 			// found the loss: report it as they would (Lost, Err).
-			l.c.loseLocks(err)
+			l.c.LoseLocks(err)
 		}
 		return nil
 	})

@@ -51,9 +51,6 @@ type conn struct {
 	// come from the database server, so the connection may be broken.
 	suspect atomic.Bool
 
-	// discards counts DISCARD ALLs: the server forgot the driver's
-	// prepared statements, so the connection is not pooled again.
-	discards atomic.Int32
 	// direct: the connection reaches the server itself, no pooler between
 	// (the process id the server sent at connect is pg_backend_pid()'s,
 	// which a pooler's is not; pgx only, no pooler declared, and not in
@@ -132,6 +129,7 @@ func newConn(c *connector, inner driver.Conn) driver.Conn {
 	w.tx.c = w
 	w.pin.Who = pgsession.NewIdentity(c.seq, c.pool, w.id)
 	if c.pins != nil {
+		w.pin.Init(c.pins.Settings(), w)
 		w.pin.Hold.Init(&c.pins.holders, w)
 	}
 	var mask uint
@@ -232,7 +230,7 @@ func (c *conn) exec(ctx context.Context, query string, args []driver.NamedValue)
 		})
 	}
 	res, err := c.execer.ExecContext(ctx, st.text, args)
-	return res, st.explain(c.observe(err))
+	return res, st.explain(c.Observe(err))
 }
 
 // QueryContext runs query through the statement hooks.
@@ -267,7 +265,7 @@ func (c *conn) query(ctx context.Context, query string, args []driver.NamedValue
 		})
 	}
 	rows, err := c.queryer.QueryContext(ctx, st.text, args)
-	return rows, st.explain(c.observe(err))
+	return rows, st.explain(c.Observe(err))
 }
 
 // Prepare prepares query (rewritten by the statement hooks) on the inner
@@ -293,7 +291,7 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 		inner, err = c.inner.Prepare(st.text)
 	}
 	if err != nil {
-		return nil, st.explain(c.observe(err))
+		return nil, st.explain(c.Observe(err))
 	}
 	return newStmt(c, inner, query, st), nil
 }
@@ -311,7 +309,7 @@ func (c *conn) Begin() (driver.Tx, error) {
 	}
 	inner, err := c.inner.Begin() //nolint:staticcheck // the inner driver has no BeginTx
 	if err != nil {
-		return nil, c.observe(err)
+		return nil, c.Observe(err)
 	}
 	return c.tx.begin(context.Background(), inner, driver.TxOptions{}, site), nil
 }
@@ -328,7 +326,7 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	if c.connector.pins == nil {
 		inner, err := c.beginner.BeginTx(ctx, opts)
 		if err != nil {
-			return nil, c.observe(err)
+			return nil, c.Observe(err)
 		}
 		return c.tx.begin(ctx, inner, opts, nil), nil
 	}
@@ -350,13 +348,13 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		return err
 	})
 	if err != nil {
-		return nil, c.observe(err)
+		return nil, c.Observe(err)
 	}
 	return c.tx.begin(ctx, inner, opts, &site), nil
 }
 
 // Ping forwards to the inner connection.
-func (c *conn) Ping(ctx context.Context) error { return c.observe(c.pinger.Ping(ctx)) }
+func (c *conn) Ping(ctx context.Context) error { return c.Observe(c.pinger.Ping(ctx)) }
 
 // ResetSession forwards to the inner connection; database/sql calls it when
 // it hands out a connection that was used before.
@@ -371,7 +369,7 @@ func (c *conn) CheckNamedValue(nv *driver.NamedValue) error { return c.checker.C
 // it, so a dead connection (for example after a transaction cancelled by its
 // context) never returns to the pool.
 func (c *conn) IsValid() bool {
-	if c.connector.pins != nil && !c.verifyUnknown(context.Background()) {
+	if c.connector.pins != nil && !c.pin.VerifyUnknown(context.Background()) {
 		// What the backend holds is unknown (a lock statement failed and
 		// pg_locks could not be read after it): closed, its backend ends,
 		// and with it any lock the statement took.
@@ -381,14 +379,14 @@ func (c *conn) IsValid() bool {
 	if c.holdsLocks() {
 		return false // withdrawn: Close parks it
 	}
-	if c.discards.Load() > 0 {
+	if c.pin.Discards.Load() > 0 {
 		return false
 	}
-	if c.pinnedUntilClosed() {
+	if c.connector.pins != nil && c.pin.PinnedUntilClosed() {
 		return false // recycled: the pooler unpins it when it disconnects
 	}
 	if c.connector.opts.verifyOnReturn && c.connector.pins != nil && !c.suspect.Load() {
-		c.verifyOnReturn()
+		c.pin.VerifyOnReturn()
 		if c.holdsLocks() {
 			return false
 		}
@@ -427,10 +425,10 @@ func (c *conn) Close() error {
 	return c.CloseInner()
 }
 
-// observe records what err says about the connection's health and returns
+// Observe records what err says about the connection's health and returns
 // err unchanged (driver.ErrSkip must keep its identity), except that a
 // deadlock victim's error becomes a *DeadlockError.
-func (c *conn) observe(err error) error {
+func (c *conn) Observe(err error) error {
 	if err == nil || err == driver.ErrSkip {
 		return err
 	}

@@ -46,15 +46,15 @@ func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (drive
 	if c.driverBegins {
 		var err error
 		if inner, err = c.beginner.BeginTx(ctx, opts); err != nil {
-			return nil, c.observe(err)
+			return nil, c.Observe(err)
 		}
 	} else {
 		begin := "BEGIN IMMEDIATE"
 		if c.connector.sqlite.TxLock == "exclusive" {
 			begin = "BEGIN EXCLUSIVE"
 		}
-		if err := c.execOwn(ctx, begin); err != nil {
-			return nil, c.observe(err)
+		if err := c.ExecOwn(ctx, begin); err != nil {
+			return nil, c.Observe(err)
 		}
 	}
 	begun = true
@@ -64,10 +64,10 @@ func (c *conn) beginImmediate(ctx context.Context, opts driver.TxOptions) (drive
 	return t, nil
 }
 
-// execOwn runs a statement of lockhooks' own (BEGIN, COMMIT, ROLLBACK) on
+// ExecOwn runs a statement of lockhooks' own (BEGIN, COMMIT, ROLLBACK) on
 // the inner connection, bypassing the hooks, through its Execer or, for
 // drivers without one, through Prepare.
-func (c *conn) execOwn(ctx context.Context, query string) error {
+func (c *conn) ExecOwn(ctx context.Context, query string) error {
 	run := func() error {
 		if c.execer != nil {
 			_, err := c.execer.ExecContext(ctx, query, nil)
@@ -97,10 +97,10 @@ func (c *conn) execPrepared(ctx context.Context, query string) error {
 	return err
 }
 
-// backendPID returns the Postgres backend pid of the connection, asking the
+// BackendPID returns the Postgres backend pid of the connection, asking the
 // server once, the first time a feature needs it. The same statement leaves
 // the connection's marker on its backend (see sessionQuery).
-func (c *conn) backendPID(ctx context.Context) (int32, error) {
+func (c *conn) BackendPID(ctx context.Context) (int32, error) {
 	if pid := c.pin.PID.Load(); pid != 0 {
 		return pid, nil
 	}
@@ -116,7 +116,7 @@ func (c *conn) backendPID(ctx context.Context) (int32, error) {
 	} else {
 		row, err = c.queryRow(ctx, sessionQuery, []driver.NamedValue{{Ordinal: 1, Value: c.marker()}})
 	}
-	if err != nil && c.mark != "" && dberr.FromServer(err) && !c.connectionBroken(err) {
+	if err != nil && c.mark != "" && dberr.FromServer(err) && !c.ConnectionBroken(err) {
 		// A server that refuses the marker (one that speaks Postgres's
 		// protocol but has no custom settings): the pid alone, and the
 		// pooler guard without markers.
@@ -173,12 +173,12 @@ func (c *conn) queryFirstRow(ctx context.Context, query string, args []driver.Na
 		rows, err = rawconn.Query(ctx, c.inner, query, args)
 	}
 	if err != nil {
-		return nil, c.observe(err)
+		return nil, c.Observe(err)
 	}
 	defer rows.Close()
 	dest := make([]driver.Value, len(rows.Columns()))
 	if err := rows.Next(dest); err != nil {
-		return nil, c.observe(err)
+		return nil, c.Observe(err)
 	}
 	if len(dest) == 0 {
 		return nil, fmt.Errorf("lockhooks: %q returned no columns", query)

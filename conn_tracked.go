@@ -39,7 +39,7 @@ func (c *conn) queryWriting(ctx context.Context, st statement, query string, run
 	rows, err := run()
 	if err != nil {
 		c.connector.writer.unlock()
-		return nil, st.explain(c.observe(err))
+		return nil, st.explain(c.Observe(err))
 	}
 	return newRows(ctx, c, rows, advisoryPlan{}, true), nil
 }
@@ -65,7 +65,7 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 		return driver.RowsAffected(1), nil
 	}
 	res, err := run(c.sentWith(plan, args))
-	err = c.afterTracked(ctx, plan, nil, st.explain(c.observe(err)))
+	err = c.afterTracked(ctx, plan, nil, st.explain(c.Observe(err)))
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +91,7 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 	}
 	rows, err := run(c.sentWith(plan, args))
 	if err != nil {
-		return nil, c.afterTracked(ctx, plan, nil, st.explain(c.observe(err)))
+		return nil, c.afterTracked(ctx, plan, nil, st.explain(c.Observe(err)))
 	}
 	if st.advisory == nil {
 		// A row-lock query: the driver has run it (pgx reads the first row
@@ -119,7 +119,7 @@ func (c *conn) sentWith(plan advisoryPlan, args []driver.NamedValue) (string, []
 		return plan.st.text, args
 	}
 	c.pin.Trips.Sent(plan.sent)
-	if slices.Contains(c.sentTexts[:], plan.sent) && c.discards.Load() == 0 { // (DISCARD ALL forgot the driver's prepared statements)
+	if slices.Contains(c.sentTexts[:], plan.sent) && c.pin.Discards.Load() == 0 { // (DISCARD ALL forgot the driver's prepared statements)
 		return plan.sent, args
 	}
 	c.sentTexts[c.sentNext] = plan.sent

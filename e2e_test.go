@@ -350,7 +350,7 @@ func TestBackendPIDIsReadAtConnect(t *testing.T) {
 			t.Errorf("pid read at connect = %d, want %d", got, want)
 		}
 		for range 2 {
-			got, err := c.backendPID(ctx)
+			got, err := c.BackendPID(ctx)
 			if err != nil || got != want {
 				t.Errorf("backendPID = %d, %v; want %d", got, err, want)
 			}

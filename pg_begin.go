@@ -168,7 +168,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsi
 			// BEGIN may have run before the statement that failed (lib/pq's
 			// order, or the identity after BEGIN): leave no transaction
 			// block behind.
-			c.execOwn(context.Background(), "ROLLBACK")
+			c.ExecOwn(context.Background(), "ROLLBACK")
 		}
 		if dberr.SQLState(err) == "42601" || strings.Contains(err.Error(), "simple protocol") {
 			// The driver prepared the text instead of sending it as it is
@@ -179,7 +179,7 @@ func (c *conn) beginOwn(ctx context.Context, opts driver.TxOptions, site *callsi
 			own.Disabled.Store(true)
 			return nil, false, nil
 		}
-		return nil, true, c.observe(err)
+		return nil, true, c.Observe(err)
 	}
 	if info != nil {
 		info.Begun = id
@@ -209,7 +209,7 @@ func (c *conn) beginRow(ctx context.Context, m *beginMessage, args []driver.Name
 	if err != nil && !dberr.FromServer(err) {
 		// The transaction may have begun: end it, whatever state it is in
 		// (a server error is rolled back by the caller).
-		c.execOwn(context.Background(), "ROLLBACK")
+		c.ExecOwn(context.Background(), "ROLLBACK")
 	}
 	return err
 }
@@ -254,7 +254,7 @@ func (t pgTx) Commit() error {
 	if status := t.c.tx.status; status != nil {
 		switch status.TxStatus() {
 		case 'E': // in a failed transaction block
-			if err := t.c.execOwn(context.Background(), "ROLLBACK"); err != nil {
+			if err := t.c.ExecOwn(context.Background(), "ROLLBACK"); err != nil {
 				return err
 			}
 			return errTxAborted
@@ -266,12 +266,12 @@ func (t pgTx) Commit() error {
 	// its last statement (pg_identity_publish.go): the annotation leads
 	// COMMIT and ROLLBACK too.
 	note, _ := t.c.holderNote()
-	err := t.c.execOwn(ctx, note+text)
+	err := t.c.ExecOwn(ctx, note+text)
 	if err == nil || !dberr.FromServer(err) {
 		return err
 	}
 	// After the guard the block is still open; after COMMIT, a no-op.
-	if rerr := t.c.execOwn(context.Background(), "ROLLBACK"); rerr != nil && dberr.SQLState(err) == "25P02" {
+	if rerr := t.c.ExecOwn(context.Background(), "ROLLBACK"); rerr != nil && dberr.SQLState(err) == "25P02" {
 		return fmt.Errorf("lockhooks: commit unexpectedly resulted in rollback: a statement of the transaction failed, so Postgres aborted it (%w), and its ROLLBACK failed too: %w", err, rerr)
 	}
 	if dberr.SQLState(err) == "25P02" {
@@ -284,5 +284,5 @@ func (t pgTx) Commit() error {
 // locks, as Commit does).
 func (t pgTx) Rollback() error {
 	note, _ := t.c.holderNote()
-	return t.c.execOwn(context.Background(), note+"ROLLBACK")
+	return t.c.ExecOwn(context.Background(), note+"ROLLBACK")
 }

@@ -33,7 +33,7 @@ import (
 //   - A session advisory lock's identity rides on the statement that
 //     leaves it held: on a connection to the server itself, the exact
 //     session-lock or unlock statement of one call (pgsession.Conn.LockText);
-//     elsewhere the pg_locks read that follows it (pg_reconcile.go); and
+//     elsewhere the pg_locks read that follows it (pgsession.Conn.ReadLocks); and
 //     the fencing-token read. They carry the annotation, so the holder's
 //     last statement names it while it runs no other (a parked holder, a
 //     leaked lock). Nothing is set at session level: a
@@ -62,12 +62,12 @@ import (
 func (w *conn) identifyOnConnect(ctx context.Context) error {
 	own := w.connector.own.Of(w.inner)
 	if !own.OK() {
-		_, err := w.backendPID(ctx)
+		_, err := w.BackendPID(ctx)
 		return err
 	}
 	marked := !w.connector.opts.txPooler && !w.connector.opts.pinningPooler
 	row, err := w.connectRow(ctx, own, marked, true)
-	if err != nil && dberr.FromServer(err) && !w.connectionBroken(err) {
+	if err != nil && dberr.FromServer(err) && !w.ConnectionBroken(err) {
 		// A server that refuses the marker or the server's identity (one
 		// that speaks Postgres's protocol but has no custom settings or
 		// no pg_postmaster_start_time): the pool guard without markers,
@@ -76,7 +76,7 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 		row, err = w.connectRow(ctx, own, false, false)
 	}
 	if err != nil {
-		return fmt.Errorf("lockhooks: reading the backend pid of %v: %w", w, w.observe(err))
+		return fmt.Errorf("lockhooks: reading the backend pid of %v: %w", w, w.Observe(err))
 	}
 	pid := int32(pgdriver.AsInt64(row[0]))
 	w.pin.PID.Store(pid)
@@ -137,23 +137,6 @@ func (w *conn) connectRow(ctx context.Context, own *pgdriver.Statements, marked,
 		return nil, err
 	}
 	return row.Values(), nil
-}
-
-// ownLocksQuery is the read of backend pid's advisory locks that
-// queryOwnLocks runs on c, and its arguments. On a connection that holds
-// session locks it begins with the holder's annotation
-// (pgsession.Conn.OwnLocksQuery); such a text changes with every hold, so
-// pgx runs it in the simple protocol, while the plain read (a connection
-// that holds nothing) stays a cached statement. Through a declared
-// transaction pooler c reads its holder's locks from another backend, and
-// annotates nothing here.
-func (c *conn) ownLocksQuery(pid int32) (query string, args []driver.NamedValue) {
-	own := &c.connector.own
-	query, annotated := c.pin.OwnLocksQuery(pid, c.discards.Load(), own.OK() && !c.connector.opts.txPooler)
-	if annotated {
-		return query, own.Args // a text of this hold's: not for pgx's statement cache
-	}
-	return query, nil
 }
 
 // holderNote is the annotation that names c as the holder of its session

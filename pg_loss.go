@@ -21,13 +21,13 @@ import (
 // itself with no pooler between, is pgsession.Conn.Endable, given here
 // whether a pooler stands between (throughPooler).
 
-// connectionBroken reports whether err means the connection is gone, so its
+// ConnectionBroken reports whether err means the connection is gone, so its
 // session locks are too: a driver error that is not the server's, or the
 // server's own "terminating connection" and connection-exception errors:
 // any FATAL (the server ends the session after it), among them 57P01
 // (pg_terminate_backend), 57P05 (idle_session_timeout) and 25P03
 // (idle_in_transaction_session_timeout) (dberr.SessionEnded).
-func (c *conn) connectionBroken(err error) bool {
+func (c *conn) ConnectionBroken(err error) bool {
 	if errors.Is(err, driver.ErrBadConn) {
 		return true
 	}
@@ -51,12 +51,12 @@ func (c *conn) alive() bool {
 	return c.pinger.Ping(ctx) == nil
 }
 
-// loseLocks records that c's session locks are gone because its
+// LoseLocks records that c's session locks are gone because its
 // connection died, reports it (log, metric, Lost), has the backend ended
 // where it still lives, and returns the error to give to whoever relied on
 // them (nil if c held none). The caller settles c afterwards (a parked one
 // is closed).
-func (c *conn) loseLocks(cause error) error {
+func (c *conn) LoseLocks(cause error) error {
 	c.endTransactionLocks()
 	return c.MarkLost("its connection died ("+cause.Error()+")", cause, pgsession.LossReport|pgsession.LossEnd)
 }

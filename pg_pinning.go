@@ -64,9 +64,9 @@ func (c *conn) updateActiveLocked() {
 	}
 }
 
-// inTx reports whether the connection is inside a transaction block, opened
+// InTx reports whether the connection is inside a transaction block, opened
 // by database/sql or by statement text.
-func (c *conn) inTx() bool {
+func (c *conn) InTx() bool {
 	if c.tx.inner != nil {
 		return true
 	}
@@ -125,7 +125,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		if err := ctx.Err(); err != nil {
 			return plan, nil, err
 		}
-		c.verifyUnknown(ctx)
+		c.pin.VerifyUnknown(ctx)
 	}
 	adv := st.advisory
 	if adv == nil {
@@ -285,7 +285,7 @@ func takesOrFreesSession(adv *sqlscan.Advisory) bool {
 
 // afterDiscard returns a comment that makes lockhooks' own query texts
 // new after each DISCARD ALL (pgsession.AfterDiscard).
-func (c *conn) afterDiscard() string { return pgsession.AfterDiscard(c.discards.Load()) }
+func (c *conn) afterDiscard() string { return pgsession.AfterDiscard(c.pin.Discards.Load()) }
 
 // anyApprox reports whether c holds one of keys with a count that may be off.
 func (c *conn) anyApprox(keys []lockKey, known []bool) bool {
@@ -307,7 +307,7 @@ func (c *conn) anyApprox(keys []lockKey, known []bool) bool {
 // as it ends, so it protects nothing. A transaction the statement text
 // opens, or one that several statements in one text make, is followed.
 func (c *conn) refuseUselessXact(ctx context.Context, adv *sqlscan.Advisory) error {
-	if c.inTx() || adv.Statements > 1 {
+	if c.InTx() || adv.Statements > 1 {
 		return nil
 	}
 	xact, all := false, true
@@ -342,13 +342,13 @@ func (c *conn) refuseUselessXact(ctx context.Context, adv *sqlscan.Advisory) err
 // transaction block: SAVEPOINT fails outside one (25P01) and, inside one,
 // is released at once. An aborted block (25P02) is a block too.
 func (c *conn) inTransactionBlock(ctx context.Context) (bool, error) {
-	err := c.execOwn(ctx, "SAVEPOINT lockhooks_probe")
+	err := c.ExecOwn(ctx, "SAVEPOINT lockhooks_probe")
 	switch dberr.SQLState(err) {
 	case "":
 		if err != nil {
 			return false, fmt.Errorf("lockhooks: checking whether %v is in a transaction block: %w", c, err)
 		}
-		return true, c.execOwn(ctx, "RELEASE SAVEPOINT lockhooks_probe")
+		return true, c.ExecOwn(ctx, "RELEASE SAVEPOINT lockhooks_probe")
 	case "25P01":
 		return false, nil
 	case "25P02":

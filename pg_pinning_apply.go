@@ -25,8 +25,8 @@ import (
 func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
 	adv := plan.st.advisory
 	if adv == nil {
-		if err != nil && c.connectionBroken(err) {
-			lost := c.loseLocks(err)
+		if err != nil && c.ConnectionBroken(err) {
+			lost := c.LoseLocks(err)
 			c.connector.pins.Settle(c) // the monitor ends its backend
 			return pgsession.LostError(lost, err)
 		}
@@ -44,9 +44,9 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	// (context.WithoutCancel, made where one runs: it costs an
 	// allocation).
 	if err != nil {
-		if c.connectionBroken(err) {
+		if c.ConnectionBroken(err) {
 			c.endAfterBreak(plan)
-			lost := c.loseLocks(err)
+			lost := c.LoseLocks(err)
 			c.connector.pins.Settle(c) // the monitor ends its backend
 			return pgsession.LostError(lost, err)
 		}
@@ -58,16 +58,16 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		// only. (Inside a transaction the error aborted it, the read fails,
 		// and the connection is read once the transaction ends.)
 		if len(adv.Calls) > 0 {
-			inTx := c.inTx()
-			switch rerr := c.reconcile(context.WithoutCancel(ctx), plan.site, nil, !adv.Simple || !plan.exact); {
+			inTx := c.InTx()
+			switch rerr := c.pin.Reconcile(context.WithoutCancel(ctx), plan.site, nil, !adv.Simple || !plan.exact); {
 			case rerr == nil:
-			case c.connectionBroken(rerr):
-				if lost := c.loseLocks(rerr); lost != nil {
+			case c.ConnectionBroken(rerr):
+				if lost := c.LoseLocks(rerr); lost != nil {
 					err = pgsession.LostError(lost, err)
 				}
 			case !inTx:
 				// (inside a transaction the read is made once it ends)
-				c.markUnverified()
+				c.pin.MarkUnverified()
 			}
 		}
 		c.loseIfReleased(plan.st.text) // (a statement of several calls may have run its unlock)
@@ -83,7 +83,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		// behind the driver's back (pgx caches them): the connection is
 		// closed instead of pooled once it is returned, and lockhooks' own
 		// queries change their text so the driver prepares them anew.
-		c.discards.Add(1)
+		c.pin.Discards.Add(1)
 	}
 	var pending map[lockKey]int
 	if plan.exact {
@@ -94,13 +94,13 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 	}
 	var verr error
 	if plan.verify || len(pending) > 0 {
-		switch verr = c.reconcile(context.WithoutCancel(ctx), plan.site, pending, !plan.exact); {
+		switch verr = c.pin.Reconcile(context.WithoutCancel(ctx), plan.site, pending, !plan.exact); {
 		case errors.Is(verr, ErrTransactionPooler):
 			// The statement ran on another backend than the connection's:
 			// its locks cannot be trusted.
 			c.MarkLost(verr.Error(), verr, pgsession.LossReport|pgsession.LossPooler) // not ours to end: other clients use that backend
-		case verr != nil && c.connectionBroken(verr):
-			verr = pgsession.LostError(c.loseLocks(verr), verr)
+		case verr != nil && c.ConnectionBroken(verr):
+			verr = pgsession.LostError(c.LoseLocks(verr), verr)
 		default:
 			verr = nil // a failed read was logged; the next one catches up
 		}
@@ -142,10 +142,10 @@ func (c *conn) endAfterBreak(plan advisoryPlan) {
 // It returns the try-locks whose outcome only pg_locks can tell (negative
 // counts: transaction-level ones).
 func (c *conn) apply(span trace.SpanContext, plan advisoryPlan, results []driver.Value) (pending map[lockKey]int) {
-	inTx := c.inTx()
+	inTx := c.InTx()
 	c.pin.Lock()
 	defer c.pin.Unlock()
-	pending = c.pin.ApplyLocked(plan.st.advisory.Calls, plan.keys, results, inTx, plan.site, span, c.sessionLockFreed)
+	pending = c.pin.ApplyLocked(plan.st.advisory.Calls, plan.keys, results, inTx, plan.site, span, c.HoldEnded)
 	c.updateActiveLocked()
 	return pending
 }
@@ -153,13 +153,13 @@ func (c *conn) apply(span trace.SpanContext, plan advisoryPlan, results []driver
 // forgetLocked records one release of k; c.pin is locked.
 func (c *conn) forgetLocked(k lockKey) {
 	if since, freed := c.pin.ForgetLocked(k); freed {
-		c.sessionLockFreed(since)
+		c.HoldEnded(since)
 	}
 }
 
-// sessionLockFreed records, for the hold-time metric, a session lock held
+// HoldEnded records, for the hold-time metric, a session lock held
 // since then that c holds no more.
-func (c *conn) sessionLockFreed(since time.Time) {
+func (c *conn) HoldEnded(since time.Time) {
 	c.connector.tel.RecordHold(context.Background(), "advisory", "session", since)
 }
 
@@ -206,7 +206,7 @@ func (c *conn) transactionEnded() {
 	c.updateActiveLocked()
 	c.pin.Unlock()
 	if recheck {
-		c.reconcile(context.Background(), "unknown", nil, true)
+		c.pin.Reconcile(context.Background(), "unknown", nil, true)
 		c.loseIfReleased("")
 		c.connector.pins.Settle(c)
 	}
@@ -227,7 +227,7 @@ func (c *conn) forgetLock(k lockKey) {
 // clearLocks records that c holds no session lock.
 func (c *conn) clearLocks() {
 	c.pin.Lock()
-	c.pin.ClearLocked(c.sessionLockFreed)
+	c.pin.ClearLocked(c.HoldEnded)
 	c.updateActiveLocked()
 	c.pin.Unlock()
 }

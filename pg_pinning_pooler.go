@@ -2,7 +2,6 @@ package lockhooks
 
 import (
 	"errors"
-	"fmt"
 )
 
 // WithSessionPinningPooler says the DSN goes through a pooler that pins a
@@ -39,33 +38,3 @@ func WithSessionPinningPooler() Option {
 
 // errPoolerOptions refuses both pooler options at once.
 var errPoolerOptions = errors.New("lockhooks: WithTransactionPooler and WithSessionPinningPooler describe different poolers; choose the one the DSN goes through (PgBouncer in transaction mode: WithTransactionPooler; RDS Proxy, PgBouncer in session mode: WithSessionPinningPooler)")
-
-// followPin is the check, through a session-pinning pooler, of a read of
-// pg_locks that ran on backend ranOn, right after a statement of this
-// connection; holding says the read found advisory locks there outside a
-// transaction (session locks, which pin the connection). Until the
-// connection is pinned, ranOn becomes its backend; once pinned, another
-// backend means the pooler did not pin it.
-func (c *conn) followPin(ranOn int32, holding bool) error {
-	c.pin.Lock()
-	defer c.pin.Unlock()
-	if to := c.pin.PinnedTo; to != 0 && to != ranOn {
-		return c.PoolerDetected(fmt.Sprintf("held session locks on backend pid %d, pinned there by the pooler (WithSessionPinningPooler), but its statements now run on backend pid %d, so the pooler does not pin it", to, ranOn))
-	}
-	c.pin.PID.Store(ranOn)
-	if holding {
-		c.pin.PinnedTo = ranOn
-	}
-	return nil
-}
-
-// pinnedUntilClosed reports whether a session-pinning pooler keeps the
-// connection pinned until it disconnects: it has held a session lock.
-func (c *conn) pinnedUntilClosed() bool {
-	if !c.connector.opts.pinningPooler {
-		return false
-	}
-	c.pin.Lock()
-	defer c.pin.Unlock()
-	return c.pin.EverHeld
-}

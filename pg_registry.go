@@ -51,8 +51,9 @@ func newPinning(c *connector) *pinning {
 	connect := func(ctx context.Context) (driver.Conn, error) { return c.inner.Connect(ctx) }
 	p := &pinning{c: c, locks: make(map[*AdvisoryLock]struct{}),
 		Registry: pgsession.NewRegistry[lockKey](pgsession.Config[*conn]{
-			CheckInterval: o.lockCheckInterval, CheckTimeout: o.lockCheckTimeout, ParkedWarning: o.parkedWarning,
-			TxPooler: o.txPooler, PinningPooler: o.pinningPooler, Logger: o.logger,
+			Settings: pgsession.Settings{CheckTimeout: o.lockCheckTimeout, TxPooler: o.txPooler, PinningPooler: o.pinningPooler,
+				Logger: o.logger, Own: &c.own},
+			CheckInterval: o.lockCheckInterval, ParkedWarning: o.parkedWarning,
 			Connect:  connect,
 			OpenConn: func(id uint64) (*conn, bool) { oc := c.openConn(id); return oc, oc != nil },
 			LongHold: func(msg string) { c.events.Add(eventLongHold, msg) },

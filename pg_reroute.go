@@ -76,13 +76,13 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 		v, err = h.queryValue(ctx, q, args...)
 	}
 	if err != nil {
-		if h.connectionBroken(err) {
-			return pgsession.LostError(h.loseLocks(err), err)
+		if h.ConnectionBroken(err) {
+			return pgsession.LostError(h.LoseLocks(err), err)
 		}
 		return fmt.Errorf("lockhooks: rerouting pg_advisory_unlock%s(%s) to %v: %w", sharedSuffix(k), k, h, err)
 	}
 	if ok, _ := v.(bool); !ok {
-		h.reconcile(ctx, site, nil, true)
+		h.pin.Reconcile(ctx, site, nil, true)
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, which lockhooks believed held it, returned false", ErrNotLockOwner, sharedSuffix(k), k, h)
 	}
 	h.connector.tel.UnlockRerouted(ctx)
@@ -90,7 +90,7 @@ func (h *conn) unlockParked(ctx context.Context, k lockKey, site string) error {
 	h.pin.Hold.EndIfEmpty()
 	if approx {
 		// The count may be off: pg_locks says whether the key is still held.
-		h.reconcile(ctx, site, nil, false)
+		h.pin.Reconcile(ctx, site, nil, false)
 	}
 	return nil
 }

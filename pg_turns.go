@@ -136,11 +136,11 @@ func (c *conn) settleTurn() {
 // them once it is closed); c.pin is locked (the turn table's mutex is a
 // leaf). While what the backend holds is unknown (unverified), c keeps its
 // turns: the server may hold the key.
-func (c *conn) releaseTurnsLocked() { c.pin.ReleaseTurnsLocked(c.releaseTurn) }
+func (c *conn) releaseTurnsLocked() { c.pin.ReleaseTurnsLocked(c.ReleaseTurn) }
 
-// releaseTurn gives key's turn, which c owned, back to the database's
+// ReleaseTurn gives key's turn, which c owned, back to the database's
 // queue.
-func (c *conn) releaseTurn(key int64) { c.connector.turns.unlock(key, c) }
+func (c *conn) ReleaseTurn(key int64) { c.connector.turns.unlock(key, c) }
 
 // noteDB records the *sql.DB that uses c, whose pool counts tell a
 // deadlocked pool (the first one given wins: a connector serves one).

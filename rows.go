@@ -92,7 +92,7 @@ func (r *rows) Next(dest []driver.Value) error {
 		r.first = append(r.firstFew[:0], dest...)
 	}
 	if err != nil && err != io.EOF {
-		r.c.observe(err)
+		r.c.Observe(err)
 		if r.err == nil {
 			r.err = err
 		}
@@ -103,7 +103,7 @@ func (r *rows) Next(dest []driver.Value) error {
 // Close closes the inner rows, then releases the writer lock or brings the
 // lock tracking up to date.
 func (r *rows) Close() error {
-	err := r.c.observe(r.inner.Close())
+	err := r.c.Observe(r.inner.Close())
 	if r.writer {
 		r.writer = false
 		r.c.connector.writer.unlock()

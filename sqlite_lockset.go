@@ -259,7 +259,7 @@ func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []str
 		}
 		return got, nil
 	}
-	if err := c.execOwn(ctx, "SAVEPOINT lockhooks_trylock"); err != nil {
+	if err := c.ExecOwn(ctx, "SAVEPOINT lockhooks_trylock"); err != nil {
 		return false, err
 	}
 	row, err := c.queryRow(ctx, lockset.Statement("pg_try_advisory_xact_lock", "bool_and", ks), nil)
@@ -273,7 +273,7 @@ func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []str
 	if all {
 		end = "RELEASE SAVEPOINT lockhooks_trylock"
 	}
-	if endErr := c.execOwn(ctx, end); endErr != nil && err == nil {
+	if endErr := c.ExecOwn(ctx, end); endErr != nil && err == nil {
 		err = endErr
 	}
 	if err != nil {

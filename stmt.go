@@ -84,7 +84,7 @@ func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
 		return s.c.execTracked(context.Background(), s.st, rawconn.Named(args), false, func(string, []driver.NamedValue) (driver.Result, error) { return run() })
 	}
 	res, err := run()
-	return res, s.st.explain(s.c.observe(err))
+	return res, s.st.explain(s.c.Observe(err))
 }
 
 // Query runs the statement; database/sql calls it only when QueryContext is
@@ -98,7 +98,7 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 		return s.c.queryTracked(context.Background(), s.st, rawconn.Named(args), false, func(string, []driver.NamedValue) (driver.Rows, error) { return run() })
 	}
 	rows, err := run()
-	return rows, s.st.explain(s.c.observe(err))
+	return rows, s.st.explain(s.c.Observe(err))
 }
 
 // ExecContext runs the statement.
@@ -114,7 +114,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 		return s.c.execTracked(ctx, s.st, args, false, func(string, []driver.NamedValue) (driver.Result, error) { return s.execer.ExecContext(ctx, args) })
 	}
 	res, err := s.execer.ExecContext(ctx, args)
-	return res, s.st.explain(s.c.observe(err))
+	return res, s.st.explain(s.c.Observe(err))
 }
 
 // QueryContext runs the statement.
@@ -127,7 +127,7 @@ func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driv
 		return s.c.queryTracked(ctx, s.st, args, false, func(string, []driver.NamedValue) (driver.Rows, error) { return s.queryer.QueryContext(ctx, args) })
 	}
 	rows, err := s.queryer.QueryContext(ctx, args)
-	return rows, s.st.explain(s.c.observe(err))
+	return rows, s.st.explain(s.c.Observe(err))
 }
 
 // CheckNamedValue forwards to the inner statement.

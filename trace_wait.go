@@ -228,7 +228,7 @@ func (c *conn) watchBlockers(ctx context.Context, w *lockWait) {
 	if !w.recording() || c.connector.tel.BlockerThreshold() <= 0 {
 		return
 	}
-	pid, err := c.backendPID(ctx)
+	pid, err := c.BackendPID(ctx)
 	if err != nil {
 		return
 	}

@@ -38,11 +38,11 @@ func (t immediateTx) Commit() error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	err := t.c.execOwn(ctx, "COMMIT")
+	err := t.c.ExecOwn(ctx, "COMMIT")
 	if err == nil {
 		return nil
 	}
-	rerr := t.c.execOwn(context.Background(), "ROLLBACK")
+	rerr := t.c.ExecOwn(context.Background(), "ROLLBACK")
 	if rerr != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		// The driver reports the context's error for a statement during
 		// which the context ended, even one that completed; a transaction
@@ -54,7 +54,7 @@ func (t immediateTx) Commit() error {
 
 // Rollback rolls back.
 func (t immediateTx) Rollback() error {
-	return t.c.execOwn(context.Background(), "ROLLBACK")
+	return t.c.ExecOwn(context.Background(), "ROLLBACK")
 }
 
 // tx is the wrapped transaction. It lives inside its conn (database/sql runs
@@ -144,14 +144,14 @@ func (t *tx) Commit() (err error) {
 			return err
 		}
 	}
-	return t.c.txEnded(t.c.observe(t.c.noted(t.inner.Commit)))
+	return t.c.txEnded(t.c.Observe(t.c.noted(t.inner.Commit)))
 }
 
 // Rollback rolls back the inner transaction, then runs what waits for its
 // end. database/sql also calls it when the transaction's context ends.
 func (t *tx) Rollback() error {
 	defer t.end()
-	return t.c.txEnded(t.c.observe(t.c.noted(t.inner.Rollback)))
+	return t.c.txEnded(t.c.Observe(t.c.noted(t.inner.Rollback)))
 }
 
 // noted runs end (the driver's COMMIT or ROLLBACK) and, on Postgres, notes

@@ -53,9 +53,17 @@ type Conn[K NamedKey] struct {
 	// Who is the connection's identity as other processes see it.
 	Who Identity
 
+	// Discards counts DISCARD ALLs: the server forgot the driver's
+	// prepared statements, so the connection is not pooled again, and
+	// lockhooks' own texts change (AfterDiscard).
+	Discards atomic.Int32
+
 	// plainRead is its pg_locks read that does not change with what it
 	// holds (OwnLocksQuery); guarded by State's mutex.
 	plainRead plainRead
+
+	set  *Settings // its database's (Init)
+	host Host[K]   // the caller's connection (Init)
 }
 
 // LockPID returns the backend pid whose pg_locks rows are the

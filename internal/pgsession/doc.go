@@ -26,6 +26,18 @@
 //     run anyway ([Conn.TxAppName], [Conn.LockText], [Conn.Note],
 //     [Conn.OwnLocksQuery], [Conn.SavepointRelease]); which statements
 //     carry them stays the caller's;
+//   - reading the truth: pg_locks of the connection's backend, read on
+//     the connection itself (in a savepoint inside a transaction; on its
+//     holder through a transaction pooler) and the tracking made equal to
+//     it ([Conn.Reconcile], [Conn.ReadLocks]), with the checks that the
+//     backend that answered is the connection's (a pooler nobody
+//     declared; [Conn.FollowPin] through a session-pinning one), a
+//     connection whose holdings are unknown read again
+//     ([Conn.VerifyUnknown]), one returned to the pool read
+//     ([Conn.VerifyOnReturn]), and a parked one asked by the monitor
+//     ([Conn.Answers], [Conn.VerifyParked]); all over the caller's
+//     connection as a [Host], which runs lockhooks' own statements there
+//     and reports to its database, and the database's [Settings];
 //   - a loss's transitions ([TakeHeldLocked], [State.SetLostLocked]),
 //     whether its backend is ended ([Conn.EndOnLoss]) and the error a
 //     statement gets with it ([LostError]); what the loss is called and

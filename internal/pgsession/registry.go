@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"encoding/hex"
 	"fmt"
-	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
@@ -81,12 +80,11 @@ const (
 
 // Config is what a [Registry] needs of its database.
 type Config[C any] struct {
+	// Settings are the database's, which its connections follow too
+	// (Registry.Settings).
+	Settings
 	CheckInterval time.Duration // how often the monitor checks the holders
-	CheckTimeout  time.Duration // bounds one check
 	ParkedWarning time.Duration // a parked hold longer than this is logged once; 0: never
-	TxPooler      bool          // WithTransactionPooler
-	PinningPooler bool          // WithSessionPinningPooler
-	Logger        *slog.Logger
 	// Connect opens a connection outside the pool, the monitor's side
 	// connection.
 	Connect func(ctx context.Context) (driver.Conn, error)
@@ -123,6 +121,10 @@ type Registry[K NamedKey, C Member[K]] struct {
 	done          chan struct{}      // closed when that monitor has returned
 	probed        bool               // the first holder had the monitor look at once
 }
+
+// Settings returns the database's settings, for its connections
+// (Conn.Init).
+func (p *Registry[K, C]) Settings() *Settings { return &p.cfg.Settings }
 
 // NewRegistry returns the empty registry of one database.
 func NewRegistry[K NamedKey, C Member[K]](cfg Config[C]) *Registry[K, C] {

@@ -72,11 +72,11 @@ func (m *member) hold(k int64, parked bool) {
 
 func newTestRegistry(open map[uint64]*member) *Registry[namedKey, *member] {
 	return NewRegistry[namedKey](Config[*member]{
-		CheckInterval: time.Hour, CheckTimeout: time.Second,
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Connect:  func(context.Context) (driver.Conn, error) { return nil, errors.New("no server in this test") },
-		OpenConn: func(id uint64) (*member, bool) { m, ok := open[id]; return m, ok },
-		LongHold: func(string) {},
+		CheckInterval: time.Hour,
+		Settings:      Settings{CheckTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		Connect:       func(context.Context) (driver.Conn, error) { return nil, errors.New("no server in this test") },
+		OpenConn:      func(id uint64) (*member, bool) { m, ok := open[id]; return m, ok },
+		LongHold:      func(string) {},
 	})
 }
 
@@ -182,7 +182,7 @@ func TestRegistryMarkersAndPooler(t *testing.T) {
 	if got := p.PoolerSeen(); got != first {
 		t.Errorf("PoolerSeen = %v, want the first proof", got)
 	}
-	declared := NewRegistry[namedKey](Config[*member]{TxPooler: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	declared := NewRegistry[namedKey](Config[*member]{Settings: Settings{TxPooler: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
 	declared.SawPooler(first)
 	if got := declared.PoolerSeen(); got != nil {
 		t.Errorf("with a declared pooler, PoolerSeen = %v", got)

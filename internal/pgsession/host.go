@@ -1,0 +1,83 @@
+package pgsession
+
+import (
+	"context"
+	"database/sql/driver"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/lockhooks/lockhooks/internal/pgdriver"
+)
+
+// Settings are what a database's options say to its connections'
+// session-lock tracking; the caller keeps one per database, unchanged
+// once its connections use it (Conn.Init).
+type Settings struct {
+	CheckTimeout  time.Duration // bounds one read of pg_locks, or one check of a parked connection
+	TxPooler      bool          // WithTransactionPooler
+	PinningPooler bool          // WithSessionPinningPooler
+	Logger        *slog.Logger
+	// Own says which of lockhooks' own statements the database's driver
+	// runs uncached (the annotated pg_locks read).
+	Own *pgdriver.Statements
+}
+
+// Host is the caller's connection as its session-lock tracking ([Conn])
+// uses it: what needs the caller's driver connection, its hooks or its
+// database. The caller's connection (a pointer) implements it and gives
+// itself to [Conn.Init]. Its methods are called with none of the
+// package's locks held, except where they say so.
+type Host[K NamedKey] interface {
+	fmt.Stringer
+	// Unwrap returns the driver's connection, for a statement of
+	// lockhooks' own that bypasses the caller's hooks and bookkeeping
+	// (the read of pg_locks).
+	Unwrap() driver.Conn
+	// ExecOwn runs a statement of lockhooks' own on the connection,
+	// bypassing the hooks, its round trip noted (RoundTrips).
+	ExecOwn(ctx context.Context, query string) error
+	// BackendPID returns the connection's backend pid, asking the server
+	// the first time.
+	BackendPID(ctx context.Context) (int32, error)
+	// InTx reports whether the connection is inside a transaction block.
+	InTx() bool
+	// Observe notes an error of the driver's connection (one that did
+	// not come from the server may mean a broken connection) and returns
+	// it.
+	Observe(err error) error
+	// SessionMarker is the session marker the connection left on its backend
+	// ("" when it left none).
+	SessionMarker() string
+	// PoolerDetected is the error for a connection found sharing a
+	// backend (what says how), as Member's.
+	PoolerDetected(what string) error
+	// SawPooler records, in the database, the proof (err) of a
+	// transaction-mode pooler nobody declared.
+	SawPooler(err error)
+	// ConnectionBroken reports whether err means that the connection is gone.
+	ConnectionBroken(err error) bool
+	// LoseLocks reports the connection's locks lost, because its
+	// connection died of cause.
+	LoseLocks(cause error) error
+	// Settle tells the database's registry what the connection holds now.
+	Settle()
+	// ReleaseTurn gives key's turn, which the connection owned, back to
+	// its database's queue; State is locked (the queue's mutex is a leaf).
+	ReleaseTurn(key int64)
+	// HoldEnded records that a session lock held since since was freed;
+	// State is locked (telemetry only).
+	HoldEnded(since time.Time)
+}
+
+// Init gives the connection its database's settings and its host, before
+// any other goroutine can see it.
+func (c *Conn[K]) Init(set *Settings, host Host[K]) { c.set, c.host = set, host }
+
+// UpdateLocked recomputes whether statements need the slow path, and
+// gives up the turns the connection no longer needs; State is locked.
+func (c *Conn[K]) UpdateLocked() {
+	if c.UpdateActiveLocked() {
+		c.ReleaseTurnsLocked(c.host.ReleaseTurn)
+	}
+}
