@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 )
 
 // A lock released under its AdvisoryLock: a statement on the lock's own
@@ -70,7 +72,7 @@ func (c *conn) loseIfReleased(text string) {
 	c.updateActiveLocked() // statements now fail with lost
 	c.pin.Unlock()
 
-	c.reportLoss(c.LockPID(), k.String(), 1, &taken, parked, lost, cause, "")
+	c.ReportLoss(pgsession.Loss{PID: c.LockPID(), Keys: k.String(), N: 1, Oldest: &taken, Parked: parked, Err: lost, Cause: cause})
 	l.freeTurn()  // another acquirer of this process may take the key at once
 	close(lostCh) // after the log, the count and the turn, so whoever waits on Lost sees them
 }

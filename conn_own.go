@@ -143,9 +143,9 @@ func (c *conn) BackendPID(ctx context.Context) (int32, error) {
 	return c.pin.PID.Load(), nil
 }
 
-// queryValue runs a statement of lockhooks' own on the inner connection,
+// QueryValue runs a statement of lockhooks' own on the inner connection,
 // bypassing the hooks, and returns the first column of its first row.
-func (c *conn) queryValue(ctx context.Context, query string, args ...driver.NamedValue) (driver.Value, error) {
+func (c *conn) QueryValue(ctx context.Context, query string, args ...driver.NamedValue) (driver.Value, error) {
 	row, err := c.queryRow(ctx, query, args)
 	if err != nil {
 		return nil, err

@@ -33,23 +33,6 @@ func (k lockKey) number() string { return advisorykey.Key(k).Number() }
 // exclusive returns k in exclusive mode.
 func (k lockKey) exclusive() lockKey { return lockKey(advisorykey.Key(k).Exclusive()) }
 
-// tryQuery returns the statement that tries to take k once.
-func (k lockKey) tryQuery() (string, []driver.NamedValue) { return k.call("pg_try_advisory_lock") }
-
-// unlockQuery returns the statement that releases k once.
-func (k lockKey) unlockQuery() (string, []driver.NamedValue) { return k.call("pg_advisory_unlock") }
-
-// call returns "SELECT fn(k)" for k's key form and mode, with k bound.
-func (k lockKey) call(fn string) (string, []driver.NamedValue) {
-	if k.Shared {
-		fn += "_shared"
-	}
-	if k.Pair {
-		return "SELECT " + fn + "($1::int4, $2::int4)", []driver.NamedValue{{Ordinal: 1, Value: k.K1}, {Ordinal: 2, Value: k.K2}}
-	}
-	return "SELECT " + fn + "($1::bigint)", []driver.NamedValue{{Ordinal: 1, Value: k.K1}}
-}
-
 // keyOf resolves a call's key from literals and bound arguments.
 func keyOf(call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
 	k, ok := stmtlocks.KeyOf(call, args)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
@@ -79,69 +78,41 @@ func (c *conn) endTransactionLocks() {
 }
 
 // MarkLost records that the session locks of c's lock backend are gone
-// (why completes "…held advisory lock k and").
+// (why completes "…held advisory lock k and"): pgsession.Conn.MarkLostOn.
 func (c *conn) MarkLost(why string, cause error, flags pgsession.LossFlags) error {
-	return c.markLostOn(c.LockPID(), why, cause, flags)
+	return c.pin.MarkLostOn(c.LockPID(), why, cause, flags)
 }
 
-// markLostOn is MarkLost for the locks held by backend pid (a transaction
-// pooler's holder whose pid the caller read before dropping it). With
-// pgsession.LossEnd, the backend is ended where it still holds or awaits them, only
-// where the rule of internal/pgsession allows it: a pooled backend serves
-// other clients once lockhooks' client connection is gone, and the pooler
-// resets it (which frees session locks) or closes it.
-func (c *conn) markLostOn(pid int32, why string, cause error, flags pgsession.LossFlags) error {
-	c.pin.Lock()
-	if c.pin.Lost != nil {
-		defer c.pin.Unlock()
-		return c.pin.Lost
-	}
-	if len(c.pin.Held) == 0 {
-		c.pin.Unlock()
-		return nil
-	}
-	held, keys, oldest := pgsession.TakeHeldLocked(&c.pin.State)
-	n := len(held)
-	lost := fmt.Errorf("%w: %v held advisory lock %s (taken at %s, %v ago) and %s; the work it protected must stop",
-		ErrLockLost, c, keys, oldest.Site, time.Since(oldest.Since).Round(time.Millisecond), why)
-	if flags&pgsession.LossPooler != 0 {
-		lost = fmt.Errorf("%w (%w)", lost, ErrTransactionPooler)
-	}
-	lostCh, parked := c.pin.SetLostLocked(lost)
-	c.updateActiveLocked() // statements now fail with lost
-	c.pin.Unlock()
-
-	// What becomes of the backend, for the log line.
-	backend := c.pin.EndOnLoss(pid, held, flags&pgsession.LossEnd != 0, c.throughPooler(), c.connector.pins.Ends())
-	if flags&pgsession.LossReport != 0 {
-		c.reportLoss(pid, keys, n, oldest, parked, lost, cause, backend)
-	}
-	if l := c.advisory.Load(); l != nil {
-		l.freeTurn() // another acquirer of this process may take the key at once
-	}
-	close(lostCh) // after the log, the count and the turn, so whoever waits on Lost sees them
-	return lost
-}
-
-// reportLoss logs and counts the loss of n session locks of c's backend
-// pid (keys, the oldest of them taken as oldest says), records it among
-// the events and as a span, linked to the span the oldest was taken in.
-func (c *conn) reportLoss(pid int32, keys string, n int, oldest *heldLock, parked bool, lost, cause error, backend string) {
-	c.connector.tel.LockLost(context.Background(), "advisory", n)
-	c.connector.events.Add(eventLockLost, lost.Error())
-	heldFor := time.Since(oldest.Since).Round(time.Millisecond)
-	attrs := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", pid,
-		"keys", keys, "taken_at", oldest.Site, "held_for", heldFor.String(), "parked", parked, "cause", cause.Error()}
-	if backend != "" {
-		attrs = append(attrs, "backend", backend)
+// ReportLoss logs and counts the loss of l.N session locks of c's backend
+// l.PID, records it among the events and as a span, linked to the span
+// the oldest was taken in.
+func (c *conn) ReportLoss(l pgsession.Loss) {
+	c.connector.tel.LockLost(context.Background(), "advisory", l.N)
+	c.connector.events.Add(eventLockLost, l.Err.Error())
+	heldFor := time.Since(l.Oldest.Since).Round(time.Millisecond)
+	attrs := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", l.PID,
+		"keys", l.Keys, "taken_at", l.Oldest.Site, "held_for", heldFor.String(), "parked", l.Parked, "cause", l.Cause.Error()}
+	if l.Backend != "" {
+		attrs = append(attrs, "backend", l.Backend)
 	}
 	c.connector.opts.logger.Error("lockhooks: advisory lock lost", attrs...)
 	// A span of its own (issue 20: the model of holders), linked to the
 	// span the lock was taken in.
 	h := connHolder(c)
-	h.Key, h.Site, h.Since, h.SiteKind = keys, oldest.Site, oldest.Since, holders.SiteTook
-	c.connector.tel.LockLostSpan(h.WithSpan(oldest.Span), cause)
+	h.Key, h.Site, h.Since, h.SiteKind = l.Keys, l.Oldest.Site, l.Oldest.Since, holders.SiteTook
+	c.connector.tel.LockLostSpan(h.WithSpan(l.Oldest.Span), l.Cause)
 }
+
+// LockLost frees the in-process turn of the AdvisoryLock held on c, if
+// any: another acquirer of this process may take the key at once.
+func (c *conn) LockLost() {
+	if l := c.advisory.Load(); l != nil {
+		l.freeTurn()
+	}
+}
+
+// Ends is c's database's queue of backends to end.
+func (c *conn) Ends() *pgsession.EndQueue { return c.connector.pins.Ends() }
 
 // noteRoundTrip runs run, a round trip of a statement of text ("" when it
 // need not be recognised), noted as the backend's last statement should
@@ -159,11 +130,11 @@ func (c *conn) noteRoundTrip(text string, run func() error) error {
 // endable reports whether lockhooks may end c's backend after a loss: c
 // reached the server itself and no pooler is declared or seen (see the
 // rule of internal/pgsession).
-func (c *conn) endable() bool { return c.pin.Endable(c.throughPooler()) }
+func (c *conn) endable() bool { return c.pin.Endable(c.ThroughPooler()) }
 
-// throughPooler reports whether a pooler stands between c and the server:
+// ThroughPooler reports whether a pooler stands between c and the server:
 // declared (either kind), or seen.
-func (c *conn) throughPooler() bool {
+func (c *conn) ThroughPooler() bool {
 	o := c.connector.opts
 	return o.txPooler || o.pinningPooler || c.connector.pins.PoolerSeen() != nil
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 )
 
 // check compares lockhooks' view of every open connection with pg_locks.
@@ -73,7 +75,7 @@ func (m *model) check(when string) {
 // while k was held, and pg_locks shows no counts) it unlocks until the
 // server says k is released.
 func (m *model) unlockTimes(on execer, k lockKey, n int, approx bool, who string) {
-	q, args := k.unlockQuery()
+	q, args := pgsession.UnlockQuery(k)
 	vals := make([]any, len(args))
 	for a := range args {
 		vals[a] = args[a].Value

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"database/sql/driver"
 	"encoding/binary"
-	"errors"
 	"fmt"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
@@ -23,13 +22,13 @@ import (
 // that report an AdvisoryLock released by a statement on its own
 // connection. The work the lock protected must stop: other processes may
 // hold the lock now.
-var ErrLockLost = errors.New("lockhooks: lock lost")
+var ErrLockLost = pgsession.ErrLockLost
 
 // ErrNotLockOwner is wrapped by the error returned, instead of Postgres's
 // silent false, for a pg_advisory_unlock that cannot be honoured: no
 // connection of this database holds the key, or the one that does is in
 // use elsewhere.
-var ErrNotLockOwner = errors.New("lockhooks: not the lock's owner")
+var ErrNotLockOwner = pgsession.ErrNotLockOwner
 
 // LockID returns the advisory-lock key for name: the last 8 bytes of its
 // SHA-256, big-endian, with the top bit cleared, the same as dstack's

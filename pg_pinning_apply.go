@@ -78,7 +78,7 @@ func (c *conn) afterAdvisory(ctx context.Context, plan advisoryPlan, results []d
 		return err
 	}
 	if adv.DiscardAll {
-		c.clearLocks()
+		c.pin.Clear()
 		// DISCARD ALL also deallocates the server's prepared statements
 		// behind the driver's back (pgx caches them): the connection is
 		// closed instead of pooled once it is returned, and lockhooks' own
@@ -150,13 +150,6 @@ func (c *conn) apply(span trace.SpanContext, plan advisoryPlan, results []driver
 	return pending
 }
 
-// forgetLocked records one release of k; c.pin is locked.
-func (c *conn) forgetLocked(k lockKey) {
-	if since, freed := c.pin.ForgetLocked(k); freed {
-		c.HoldEnded(since)
-	}
-}
-
 // HoldEnded records, for the hold-time metric, a session lock held
 // since then that c holds no more.
 func (c *conn) HoldEnded(since time.Time) {
@@ -214,23 +207,6 @@ func (c *conn) transactionEnded() {
 
 // holds reports whether c holds the session lock k.
 func (c *conn) holds(k lockKey) bool { return c.pin.Holds(k) }
-
-// forgetLock records one release of k found by the monitor or a reroute.
-func (c *conn) forgetLock(k lockKey) {
-	c.pin.Lock()
-	c.forgetLocked(k)
-	c.pin.Gen++
-	c.updateActiveLocked()
-	c.pin.Unlock()
-}
-
-// clearLocks records that c holds no session lock.
-func (c *conn) clearLocks() {
-	c.pin.Lock()
-	c.pin.ClearLocked(c.HoldEnded)
-	c.updateActiveLocked()
-	c.pin.Unlock()
-}
 
 // addXact records transaction-level keys the transaction took through
 // lockhooks' own statements (Lock on Postgres).

@@ -22,7 +22,7 @@ import (
 // connection's statements on another one), the database refuses session
 // locks, and the locks already held are reported lost ([ErrLockLost] and
 // this error): their connections' next statements fail, and Lost closes.
-var ErrTransactionPooler = errors.New("lockhooks: session advisory lock through a transaction-mode pooler")
+var ErrTransactionPooler = pgsession.ErrTransactionPooler
 
 // WithTransactionPooler says the DSN goes through a transaction-mode pooler
 // (PgBouncer pool_mode = transaction, Supabase's and Neon's poolers; RDS
@@ -139,7 +139,7 @@ func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query str
 		return c.pin.Hold.Run(ctx, query, args)
 	}
 	k := plan.keys[0]
-	try, tryArgs := k.tryQuery()
+	try, tryArgs := pgsession.TryQuery(k)
 	if err := c.pin.Hold.PollLock(ctx, try, tryArgs); err != nil {
 		if errors.Is(err, pgsession.ErrClosing) {
 			return nil, fmt.Errorf("lockhooks: pg_advisory_lock%s(%s) on %v: the database was closed while the lock was awaited", sharedSuffix(k), k, c)
@@ -155,7 +155,7 @@ func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query str
 // HolderLost records that the session locks on c's holder's backend pid
 // are lost with the holder, whose statement failed with err.
 func (c *conn) HolderLost(pid int32, err error) error {
-	lost := c.markLostOn(pid, "its connection died ("+err.Error()+")", err, pgsession.LossReport)
+	lost := c.pin.MarkLostOn(pid, "its connection died ("+err.Error()+")", err, pgsession.LossReport)
 	return pgsession.LostError(lost, err)
 }
 

@@ -38,10 +38,17 @@
 //     ([Conn.Answers], [Conn.VerifyParked]); all over the caller's
 //     connection as a [Host], which runs lockhooks' own statements there
 //     and reports to its database, and the database's [Settings];
-//   - a loss's transitions ([TakeHeldLocked], [State.SetLostLocked]),
-//     whether its backend is ended ([Conn.EndOnLoss]) and the error a
-//     statement gets with it ([LostError]); what the loss is called and
-//     how it is reported stay the caller's;
+//   - a loss ([Conn.MarkLostOn]: the locks taken from the tracking, the
+//     error statements get from then on, wrapping [ErrLockLost], whether
+//     its backend is ended, [Conn.EndOnLoss]), its transitions
+//     ([TakeHeldLocked], [State.SetLostLocked]) and the error a statement
+//     gets with it ([LostError]); how it is reported is the host's
+//     ([Loss]);
+//   - releases: one the connection's own statement made ([Conn.Forget],
+//     [Conn.Clear]), and an unlock sent on another connection of the
+//     database, rerouted to the parked connection that holds the key
+//     ([Conn.UnlockParked]; refused with [ErrNotLockOwner] where it cannot
+//     be honoured);
 //   - recovery, the one action lockhooks takes on the server by itself,
 //     ending the backend of a holder it gave up on so that the key is
 //     truly free ([EndQueue], [EndBackend]), and the round trips of a

@@ -68,6 +68,24 @@ type Host[K NamedKey] interface {
 	// HoldEnded records that a session lock held since since was freed;
 	// State is locked (telemetry only).
 	HoldEnded(since time.Time)
+	// QueryValue runs a statement of lockhooks' own on the connection,
+	// bypassing the hooks, its round trip noted, and returns the first
+	// column of its first row.
+	QueryValue(ctx context.Context, query string, args ...driver.NamedValue) (driver.Value, error)
+	// UnlockRerouted counts an unlock rerouted to the connection.
+	UnlockRerouted(ctx context.Context)
+	// ThroughPooler reports whether a pooler stands between the
+	// connection and the server: declared (either kind), or seen.
+	ThroughPooler() bool
+	// Ends is the database's queue of backends to end.
+	Ends() *EndQueue
+	// ReportLoss logs, counts and traces a loss (MarkLostOn, LossReport).
+	ReportLoss(l Loss)
+	// LockLost tells what waits in this process on the connection's
+	// locks that they are lost (an AdvisoryLock's turn is freed, so that
+	// another acquirer may take the key at once); before Lost's channel
+	// closes.
+	LockLost()
 }
 
 // Init gives the connection its database's settings and its host, before

@@ -26,6 +26,10 @@ type testHost struct {
 	settled  atomic.Int32
 	lost     atomic.Int32
 	holdEnds atomic.Int32
+	rerouted atomic.Int32
+	lockLost atomic.Int32
+	reports  []Loss // (one goroutine)
+	ends     *EndQueue
 }
 
 func (h *testHost) String() string      { return "test connection" }
@@ -61,12 +65,28 @@ func (h *testHost) LoseLocks(error) error         { h.lost.Add(1); return nil }
 func (h *testHost) Settle()                       { h.settled.Add(1) }
 func (h *testHost) ReleaseTurn(int64)             {}
 func (h *testHost) HoldEnded(time.Time)           { h.holdEnds.Add(1) }
+func (h *testHost) QueryValue(ctx context.Context, q string, args ...driver.NamedValue) (driver.Value, error) {
+	rows, err := rawconn.Query(ctx, h.inner, q, args)
+	if err != nil {
+		return nil, err
+	}
+	row, err := rawconn.ReadRow(rows)
+	if err != nil {
+		return nil, err
+	}
+	return row.Values()[0], nil
+}
+func (h *testHost) UnlockRerouted(context.Context) { h.rerouted.Add(1) }
+func (h *testHost) ThroughPooler() bool            { return h.c.set.TxPooler || h.c.set.PinningPooler }
+func (h *testHost) Ends() *EndQueue                { return h.ends }
+func (h *testHost) ReportLoss(l Loss)              { h.reports = append(h.reports, l) }
+func (h *testHost) LockLost()                      { h.lockLost.Add(1) }
 
 // reconcileEnv returns a Conn over a real driver connection, and a pool
 // on the same database for acting beside it.
 func reconcileEnv(t *testing.T, set Settings) (context.Context, *Conn[namedKey], *testHost) {
 	ctx, _, open := holderEnv(t)
-	h := &testHost{inner: open()}
+	h := &testHost{inner: open(), ends: NewEndQueue()}
 	t.Cleanup(func() { h.inner.Close() })
 	h.c = new(Conn[namedKey])
 	if set.Own == nil {
