@@ -58,7 +58,7 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 		return nil, err
 	}
 	if plan.onHolder {
-		answer, err := c.runPlanOnHolder(ctx, plan, st.text, args)
+		answer, err := c.pin.RunOnHolder(ctx, plan.st.advisory, plan.keys[0], plan.known[0], st.text, args)
 		if err = c.afterTracked(ctx, plan, answer.Values(), err); err != nil {
 			return nil, err
 		}
@@ -83,7 +83,7 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 		return nil, err
 	}
 	if plan.onHolder {
-		answer, err := c.runPlanOnHolder(ctx, plan, st.text, args)
+		answer, err := c.pin.RunOnHolder(ctx, plan.st.advisory, plan.keys[0], plan.known[0], st.text, args)
 		if err = c.afterTracked(ctx, plan, answer.Values(), err); err != nil {
 			return nil, err
 		}

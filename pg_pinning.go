@@ -152,7 +152,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	if c.anyApprox(plan.keys, plan.known) {
 		plan.verify = true
 	}
-	if plan.onHolder, err = c.onHolder(adv); err != nil {
+	if plan.onHolder, err = c.pin.OnHolder(adv); err != nil {
 		return plan, nil, err
 	}
 	if !plan.onHolder {
@@ -161,7 +161,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 	}
 	if c.connector.opts.txPooler {
-		if err := c.splitConflict(adv, plan.keys, plan.known); err != nil {
+		if err := c.pin.SplitConflict(adv, plan.keys, plan.known); err != nil {
 			return plan, nil, err
 		}
 	}

@@ -1,14 +1,10 @@
 package lockhooks
 
 import (
-	"context"
-	"database/sql/driver"
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/pgsession"
-	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -66,89 +62,6 @@ func (c *conn) shownPID() int32 {
 	return c.pin.PID.Load()
 }
 
-// onHolder reports whether a statement's advisory calls must run on the
-// holder (transaction-pooler mode, session-level calls), and refuses what
-// cannot be split.
-func (c *conn) onHolder(adv *sqlscan.Advisory) (bool, error) {
-	if !c.connector.opts.txPooler || adv.DiscardAll {
-		return false, nil
-	}
-	session, xact := 0, 0
-	for _, call := range adv.Calls {
-		if call.Func&sqlscan.FnXact != 0 {
-			xact++
-		} else {
-			session++
-		}
-	}
-	switch {
-	case session == 0:
-		// Transaction-level calls run in the application's transaction; a
-		// text that only mentions advisory locks (pg_locks WHERE locktype =
-		// 'advisory') is no lock statement.
-		return false, nil
-	case adv.Uncertain || !adv.TargetList || xact > 0 || (!adv.Simple && blocking(adv)):
-		return false, fmt.Errorf("lockhooks: through a transaction-mode pooler (WithTransactionPooler), session advisory locks are held on a connection of their own, and this statement mixes an advisory call with other work that cannot be split from it (or waits for several locks at once); take the lock in a statement of its own (SELECT pg_advisory_lock($1)), or use transaction-level locks (lockhooks.Lock)")
-	}
-	return true, nil
-}
-
-// blocking reports whether a statement has a call that waits for a lock.
-func blocking(adv *sqlscan.Advisory) bool {
-	for _, call := range adv.Calls {
-		if call.Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll|sqlscan.FnXact) == 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// splitConflict refuses, through a transaction pooler, a session lock on a
-// key this connection holds as a transaction-level lock, and the reverse:
-// the two run on different backends there, which would wait for each
-// other, where one backend's own locks never conflict.
-func (c *conn) splitConflict(adv *sqlscan.Advisory, keys []lockKey, known []bool) error {
-	c.pin.Lock()
-	defer c.pin.Unlock()
-	for i, call := range adv.Calls {
-		if !known[i] || call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 {
-			continue
-		}
-		k := keys[i]
-		shared, excl := k, k.exclusive()
-		shared.Shared = true
-		var other bool
-		if call.Func&sqlscan.FnXact != 0 {
-			other = c.pin.Held[shared] != nil || c.pin.Held[excl] != nil
-		} else {
-			other = c.pin.Xact[shared] > 0 || c.pin.Xact[excl] > 0
-		}
-		if other {
-			return fmt.Errorf("lockhooks: through a transaction-mode pooler (WithTransactionPooler), %s(%s) on %v would wait for this connection's own lock on the same key, held on another server connection (session locks live on a holder connection there); do not mix session and transaction-level locks on one key", call.Func.Name(), k, c)
-		}
-	}
-	return nil
-}
-
-// runPlanOnHolder runs a statement's session-lock calls on c's holder; a
-// lone blocking pg_advisory_lock polls with pg_try_advisory_lock there
-// instead of waiting on the server (pgsession.TxHolder.PollLock).
-func (c *conn) runPlanOnHolder(ctx context.Context, plan advisoryPlan, query string, args []driver.NamedValue) (*rawconn.Row, error) {
-	adv := plan.st.advisory
-	if !adv.Simple || adv.Calls[0].Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 || !plan.known[0] {
-		return c.pin.Hold.Run(ctx, query, args)
-	}
-	k := plan.keys[0]
-	try, tryArgs := pgsession.TryQuery(k)
-	if err := c.pin.Hold.PollLock(ctx, try, tryArgs); err != nil {
-		if errors.Is(err, pgsession.ErrClosing) {
-			return nil, fmt.Errorf("lockhooks: pg_advisory_lock%s(%s) on %v: the database was closed while the lock was awaited", sharedSuffix(k), k, c)
-		}
-		return nil, err
-	}
-	return rawconn.OneValue(adv.Calls[0].Column, nil), nil // pg_advisory_lock returns void
-}
-
 // The connection as the host of its transaction-pooler holder
 // (pgsession.HolderHost).
 
@@ -160,18 +73,12 @@ func (c *conn) HolderLost(pid int32, err error) error {
 }
 
 // HoldsNothing reports whether c holds no session lock.
-func (c *conn) HoldsNothing() bool {
-	c.pin.Lock()
-	defer c.pin.Unlock()
-	return len(c.pin.Held) == 0
-}
+func (c *conn) HoldsNothing() bool { return c.pin.HoldsNothing() }
 
-// poolerDetected is the error for a connection found on a backend other
-// than the one it was opened on, or whose lock is not where it was taken.
-func (c *conn) PoolerDetected(what string) error {
-	return fmt.Errorf("%w: %v %s; this database's DSN goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which gives the server connection to other clients after each transaction, so a session lock stays behind on it: open the database with lockhooks.WithTransactionPooler(), or use transaction-level locks (lockhooks.Lock)",
-		ErrTransactionPooler, c, what)
-}
+// PoolerDetected is the error for a connection found on a backend other
+// than the one it was opened on, or whose lock is not where it was taken
+// (pgsession.PoolerError).
+func (c *conn) PoolerDetected(what string) error { return pgsession.PoolerError(c, what) }
 
 // The undeclared-pooler guard. Each connection leaves a marker of its own
 // on its backend when it opens, in the same statement that reads the
@@ -215,39 +122,12 @@ func (c *conn) sawMarker(m, pid string) {
 	}
 }
 
-// refuseThroughPooler fails a statement, once a transaction-mode pooler is
-// known on a database not opened with WithTransactionPooler, if it would
-// take a session lock, or runs on a connection holding session locks
-// (which are lost: they stay on a server connection others use). One
-// atomic load otherwise.
+// refuseThroughPooler fails a statement, once a transaction-mode pooler
+// is known on a database not opened with WithTransactionPooler
+// (pgsession.Conn.RefuseThroughPooler). One atomic load otherwise.
 func (c *conn) refuseThroughPooler(adv *sqlscan.Advisory) error {
 	if c.connector.pins == nil {
 		return nil // SQLite
 	}
-	perr := c.connector.pins.PoolerSeen()
-	if perr == nil {
-		return nil
-	}
-	c.pin.Lock()
-	holding := len(c.pin.Held) > 0
-	c.pin.Unlock()
-	if holding {
-		lost := c.MarkLost("may no longer be held: "+perr.Error(), perr, pgsession.LossReport|pgsession.LossPooler)
-		c.connector.pins.Settle(c)
-		return lost
-	}
-	if adv != nil && takesSession(adv) {
-		return perr
-	}
-	return nil
-}
-
-// takesSession reports whether a statement takes a session lock.
-func takesSession(adv *sqlscan.Advisory) bool {
-	for _, call := range adv.Calls {
-		if call.Func&(sqlscan.FnXact|sqlscan.FnUnlock|sqlscan.FnUnlockAll) == 0 {
-			return true
-		}
-	}
-	return false
+	return c.pin.RefuseThroughPooler(adv, c.connector.pins.PoolerSeen())
 }

@@ -44,6 +44,11 @@
 //     ([TakeHeldLocked], [State.SetLostLocked]) and the error a statement
 //     gets with it ([LostError]); how it is reported is the host's
 //     ([Loss]);
+//   - statements through poolers: which advisory calls run on the holder
+//     of a declared transaction pooler ([Conn.OnHolder],
+//     [Conn.RunOnHolder]), what cannot be split there
+//     ([Conn.SplitConflict]), a statement refused once a pooler nobody
+//     declared was seen ([Conn.RefuseThroughPooler], [PoolerError]);
 //   - releases: one the connection's own statement made ([Conn.Forget],
 //     [Conn.Clear]), and an unlock sent on another connection of the
 //     database, rerouted to the parked connection that holds the key

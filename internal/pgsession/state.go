@@ -146,6 +146,13 @@ func CoreKeys[K Key](keys []K) []advisorykey.Key {
 // exclusive returns k in exclusive mode.
 func exclusive[K Key](k K) K { return K(advisorykey.Key(k).Exclusive()) }
 
+// shared returns k in shared mode.
+func shared[K Key](k K) K {
+	s := advisorykey.Key(k)
+	s.Shared = true
+	return K(s)
+}
+
 // AddLocked records n more acquisitions of k, taken at site in span (the
 // first one's are kept).
 func (s *State[K]) AddLocked(k K, site string, span trace.SpanContext, n int) {
