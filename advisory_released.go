@@ -42,13 +42,13 @@ func (l *AdvisoryLock) noteTaken() {
 	}
 }
 
-// loseIfReleased marks the AdvisoryLock living on c lost if c's tracking,
+// LoseIfReleased marks the AdvisoryLock living on c lost if c's tracking,
 // just brought up to date after the statement text on c ("": a statement
 // of the transaction that just ended, read once it ended), no longer holds
 // the lock's key: the statement released it. The caller
 // settles c afterwards. Release's own unlock never gets here: Release
 // takes the lock off c (c.advisory) before it unlocks.
-func (c *conn) loseIfReleased(text string) {
+func (c *conn) LoseIfReleased(text string) {
 	l := c.advisory.Load()
 	if l == nil {
 		return

@@ -57,8 +57,8 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 	if err != nil {
 		return nil, err
 	}
-	if plan.onHolder {
-		answer, err := c.pin.RunOnHolder(ctx, plan.st.advisory, plan.keys[0], plan.known[0], st.text, args)
+	if plan.OnHolder {
+		answer, err := c.pin.RunOnHolder(ctx, plan.st.advisory, plan.Keys[0], plan.Known[0], st.text, args)
 		if err = c.afterTracked(ctx, plan, answer.Values(), err); err != nil {
 			return nil, err
 		}
@@ -82,8 +82,8 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 	if err != nil {
 		return nil, err
 	}
-	if plan.onHolder {
-		answer, err := c.pin.RunOnHolder(ctx, plan.st.advisory, plan.keys[0], plan.known[0], st.text, args)
+	if plan.OnHolder {
+		answer, err := c.pin.RunOnHolder(ctx, plan.st.advisory, plan.Keys[0], plan.Known[0], st.text, args)
 		if err = c.afterTracked(ctx, plan, answer.Values(), err); err != nil {
 			return nil, err
 		}
@@ -136,7 +136,7 @@ func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []dr
 		c.pin.Trips.Answered()
 		c.pin.Trips.Sent("") // lockhooks' own reads of pg_locks may follow
 	}
-	err = c.afterAdvisory(ctx, plan, results, err)
+	err = c.pin.After(ctx, &plan.Plan, results, err)
 	c.settleTurnAfter(plan)
 	if err == nil || dberr.FromServer(err) {
 		c.pin.Trips.Answered()

@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
@@ -77,21 +76,13 @@ func (c *conn) InTx() bool {
 // advisoryPlan is what the hooks do around one statement that calls
 // advisory-lock functions, or that runs on a connection holding locks.
 type advisoryPlan struct {
-	st    statement
-	args  []driver.NamedValue
-	site  string
-	wait  *lockWait // the statement's lock wait, when it takes locks
-	keys  []lockKey // the key of each call of st.advisory, where known
-	known []bool
-	// exact: each call runs once (a target list) and every key is known,
-	// so the effect on locks follows from the text and the results.
-	exact bool
-	// verify: read pg_locks after the statement (keys evaluated apart from
-	// the statement, or effects the text does not show).
-	verify bool
-	// onHolder: the statement runs on the connection's holder
-	// (WithTransactionPooler).
-	onHolder bool
+	// Plan is what the session-lock tracking knows of the statement (its
+	// advisory calls, text, site, keys), which it applies after it
+	// (pgsession.Conn.After).
+	pgsession.Plan[lockKey]
+	st   statement
+	args []driver.NamedValue
+	wait *lockWait // the statement's lock wait, when it takes locks
 	// sent is the text the statement runs with when it is not its own: an
 	// exact session-lock statement on a connection that reaches the server
 	// itself carries the holder's annotation instead of a pg_locks read
@@ -107,7 +98,7 @@ type advisoryPlan struct {
 // result. retext says that the statement's text may be sent changed (it
 // is not a prepared statement): see advisoryPlan.sent.
 func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.NamedValue, retext bool) (plan advisoryPlan, answer *rawconn.Row, err error) {
-	plan = advisoryPlan{st: st, args: args}
+	plan = advisoryPlan{Plan: pgsession.Plan[lockKey]{Adv: st.advisory, Text: st.text}, st: st, args: args}
 	c.pin.Trips.Sent(st.text)
 	c.pin.Lock()
 	lost := c.pin.Lost
@@ -136,40 +127,40 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 		return plan, nil, nil
 	}
-	plan.keys, plan.known = keySlices(len(adv.Calls))
-	plan.exact = adv.TargetList && !adv.Uncertain
-	plan.verify = !plan.exact && !adv.DiscardAll
+	plan.Keys, plan.Known = pgsession.KeySlices[lockKey](len(adv.Calls))
+	plan.Exact = adv.TargetList && !adv.Uncertain
+	plan.Verify = !plan.Exact && !adv.DiscardAll
 	for i, call := range adv.Calls {
 		k, ok := keyOf(call, args)
 		if !ok && call.Func&sqlscan.FnUnlockAll == 0 && adv.TargetList && !adv.Uncertain {
 			if k, ok = c.evalKey(ctx, call, args); ok {
-				plan.verify = true
+				plan.Verify = true
 			}
 		}
-		plan.keys[i], plan.known[i] = k, ok || call.Func&sqlscan.FnUnlockAll != 0
-		plan.exact = plan.exact && plan.known[i]
+		plan.Keys[i], plan.Known[i] = k, ok || call.Func&sqlscan.FnUnlockAll != 0
+		plan.Exact = plan.Exact && plan.Known[i]
 	}
-	if c.anyApprox(plan.keys, plan.known) {
-		plan.verify = true
+	if c.pin.AnyApprox(plan.Keys, plan.Known) {
+		plan.Verify = true
 	}
-	if plan.onHolder, err = c.pin.OnHolder(adv); err != nil {
+	if plan.OnHolder, err = c.pin.OnHolder(adv); err != nil {
 		return plan, nil, err
 	}
-	if !plan.onHolder {
+	if !plan.OnHolder {
 		if err := c.pin.Hold.Check(ctx); err != nil {
 			return plan, nil, err
 		}
 	}
 	if c.connector.opts.txPooler {
-		if err := c.pin.SplitConflict(adv, plan.keys, plan.known); err != nil {
+		if err := c.pin.SplitConflict(adv, plan.Keys, plan.Known); err != nil {
 			return plan, nil, err
 		}
 	}
-	if err := c.refuseUselessXact(ctx, adv); err != nil {
+	if err := c.pin.RefuseUselessXact(ctx, adv); err != nil {
 		return plan, nil, err
 	}
-	if adv.Simple && adv.Calls[0].Func&sqlscan.FnUnlock != 0 && plan.known[0] && !c.holds(plan.keys[0]) {
-		if err := c.connector.pins.rerouteUnlock(ctx, c, plan.keys[0]); err != nil {
+	if adv.Simple && adv.Calls[0].Func&sqlscan.FnUnlock != 0 && plan.Known[0] && !c.holds(plan.Keys[0]) {
+		if err := c.connector.pins.rerouteUnlock(ctx, c, plan.Keys[0]); err != nil {
 			return plan, nil, err
 		}
 		return plan, rawconn.OneValue(adv.Calls[0].Column, true), nil
@@ -181,7 +172,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		if key, ok := c.turnKey(plan); ok {
 			if !c.connector.turns.tryLock(ctx, key, c, nil, nil) {
 				// Counted and traced as a try-lock the server refused.
-				c.startAdvisoryWait(ctx, adv, plan.keys, plan.known, c.siteOf(ctx)).end(ctx, telemetry.OutcomeNotAcquired, nil)
+				c.startAdvisoryWait(ctx, adv, plan.Keys, plan.Known, c.siteOf(ctx)).end(ctx, telemetry.OutcomeNotAcquired, nil)
 				return plan, rawconn.OneValue(adv.Calls[0].Column, false), nil
 			}
 			c.notePendingTurn(key)
@@ -189,17 +180,17 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 	}
 	annotate := false
-	if !plan.onHolder && plan.exact && !c.connector.opts.txPooler && takesOrFreesSession(adv) {
+	if !plan.OnHolder && plan.Exact && !c.connector.opts.txPooler && pgsession.TakesOrFreesSession(adv) {
 		// A session lock through a transaction-mode pooler would land on a
 		// server connection other clients reuse: pg_locks, read right
 		// after, says whether it is where this connection is, and the read
 		// names the holder to other processes. A connection that reaches
 		// the server itself needs neither: the statement's text and result
 		// tell its effect, and the statement names the holder itself.
-		annotate = !plan.verify && retext && adv.Simple && c.direct && c.connector.own.Exec != nil && c.connector.own.OK() && integerArgs(args)
-		plan.verify = !annotate
+		annotate = !plan.Verify && retext && adv.Simple && c.direct && c.connector.own.Exec != nil && c.connector.own.OK() && integerArgs(args)
+		plan.Verify = !annotate
 	}
-	plan.site = c.siteOf(ctx)
+	plan.Site = c.siteOf(ctx)
 	if annotate {
 		// The text may change with every hold: it runs in pgx's
 		// QueryExecModeExec (one round trip, the arguments bound by the
@@ -212,20 +203,20 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 			suffix = ", " + tokenExpr // AcquireAdvisoryLock's, with its fencing token
 		}
 		unlock := adv.Calls[0].Func&sqlscan.FnUnlock != 0
-		plan.sent = c.pin.LockText(unlock, plan.keys[0], plan.site, trace.SpanContextFromContext(ctx), st.text, suffix)
+		plan.sent = c.pin.LockText(unlock, plan.Keys[0], plan.Site, trace.SpanContextFromContext(ctx), st.text, suffix)
 	}
-	if plan.exact && !adv.Simple {
-		if err := c.checkUnlocks(adv, plan.keys, plan.site); err != nil {
+	if plan.Exact && !adv.Simple {
+		if err := c.checkUnlocks(adv, plan.Keys, plan.Site); err != nil {
 			return plan, nil, err
 		}
 	}
-	c.warnSelfWait(adv, plan.keys, plan.known, plan.site)
-	hint, err := c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("the statement %.120q", st.text) }, waitingKeys(adv, plan.keys, plan.known), nil)
+	c.warnSelfWait(adv, plan.Keys, plan.Known, plan.Site)
+	hint, err := c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("the statement %.120q", st.text) }, waitingKeys(adv, plan.Keys, plan.Known), nil)
 	if err != nil {
 		c.connector.events.Add(eventSelfWait, err.Error())
 		return plan, nil, err
 	}
-	plan.wait = c.startAdvisoryWait(ctx, adv, plan.keys, plan.known, plan.site)
+	plan.wait = c.startAdvisoryWait(ctx, adv, plan.Keys, plan.Known, plan.Site)
 	plan.wait.noteSelfHint(hint)
 	if takesTurn(adv) && adv.Calls[0].Func == 0 {
 		if key, ok := c.turnKey(plan); ok {
@@ -258,104 +249,9 @@ func integerArgs(args []driver.NamedValue) bool {
 	return true
 }
 
-// keySlices returns an advisoryPlan's keys and known for n calls: for the
-// usual statement of one call, in one allocation.
-func keySlices(n int) ([]lockKey, []bool) {
-	if n == 1 {
-		one := new(struct {
-			key   [1]lockKey
-			known [1]bool
-		})
-		return one.key[:], one.known[:]
-	}
-	return make([]lockKey, n), make([]bool, n)
-}
-
-// takesOrFreesSession reports whether a statement takes or releases a
-// session lock.
-func takesOrFreesSession(adv *sqlscan.Advisory) bool {
-	for _, call := range adv.Calls {
-		if call.Func&(sqlscan.FnXact|sqlscan.FnUnlockAll) == 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // afterDiscard returns a comment that makes lockhooks' own query texts
 // new after each DISCARD ALL (pgsession.AfterDiscard).
 func (c *conn) afterDiscard() string { return pgsession.AfterDiscard(c.pin.Discards.Load()) }
-
-// anyApprox reports whether c holds one of keys with a count that may be off.
-func (c *conn) anyApprox(keys []lockKey, known []bool) bool {
-	c.pin.Lock()
-	defer c.pin.Unlock()
-	for i, k := range keys {
-		if l := c.pin.Held[k]; known[i] && l != nil && l.Approx {
-			return true
-		}
-	}
-	return false
-}
-
-// refuseUselessXact follows transaction-level locks outside a database/sql
-// transaction: when a statement calls them, the server says whether the
-// connection is in a transaction block (a BEGIN sent before lockhooks
-// followed the connection). Outside one, a lone statement whose only
-// effect is transaction-level locks is refused: they are released as soon
-// as it ends, so it protects nothing. A transaction the statement text
-// opens, or one that several statements in one text make, is followed.
-func (c *conn) refuseUselessXact(ctx context.Context, adv *sqlscan.Advisory) error {
-	if c.InTx() || adv.Statements > 1 {
-		return nil
-	}
-	xact, all := false, true
-	for _, call := range adv.Calls {
-		if call.Func&sqlscan.FnXact != 0 {
-			xact = true
-		} else {
-			all = false
-		}
-	}
-	if !xact {
-		return nil
-	}
-	inBlock, err := c.inTransactionBlock(ctx)
-	if err != nil {
-		return err
-	}
-	if inBlock {
-		c.pin.Lock()
-		c.pin.TextTx = true
-		c.updateActiveLocked()
-		c.pin.Unlock()
-		return nil
-	}
-	if !all || !adv.TargetList {
-		return nil // other effects too; its own transaction-level locks end with it
-	}
-	return fmt.Errorf("lockhooks: %s outside a transaction is released as soon as the statement ends, so it protects nothing; call it inside a transaction (db.BeginTx), or use a session lock (lockhooks.AcquireAdvisoryLock)", adv.Calls[0].Func.Name())
-}
-
-// inTransactionBlock asks the server whether the connection is inside a
-// transaction block: SAVEPOINT fails outside one (25P01) and, inside one,
-// is released at once. An aborted block (25P02) is a block too.
-func (c *conn) inTransactionBlock(ctx context.Context) (bool, error) {
-	err := c.ExecOwn(ctx, "SAVEPOINT lockhooks_probe")
-	switch dberr.SQLState(err) {
-	case "":
-		if err != nil {
-			return false, fmt.Errorf("lockhooks: checking whether %v is in a transaction block: %w", c, err)
-		}
-		return true, c.ExecOwn(ctx, "RELEASE SAVEPOINT lockhooks_probe")
-	case "25P01":
-		return false, nil
-	case "25P02":
-		return true, nil // an aborted block is a block
-	default:
-		return false, fmt.Errorf("lockhooks: checking whether %v is in a transaction block: %w", c, err)
-	}
-}
 
 // checkUnlocks looks at the unlocks of a statement of several calls whose
 // keys this connection does not hold at that point. An unlock inside a

@@ -60,10 +60,10 @@ const poolDeadlockPoll = 50 * time.Millisecond
 // is not AcquireAdvisoryLock's own (which took the turn itself).
 func (c *conn) turnKey(plan advisoryPlan) (int64, bool) {
 	adv := plan.st.advisory
-	if !takesTurn(adv) || !plan.exact || len(plan.keys) != 1 || !plan.known[0] {
+	if !takesTurn(adv) || !plan.Exact || len(plan.Keys) != 1 || !plan.Known[0] {
 		return 0, false
 	}
-	k := plan.keys[0]
+	k := plan.Keys[0]
 	if k.Pair || k.Shared || c.acquiring.Load() || c.holds(k) {
 		return 0, false
 	}

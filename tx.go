@@ -195,7 +195,7 @@ func (t *tx) end() {
 	}
 	t.recordHolds()
 	if t.c.connector.pins != nil {
-		t.c.transactionEnded()
+		t.c.pin.TransactionEnded()
 	}
 }
 

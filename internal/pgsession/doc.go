@@ -26,6 +26,16 @@
 //     run anyway ([Conn.TxAppName], [Conn.LockText], [Conn.Note],
 //     [Conn.OwnLocksQuery], [Conn.SavepointRelease]); which statements
 //     carry them stays the caller's;
+//   - what the tracking checks before a statement runs (a lone
+//     transaction-level lock outside a transaction refused, the server
+//     asked whether a block is open, [Conn.RefuseUselessXact]; counts
+//     that may be off, [Conn.AnyApprox]);
+//   - what a statement's answer does to the tracking ([Conn.After], over
+//     the [Plan] the caller made before it ran: the keys it granted or
+//     released, DISCARD ALL, the read of pg_locks where the text cannot
+//     tell, the breaks that lose the locks) and the transaction blocks
+//     statement text opens and closes ([Conn.FollowTxControl],
+//     [Conn.TransactionEnded]);
 //   - reading the truth: pg_locks of the connection's backend, read on
 //     the connection itself (in a savepoint inside a transaction; on its
 //     holder through a transaction pooler) and the tracking made equal to

@@ -86,6 +86,14 @@ type Host[K NamedKey] interface {
 	// another acquirer may take the key at once); before Lost's channel
 	// closes.
 	LockLost()
+	// LoseIfReleased reports lost an AdvisoryLock held on the connection
+	// whose key a statement of its own (text; "": of the transaction that
+	// just ended) released behind it.
+	LoseIfReleased(text string)
+	// TxBegun reports whether the connection runs a transaction its
+	// caller began (BeginTx), which ends by its Commit or Rollback, not
+	// by statement text.
+	TxBegun() bool
 }
 
 // Init gives the connection its database's settings and its host, before

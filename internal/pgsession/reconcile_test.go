@@ -81,6 +81,8 @@ func (h *testHost) ThroughPooler() bool            { return h.c.set.TxPooler || 
 func (h *testHost) Ends() *EndQueue                { return h.ends }
 func (h *testHost) ReportLoss(l Loss)              { h.reports = append(h.reports, l) }
 func (h *testHost) LockLost()                      { h.lockLost.Add(1) }
+func (h *testHost) LoseIfReleased(string)          {}
+func (h *testHost) TxBegun() bool                  { return false }
 
 // reconcileEnv returns a Conn over a real driver connection, and a pool
 // on the same database for acting beside it.
