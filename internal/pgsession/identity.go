@@ -124,8 +124,14 @@ func (c *Conn[K]) LockText(unlock bool, k K, site string, span trace.SpanContext
 		if unlock {
 			return ""
 		}
+		// Written out here rather than through holding: on a local id the
+		// compiler keeps the Holds string on the stack, through a pointer
+		// it escapes (an allocation per lock statement).
 		id = c.Who.Base
-		holding(&id, advisorykey.Key(k), site, time.Time{}, span)
+		var holds [48]byte
+		id.Holds = string(advisorykey.Key(k).AppendToken(append(holds[:0], "lock "...)))
+		id.Site = identity.SafeToken(site, "_")
+		id.TraceID, id.SpanID = identity.TraceIDs(span)
 	}
 	var buf [512]byte
 	return string(append(append(id.AppendAnnotation(buf[:0]), text...), suffix...))
