@@ -204,7 +204,7 @@ func lockhooksConn(ctx context.Context, db *sql.DB) (*sql.Conn, *conn, error) {
 }
 
 // lockOnServer takes the Postgres session lock on l's connection (through
-// a transaction pooler the holder polls; see runPlanOnHolder). tokened
+// a transaction pooler the holder polls; see pgsession.Conn.RunOnHolder). tokened
 // says that the statement also took the fencing token (lockedWithToken).
 func (l *AdvisoryLock) lockOnServer(ctx context.Context, try bool) (got, tokened bool, err error) {
 	if !try {
@@ -398,7 +398,7 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		return nil
 	}
 	// Off the connection before the unlock, which must not count as a
-	// release under the lock (loseIfReleased), and before the connection
+	// release under the lock (LoseIfReleased), and before the connection
 	// goes back.
 	l.c.advisory.CompareAndSwap(l, nil)
 	err := l.Err()

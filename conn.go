@@ -127,8 +127,8 @@ const (
 func newConn(c *connector, inner driver.Conn) driver.Conn {
 	w := &conn{connector: c, inner: inner, id: c.nextID.Add(1)}
 	w.tx.c = w
-	w.pin.Who = pgsession.NewIdentity(c.seq, c.pool, w.id)
 	if c.pins != nil {
+		w.pin.Who = pgsession.NewIdentity(c.seq, c.pool, w.id)
 		w.pin.Init(c.pins.Settings(), w)
 		w.pin.Hold.Init(&c.pins.holders, w)
 	}

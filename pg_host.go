@@ -1,12 +1,16 @@
 package lockhooks
 
-// The connection as its session-lock tracking's host
-// (pgsession.Host): reading pg_locks and making the tracking equal to it
-// is pgsession.Conn's (Reconcile, ReadLocks, VerifyUnknown,
-// VerifyOnReturn, FollowPin); what needs the connection's driver, hooks
-// or database is here, or in the methods named (ExecOwn, BackendPID,
-// InTx, Observe, PoolerDetected, ConnectionBroken, LoseLocks,
-// ReleaseTurn, HoldEnded).
+// The connection as its session-lock tracking's host (pgsession.Host):
+// pgsession.Conn runs the session-lock machine (reading pg_locks, a
+// statement's effect, a loss, a rerouted unlock, poolers) and asks the
+// connection for what needs its driver, its hooks or its database. The
+// three methods that ask the database's registry are here; the others
+// live beside what they use: String (conn.go), Unwrap, Observe (conn.go),
+// ExecOwn, BackendPID, QueryValue (conn_own.go), InTx (pg_pinning.go),
+// PoolerDetected (pg_pooler.go), ConnectionBroken, LoseLocks, ReportLoss,
+// LockLost, Ends, ThroughPooler (pg_loss.go), ReleaseTurn (pg_turns.go),
+// HoldEnded, TxBegun (pg_pinning_apply.go), UnlockRerouted
+// (pg_reroute.go), LoseIfReleased (advisory_released.go).
 
 // SessionMarker is the session marker c left on its backend ("" when it
 // left none: a declared pooler, or a server that refused it).

@@ -145,16 +145,12 @@ func (w *conn) connectRow(ctx context.Context, own *pgdriver.Statements, marked,
 // "" and nil when c holds none, when its driver cannot run such texts
 // uncached, or through a declared transaction pooler (c's statements run
 // on any backend; its holder connection's carry the annotation instead).
-func (c *conn) holderNote() (string, []driver.NamedValue) { return c.holderNoteWithout(nil) }
-
-// holderNoteWithout is holderNote as it will be once the lock of key skip
-// (if not nil) is released: for the statement that releases it.
-func (c *conn) holderNoteWithout(skip *lockKey) (string, []driver.NamedValue) {
+func (c *conn) holderNote() (string, []driver.NamedValue) {
 	own := &c.connector.own
 	if !own.OK() || c.connector.opts.txPooler {
 		return "", nil
 	}
-	if note := c.pin.Note(skip); note != "" {
+	if note := c.pin.Note(nil); note != "" {
 		return note, own.Args
 	}
 	return "", nil

@@ -11,14 +11,13 @@ import (
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 )
 
-// Lost locks: telling a broken connection from a failed statement,
-// recording and reporting a loss, and ending on the server the backend of a
-// holder lockhooks gave up on, so that the key is truly free.
-//
-// The rule for ending a backend is internal/pgsession's (its package
-// comment); its first point, whether the connection reached the server
-// itself with no pooler between, is pgsession.Conn.Endable, given here
-// whether a pooler stands between (throughPooler).
+// Lost locks, the connection's parts: telling a broken connection from a
+// failed statement, reporting a loss (recording it, and ending the
+// backend of a holder lockhooks gave up on, are pgsession.Conn.MarkLostOn's),
+// and whether a pooler stands between the connection and its backend
+// (ThroughPooler), which the rule for ending a backend asks
+// (internal/pgsession's package comment; its first point is
+// pgsession.Conn.Endable).
 
 // ConnectionBroken reports whether err means the connection is gone, so its
 // session locks are too: a driver error that is not the server's, or the

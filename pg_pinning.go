@@ -12,7 +12,6 @@ import (
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // ErrLockLost is wrapped by the errors that report a lock whose connection
@@ -203,7 +202,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 			suffix = ", " + tokenExpr // AcquireAdvisoryLock's, with its fencing token
 		}
 		unlock := adv.Calls[0].Func&sqlscan.FnUnlock != 0
-		plan.sent = c.pin.LockText(unlock, plan.Keys[0], plan.Site, trace.SpanContextFromContext(ctx), st.text, suffix)
+		plan.sent = c.pin.LockText(ctx, unlock, plan.Keys[0], plan.Site, st.text, suffix)
 	}
 	if plan.Exact && !adv.Simple {
 		if err := c.checkUnlocks(adv, plan.Keys, plan.Site); err != nil {

@@ -46,8 +46,12 @@ type Plan[K Key] struct {
 // holds the first row of a target list, when the statement was a query
 // whose row lockhooks saw; nil otherwise. A statement with advisory calls
 // has counted itself in Busy (the caller, before it ran); After counts it
-// out.
+// out. On a connection whose tracking was never set up (Init) it returns
+// err and does nothing.
 func (c *Conn[K]) After(ctx context.Context, plan *Plan[K], results []driver.Value, err error) error {
+	if c.host == nil {
+		return err // not tracked (Init never ran: not a Postgres connection)
+	}
 	adv := plan.Adv
 	if adv == nil {
 		if err != nil && c.host.ConnectionBroken(err) {

@@ -31,10 +31,10 @@ func run(t *testing.T, ctx context.Context, c *Conn[namedKey], h *testHost, text
 	return c.After(ctx, plan, results, err)
 }
 
-// After applies what a statement did: a lock taken, an unlock, DISCARD
-// ALL (which forgets everything and counts itself), and a failed lock
-// statement, after which the server is read; Busy is counted out each
-// time, and every change settles the connection.
+// After applies what a statement did: a lock taken (and the connection
+// settled), an unlock, DISCARD ALL (which forgets everything and counts
+// itself), and a failed lock statement, after which the server is read;
+// Busy is counted out each time.
 func TestAfterAppliesTheStatement(t *testing.T) {
 	ctx, c, h := reconcileEnv(t, Settings{})
 	k := namedKey{K1: 81}
@@ -75,8 +75,9 @@ func TestAfterAppliesTheStatement(t *testing.T) {
 }
 
 // A transaction the statement text opens is followed: its
-// transaction-level locks end with its COMMIT; a broken connection loses
-// the locks.
+// transaction-level locks end with its COMMIT; a statement on a broken
+// connection asks the host to lose the locks and returns the driver's
+// error.
 func TestAfterFollowsTextTransactions(t *testing.T) {
 	ctx, c, h := reconcileEnv(t, Settings{})
 	if err := run(t, ctx, c, h, "BEGIN", nil, false); err != nil {

@@ -3,9 +3,11 @@
 // it, and to report, never continue past, one that is lost.
 //
 // Its job, once whole, is the per-connection state machine (track, park,
-// reroute, reconcile, loss, the monitor, poolers) over a small interface
-// for running its own statements; ARCHITECTURE.md says which parts are
-// here and which are still the root package's. Here today:
+// reroute, reconcile, loss, the monitor, poolers) over the caller's
+// connection as a [Host], which runs lockhooks' own statements there and
+// reports to its database; ARCHITECTURE.md says which parts are here and
+// which are still the root package's (the plan made before a statement
+// runs, the in-process turns, the lock waits). Here today:
 //   - what one connection keeps for session-lock tracking ([Conn]: the
 //     state below, the backend it reached at connect, its round trips and
 //     its pooler holder, with what needs them together: the backend its
@@ -59,11 +61,11 @@
 //     [Conn.RunOnHolder]), what cannot be split there
 //     ([Conn.SplitConflict]), a statement refused once a pooler nobody
 //     declared was seen ([Conn.RefuseThroughPooler], [PoolerError]);
-//   - releases: one the connection's own statement made ([Conn.Forget],
-//     [Conn.Clear]), and an unlock sent on another connection of the
-//     database, rerouted to the parked connection that holds the key
-//     ([Conn.UnlockParked]; refused with [ErrNotLockOwner] where it cannot
-//     be honoured);
+//   - releases: every session lock at once ([Conn.Clear]: DISCARD ALL),
+//     and an unlock sent on another connection of the database, rerouted
+//     to the parked connection that holds the key ([Conn.UnlockParked],
+//     which forgets the key with [Conn.Forget]; refused with
+//     [ErrNotLockOwner] where it cannot be honoured);
 //   - recovery, the one action lockhooks takes on the server by itself,
 //     ending the backend of a holder it gave up on so that the key is
 //     truly free ([EndQueue], [EndBackend]), and the round trips of a

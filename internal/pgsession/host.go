@@ -26,8 +26,14 @@ type Settings struct {
 // Host is the caller's connection as its session-lock tracking ([Conn])
 // uses it: what needs the caller's driver connection, its hooks or its
 // database. The caller's connection (a pointer) implements it and gives
-// itself to [Conn.Init]. Its methods are called with none of the
-// package's locks held, except where they say so.
+// itself to [Conn.Init].
+//
+// Locks: any method may be called with the Conn's Exec mutex held (the
+// statements lockhooks runs on a parked connection), so none may take it.
+// String and PoolerDetected may also be called with State's mutex held,
+// as may ReleaseTurn and HoldEnded (said below), so those four take
+// neither mutex nor call back into the Conn; the others are called
+// without State's mutex and may take it (the root's InTx does).
 type Host[K NamedKey] interface {
 	fmt.Stringer
 	// Unwrap returns the driver's connection, for a statement of
@@ -44,7 +50,8 @@ type Host[K NamedKey] interface {
 	InTx() bool
 	// Observe notes an error of the driver's connection (one that did
 	// not come from the server may mean a broken connection) and returns
-	// it.
+	// the error to report: err, or what the caller makes of it (the root
+	// turns a deadlock victim's into its *DeadlockError).
 	Observe(err error) error
 	// SessionMarker is the session marker the connection left on its backend
 	// ("" when it left none).

@@ -101,7 +101,7 @@ func (c *Conn[K]) Note(skip *K) string {
 }
 
 // LockText is text, an exact session-lock statement of one call (of key
-// k, an unlock or not, at site, in span) on a connection that reaches the
+// k, an unlock or not, at site, in ctx's span) on a connection that reaches the
 // server itself, beginning with the annotation that names the connection
 // as the holder of its session locks as the statement leaves them; ""
 // when it leaves none (an unlock of the last one: the text stays the
@@ -111,7 +111,7 @@ func (c *Conn[K]) Note(skip *K) string {
 // which the server shows (pg_stat_activity's state_change), not from its
 // start (a lock may wait), and a text without a time can be the same at
 // every hold.
-func (c *Conn[K]) LockText(unlock bool, k K, site string, span trace.SpanContext, text, suffix string) string {
+func (c *Conn[K]) LockText(ctx context.Context, unlock bool, k K, site, text, suffix string) string {
 	var id identity.Holder
 	c.Lock()
 	var skip *K
@@ -131,7 +131,7 @@ func (c *Conn[K]) LockText(unlock bool, k K, site string, span trace.SpanContext
 		var holds [48]byte
 		id.Holds = string(advisorykey.Key(k).AppendToken(append(holds[:0], "lock "...)))
 		id.Site = identity.SafeToken(site, "_")
-		id.TraceID, id.SpanID = identity.TraceIDs(span)
+		id.TraceID, id.SpanID = identity.TraceIDs(trace.SpanContextFromContext(ctx))
 	}
 	var buf [512]byte
 	return string(append(append(id.AppendAnnotation(buf[:0]), text...), suffix...))

@@ -78,7 +78,7 @@ func TestLockText(t *testing.T) {
 	c := newIdentityConn()
 	k, other := namedKey{K1: 5}, namedKey{K1: 6}
 	text := "SELECT pg_advisory_lock(5)"
-	got := c.LockText(false, k, "job.go:9", noSpan, text, ", tok")
+	got := c.LockText(context.Background(), false, k, "job.go:9", text, ", tok")
 	if !strings.HasSuffix(got, text+", tok") {
 		t.Fatalf("lock text %q does not end with the statement and its suffix", got)
 	}
@@ -88,21 +88,22 @@ func TestLockText(t *testing.T) {
 	c.Lock()
 	c.AddLocked(k, "job.go:9", noSpan, 1)
 	c.Unlock()
-	if got := c.LockText(true, k, "job.go:10", noSpan, "SELECT pg_advisory_unlock(5)", ""); got != "" {
+	if got := c.LockText(context.Background(), true, k, "job.go:10", "SELECT pg_advisory_unlock(5)", ""); got != "" {
 		t.Fatalf("the unlock of the last lock has the text %q, want the user's (\"\")", got)
 	}
 	c.Lock()
 	c.AddLocked(other, "job.go:11", noSpan, 1)
 	c.Held[k].Since = time.Now().Add(-time.Hour)
 	c.Unlock()
-	got = c.LockText(true, k, "job.go:12", noSpan, "SELECT pg_advisory_unlock(5)", "")
+	got = c.LockText(context.Background(), true, k, "job.go:12", "SELECT pg_advisory_unlock(5)", "")
 	if id := identity.ParseAnnotation(got); id == nil || id.Site != "job.go:11" {
 		t.Fatalf("the unlock of one of two names %+v, want the other lock (job.go:11)", id)
 	}
 }
 
-// The plain read is composed once per pid and DISCARD ALL count; a
-// holder's read is annotated and new each time.
+// The plain read is composed once per pid and DISCARD ALL count (the
+// same text each time, a new one after DISCARD ALL); a holder's read is
+// annotated, and only with annotate.
 func TestOwnLocksQuery(t *testing.T) {
 	c := newIdentityConn()
 	q1, annotated := c.OwnLocksQuery(100, 0, true)

@@ -2,6 +2,7 @@ package pgsession
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
@@ -19,6 +21,7 @@ import (
 // statements run on it; what the caller's database would do is counted.
 type testHost struct {
 	inner    driver.Conn
+	raw      *sql.DB // the same database, for looking from outside
 	c        *Conn[namedKey]
 	inTx     bool
 	marker   string
@@ -87,8 +90,8 @@ func (h *testHost) TxBegun() bool                  { return false }
 // reconcileEnv returns a Conn over a real driver connection, and a pool
 // on the same database for acting beside it.
 func reconcileEnv(t *testing.T, set Settings) (context.Context, *Conn[namedKey], *testHost) {
-	ctx, _, open := holderEnv(t)
-	h := &testHost{inner: open(), ends: NewEndQueue()}
+	ctx, raw, open := holderEnv(t)
+	h := &testHost{inner: open(), raw: raw, ends: NewEndQueue()}
 	t.Cleanup(func() { h.inner.Close() })
 	h.c = new(Conn[namedKey])
 	if set.Own == nil {
@@ -235,17 +238,30 @@ func TestVerifyUnknown(t *testing.T) {
 	}
 }
 
-// The plain read is the same text each time; the annotated one names
-// the holder and is sent with the uncached statements' arguments where
-// the driver has them.
+// The plain read goes as the driver's cached statement (pgx prepares it
+// once on the session); a holder's read, whose text changes with every
+// hold, is annotated and goes uncached (the statements' own arguments,
+// Settings.Own), so it never enters the session's prepared statements.
 func TestReadOwnLocksAnnotates(t *testing.T) {
 	ctx, c, h := reconcileEnv(t, Settings{})
 	pid, err := h.BackendPID(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	prepared := func(text string) int64 {
+		t.Helper()
+		n, err := h.QueryValue(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE statement = $1", driver.NamedValue{Ordinal: 1, Value: text})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.(int64)
+	}
 	if held, ranOn, _, err := c.readOwnLocks(ctx, pid); err != nil || len(held) != 0 || ranOn != pid {
 		t.Fatalf("read of an idle backend: %v on %d, %v", held, ranOn, err)
+	}
+	plain, _ := c.OwnLocksQuery(pid, 0, true)
+	if n := prepared(plain); n != 1 {
+		t.Fatalf("the plain read is prepared %d times on the session, want once (cached)", n)
 	}
 	c.Lock()
 	c.AddLocked(namedKey{K1: 8}, "a.go:1", noSpan, 1)
@@ -256,5 +272,12 @@ func TestReadOwnLocksAnnotates(t *testing.T) {
 	held, _, _, err := c.readOwnLocks(ctx, pid)
 	if err != nil || len(held) != 1 || held[0] != (namedKey{K1: 8}) {
 		t.Fatalf("read of a holder: %v, %v; want key 8", held, err)
+	}
+	annotated, isAnnotated := c.OwnLocksQuery(pid, 0, true)
+	if !isAnnotated || identity.ParseAnnotation(annotated) == nil {
+		t.Fatalf("a holder's read %q is not annotated", annotated)
+	}
+	if n := prepared(annotated); n != 0 {
+		t.Fatalf("a holder's annotated read was prepared on the session (%d): it would fill the driver's statement cache", n)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
@@ -82,6 +83,38 @@ func TestUnlockParked(t *testing.T) {
 	}
 }
 
+// An unlock rerouted to a holder that keeps another lock carries the
+// annotation that names the lock it keeps (its arguments renumbered after
+// the uncached statements' own), so that its last statement still names
+// it to other processes.
+func TestUnlockParkedNamesTheLockThatStays(t *testing.T) {
+	ctx, c, h := reconcileEnv(t, Settings{})
+	pid, err := h.BackendPID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, stays := namedKey{K1: 63}, namedKey{K1: 64}
+	takeTracked(t, ctx, c, h, stays, "park.go:3")
+	takeTracked(t, ctx, c, h, k, "park.go:4")
+	c.Lock()
+	c.Parked = true
+	c.Unlock()
+	if err := c.UnlockParked(ctx, k, "park.go:4"); err != nil {
+		t.Fatal(err)
+	}
+	var last string // the backend's last statement, the unlock, seen from outside
+	if err := h.raw.QueryRowContext(ctx, "SELECT query FROM pg_stat_activity WHERE pid = $1", pid).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	id := identity.ParseAnnotation(last)
+	if id == nil || id.Site != "park.go:3" || !strings.Contains(last, "pg_advisory_unlock") {
+		t.Fatalf("the backend's last statement %q names %+v; want the unlock, annotated with the lock taken at park.go:3", last, id)
+	}
+	if heldOnServer(t, ctx, h, k) || !heldOnServer(t, ctx, h, stays) {
+		t.Fatalf("after the rerouted unlock: key 63 held %v, key 64 held %v; want false, true", heldOnServer(t, ctx, h, k), heldOnServer(t, ctx, h, stays))
+	}
+}
+
 // A loss empties the tracking, fails statements from then on with an
 // error that names the keys and where the oldest was taken, reports once,
 // frees what waits in the process before Lost's channel closes, and
@@ -93,7 +126,10 @@ func TestMarkLostOn(t *testing.T) {
 		t.Fatalf("a connection that holds nothing lost %v", err)
 	}
 	takeTracked(t, ctx, c, h, namedKey{K1: 71}, "lose.go:7")
-	pid, _ := h.BackendPID(ctx)
+	pid, err := h.BackendPID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cause := errors.New("reset by peer")
 	lost := c.MarkLostOn(pid, "its connection died (reset by peer)", cause, LossReport|LossEnd|LossPooler)
 	if !errors.Is(lost, ErrLockLost) || !errors.Is(lost, ErrTransactionPooler) || !strings.Contains(lost.Error(), "key 71") || !strings.Contains(lost.Error(), "lose.go:7") {
@@ -114,6 +150,9 @@ func TestMarkLostOn(t *testing.T) {
 	if !h.ends.Empty() {
 		t.Fatal("the backend of a connection not proven to reach the server was queued to be ended")
 	}
+	if h.lockLost.Load() != 1 {
+		t.Fatal("what waits on the lock in this process was not freed")
+	}
 	if again := c.MarkLostOn(pid, "again", cause, LossReport); again != lost || len(h.reports) != 1 {
 		t.Fatalf("a second loss returned %v and reported %d times; want the first, once", again, len(h.reports))
 	}
@@ -121,4 +160,39 @@ func TestMarkLostOn(t *testing.T) {
 		t.Fatal("a lost connection is not on the slow path (its statements must fail)")
 	}
 	rawconn.Exec(context.Background(), h.inner, "SELECT pg_advisory_unlock_all()")
+}
+
+// Where the package's rule allows it (the connection reached the server
+// itself, no pooler, the backend's incarnation known), a loss with
+// LossEnd queues its backend to be ended, and the report says so; without
+// LossEnd, or through a pooler, it does not.
+func TestMarkLostOnEndsOnlyWhereAllowed(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		set    Settings
+		flags  LossFlags
+		queued bool
+	}{
+		{"direct", Settings{}, LossReport | LossEnd, true},
+		{"no LossEnd", Settings{}, LossReport, false},
+		{"pinning pooler", Settings{PinningPooler: true}, LossReport | LossEnd, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, c, h := reconcileEnv(t, tc.set)
+			pid, err := h.BackendPID(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.ReachesServer, c.Incarnation = true, "2026-12-04 00:00:00+00@2026-12-04 00:00:00+00"
+			takeTracked(t, ctx, c, h, namedKey{K1: 75}, "end.go:1")
+			c.MarkLostOn(pid, "died", errors.New("gone"), tc.flags)
+			if queued := !h.ends.Empty(); queued != tc.queued {
+				t.Fatalf("backend queued to be ended: %v, want %v", queued, tc.queued)
+			}
+			if tc.queued && !strings.Contains(h.reports[0].Backend, "ended where it still holds") {
+				t.Fatalf("the report says %q of the backend", h.reports[0].Backend)
+			}
+			rawconn.Exec(context.Background(), h.inner, "SELECT pg_advisory_unlock_all()")
+		})
+	}
 }
