@@ -195,7 +195,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		// QueryExecModeExec (one round trip, the arguments bound by the
 		// server, nothing cached) unless the connection sent it lately
 		// (sentWith), and either way the server shows it as sent, which
-		// the end requests of pg_loss.go compare. suffix is
+		// an end request compares (pgsession.EndTarget). suffix is
 		// AcquireAdvisoryLock's fencing token (see tokenAfterLockKey).
 		suffix := ""
 		if adv.Calls[0].Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll|sqlscan.FnXact) == 0 && ctx.Value(tokenAfterLockKey{}) != nil {
