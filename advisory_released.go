@@ -69,7 +69,7 @@ func (c *conn) LoseIfReleased(text string) {
 	lost := fmt.Errorf("%w: advisory lock %s (taken at %s, %v ago) held on %v was %s; the work it protected must stop, as another session may hold the lock now; end the lock with AdvisoryLock.Release, not by unlocking it on its connection (pg_advisory_unlock, pg_advisory_unlock_all, DISCARD ALL)",
 		ErrLockLost, describeKey(l.key), taken.Site, ago, c, cause)
 	lostCh, parked := c.pin.SetLostLocked(lost)
-	c.updateActiveLocked() // statements now fail with lost
+	c.pin.UpdateLocked() // statements now fail with lost
 	c.pin.Unlock()
 
 	c.ReportLoss(pgsession.Loss{PID: c.LockPID(), Keys: k.String(), N: 1, Oldest: &taken, Parked: parked, Err: lost, Cause: cause})

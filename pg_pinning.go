@@ -53,14 +53,6 @@ func lockID(name string) int64 {
 // heldLock is one session lock a connection holds (pgsession.Held).
 type heldLock = pgsession.Held
 
-// updateActiveLocked recomputes whether statements need the slow path,
-// and gives up the turns c no longer needs; c.pin is locked.
-func (c *conn) updateActiveLocked() {
-	if c.pin.UpdateActiveLocked() {
-		c.releaseTurnsLocked()
-	}
-}
-
 // InTx reports whether the connection is inside a transaction block, opened
 // by database/sql or by statement text.
 func (c *conn) InTx() bool {

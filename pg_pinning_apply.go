@@ -31,5 +31,5 @@ func (c *conn) addXact(keys []int64, site *callsite.Stack) {
 	c.pin.Lock()
 	defer c.pin.Unlock()
 	c.pin.AddXactKeysLocked(keys, site)
-	c.updateActiveLocked()
+	c.pin.UpdateLocked()
 }

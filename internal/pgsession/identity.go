@@ -101,11 +101,11 @@ func (c *Conn[K]) Note(skip *K) string {
 }
 
 // LockText is text, an exact session-lock statement of one call (of key
-// k, an unlock or not, at site, in ctx's span) on a connection that reaches the
-// server itself, beginning with the annotation that names the connection
-// as the holder of its session locks as the statement leaves them; ""
-// when it leaves none (an unlock of the last one: the text stays the
-// user's); suffix ends it.
+// k, an unlock or not, at site, in ctx's span) on a connection that
+// reaches the server itself, beginning with the annotation that names the
+// connection as the holder of its session locks as the statement leaves
+// them; "" when it leaves none (an unlock of the last one: the text stays
+// the user's); suffix ends it.
 //
 // The lock it takes names no since: it is held from the statement's end,
 // which the server shows (pg_stat_activity's state_change), not from its
