@@ -58,7 +58,7 @@ func newPinning(c *connector) *pinning {
 			OpenConn: func(id uint64) (*conn, bool) { oc := c.openConn(id); return oc, oc != nil },
 			LongHold: func(msg string) { c.events.Add(eventLongHold, msg) },
 		})}
-	p.holders = pgsession.TxPooler{Timeout: o.lockCheckTimeout, Connect: connect, Own: &c.own, Closing: p.Closing()}
+	p.holders = pgsession.TxPooler{Settings: p.Settings(), Connect: connect, Closing: p.Closing()}
 	return p
 }
 

@@ -9,20 +9,18 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
-	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // TxPooler is what the holders of one database's connections share
 // through a declared transaction pooler ([TxHolder]).
 type TxPooler struct {
-	// Timeout bounds each of a holder's statements (its clean end on
-	// db.Close is bounded by CloseLimit too).
-	Timeout time.Duration
+	// Settings are the database's: CheckTimeout bounds each of a holder's
+	// statements (its clean end on db.Close is bounded by CloseLimit
+	// too), Own is what the driver allows lockhooks' own statements.
+	*Settings
 	// Connect opens a holder's connection, outside the pool.
 	Connect func(ctx context.Context) (driver.Conn, error)
-	// Own is what the driver allows lockhooks' own statements.
-	Own *pgdriver.Statements
 	// Closing is closed by db.Close: a holder's waits stop.
 	Closing <-chan struct{}
 }
@@ -79,7 +77,7 @@ func (t *TxHolder) Run(ctx context.Context, query string, args []driver.NamedVal
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.db.Timeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.db.CheckTimeout)
 	defer cancel()
 	h, err := t.open(ctx)
 	if err != nil {
@@ -193,7 +191,7 @@ func (t *TxHolder) Check(ctx context.Context) error {
 	// The ping runs with a bounded context of its own: the caller's
 	// cancellation in the middle of it would make the driver close the
 	// holder, and every lock on it would be lost.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.db.Timeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.db.CheckTimeout)
 	defer cancel()
 	if err := t.Ping(ctx); err != nil {
 		return t.Failed(fmt.Errorf("its holder did not answer a ping: %w", err))
@@ -208,7 +206,7 @@ func (t *TxHolder) EndIfEmpty() {
 		return // no holder transaction (nor a host, before Init)
 	}
 	if t.host.HoldsNothing() {
-		t.endTxWithin(t.db.Timeout)
+		t.endTxWithin(t.db.CheckTimeout)
 	}
 }
 
@@ -218,7 +216,7 @@ func (t *TxHolder) Shut() {
 	if t.Conn() == nil {
 		return
 	}
-	limit := t.db.Timeout
+	limit := t.db.CheckTimeout
 	select {
 	case <-t.db.Closing:
 		// db.Close: a silent network must not stretch it. Past this the

@@ -50,7 +50,7 @@ func (h *host) HoldsNothing() bool {
 func TestTxHolder(t *testing.T) {
 	ctx, raw, open := holderEnv(t)
 	closing := make(chan struct{})
-	db := &TxPooler{Timeout: 5 * time.Second, Own: new(pgdriver.Statements), Closing: closing,
+	db := &TxPooler{Settings: &Settings{CheckTimeout: 5 * time.Second, Own: new(pgdriver.Statements)}, Closing: closing,
 		Connect: func(context.Context) (driver.Conn, error) { return open(), nil }}
 	h := &host{}
 	var th TxHolder
