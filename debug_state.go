@@ -15,6 +15,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
@@ -119,7 +120,7 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 func (c *connector) noteUnlock(from *conn, k lockKey, err error) {
 	switch {
 	case err == nil:
-		c.events.Add(eventUnlockRerouted, fmt.Sprintf("pg_advisory_unlock%s(%s) sent on %v ran on the parked connection that held the lock", sharedSuffix(k), k, from))
+		c.events.Add(eventUnlockRerouted, fmt.Sprintf("pg_advisory_unlock%s(%s) sent on %v ran on the parked connection that held the lock", pgsession.SharedSuffix(k), k, from))
 	case errors.Is(err, ErrNotLockOwner):
 		c.events.Add(eventUnlockRefused, err.Error())
 		c.tel.UnlockRefused(context.Background())

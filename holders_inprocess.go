@@ -16,6 +16,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/lockset"
@@ -106,9 +107,7 @@ func conflicting(k lockKey) []lockKey {
 	if k.Shared {
 		return []lockKey{ex}
 	}
-	sh := ex
-	sh.Shared = true
-	return []lockKey{ex, sh}
+	return []lockKey{ex, lockKey(advisorykey.Key(k).SharedMode())}
 }
 
 // holdersOf finds who holds what the wait v waits for: in-process holders

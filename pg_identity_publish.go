@@ -141,17 +141,11 @@ func (w *conn) connectRow(ctx context.Context, own *pgdriver.Statements, marked,
 
 // holderNote is the annotation that names c as the holder of its session
 // locks on a statement of lockhooks' own run on c's backend, and the
-// arguments that keep the statement out of the driver's statement cache;
-// "" and nil when c holds none, when its driver cannot run such texts
-// uncached, or through a declared transaction pooler (c's statements run
-// on any backend; its holder connection's carry the annotation instead).
+// arguments that keep the statement out of the driver's statement cache
+// (pgsession.Conn.NoteOwn); "" and nil when there is none.
 func (c *conn) holderNote() (string, []driver.NamedValue) {
-	own := &c.connector.own
-	if !own.OK() || c.connector.opts.txPooler {
-		return "", nil
-	}
-	if note := c.pin.Note(nil); note != "" {
-		return note, own.Args
+	if note := c.pin.NoteOwn(nil); note != "" {
+		return note, c.connector.own.Args
 	}
 	return "", nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/stmtlocks"
 )
@@ -65,7 +66,7 @@ func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []dr
 		}
 		exprs[i] += "::" + typ
 	}
-	row, err := c.queryRow(ctx, "SELECT "+strings.Join(exprs, ", ")+c.afterDiscard(), args)
+	row, err := c.queryRow(ctx, "SELECT "+strings.Join(exprs, ", ")+pgsession.AfterDiscard(c.pin.Discards.Load()), args)
 	if err != nil || len(row) != call.NArgs {
 		return k, false
 	}

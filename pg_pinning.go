@@ -240,10 +240,6 @@ func integerArgs(args []driver.NamedValue) bool {
 	return true
 }
 
-// afterDiscard returns a comment that makes lockhooks' own query texts
-// new after each DISCARD ALL (pgsession.AfterDiscard).
-func (c *conn) afterDiscard() string { return pgsession.AfterDiscard(c.pin.Discards.Load()) }
-
 // checkUnlocks looks at the unlocks of a statement of several calls whose
 // keys this connection does not hold at that point. An unlock inside a
 // larger statement cannot be sent to another connection: if another
@@ -276,7 +272,7 @@ func (c *conn) checkUnlocks(adv *sqlscan.Advisory, keys []lockKey, site string) 
 	c.pin.Unlock()
 	for _, k := range unheld {
 		if h, ok := c.connector.pins.HolderOf(k, c); ok {
-			err := fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, in a statement with other advisory calls: the lock is held by %v, and an unlock inside a larger statement cannot be sent there; unlock it in a statement of its own", ErrNotLockOwner, sharedSuffix(k), k, c, h)
+			err := fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, in a statement with other advisory calls: the lock is held by %v, and an unlock inside a larger statement cannot be sent there; unlock it in a statement of its own", ErrNotLockOwner, pgsession.SharedSuffix(k), k, c, h)
 			c.connector.events.Add(eventUnlockRefused, err.Error())
 			c.connector.tel.UnlockRefused(context.Background())
 			return err

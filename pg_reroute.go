@@ -21,12 +21,12 @@ func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) (err
 	h, ok := p.HolderOf(k, from)
 	if !ok {
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v: no connection of this database holds that lock (Postgres would answer false); unlock only what you locked, with the same key and mode",
-			ErrNotLockOwner, sharedSuffix(k), k, from)
+			ErrNotLockOwner, pgsession.SharedSuffix(k), k, from)
 	}
 	parked, site, since := h.pin.ParkedHold(k)
 	if !parked {
 		return fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v: the lock is held by %v, which is in use (taken at %s, %v ago); unlock it on that connection (hold a *sql.Conn, or use lockhooks.AcquireAdvisoryLock)",
-			ErrNotLockOwner, sharedSuffix(k), k, from, h, site, time.Since(since).Round(time.Millisecond))
+			ErrNotLockOwner, pgsession.SharedSuffix(k), k, from, h, site, time.Since(since).Round(time.Millisecond))
 	}
 	defer p.Settle(h) // closes the holder if it holds nothing more
 	return h.pin.UnlockParked(context.WithoutCancel(ctx), k, site)
@@ -34,6 +34,3 @@ func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) (err
 
 // UnlockRerouted counts an unlock rerouted to c.
 func (c *conn) UnlockRerouted(ctx context.Context) { c.connector.tel.UnlockRerouted(ctx) }
-
-// sharedSuffix is the suffix of k's functions' names (pgsession.SharedSuffix).
-func sharedSuffix(k lockKey) string { return pgsession.SharedSuffix(k) }

@@ -44,6 +44,9 @@ func (k Key) Number() string {
 // Exclusive returns k in exclusive mode.
 func (k Key) Exclusive() Key { k.Shared = false; return k }
 
+// SharedMode returns k in shared mode.
+func (k Key) SharedMode() Key { k.Shared = true; return k }
+
 // FromLocks names the advisory lock of a pg_locks row from its classid,
 // objid and objsubid columns: objsubid 2 is an int4 pair (classid and
 // objid, each the bits of one int4), any other a bigint key whose high

@@ -55,7 +55,8 @@ func TestNumber(t *testing.T) {
 	}
 }
 
-// TestExclusive checks that Exclusive clears the mode only, and that the
+// TestExclusive checks that Exclusive clears the mode only (and
+// SharedMode sets it only), and that the
 // shared and exclusive forms of one key are distinct map keys.
 func TestExclusive(t *testing.T) {
 	sh := Key{Pair: true, K1: 1, K2: 2, Shared: true}
@@ -65,6 +66,9 @@ func TestExclusive(t *testing.T) {
 	}
 	if ex.Exclusive() != ex {
 		t.Errorf("Exclusive of an exclusive key changed it: %#v", ex.Exclusive())
+	}
+	if ex.SharedMode() != sh || sh.SharedMode() != sh {
+		t.Errorf("SharedMode of %v = %#v, of %v = %#v; want %#v", ex, ex.SharedMode(), sh, sh.SharedMode(), sh)
 	}
 	m := map[Key]bool{sh: true, ex: true}
 	if len(m) != 2 {

@@ -45,15 +45,11 @@ func (h *testHost) BackendPID(ctx context.Context) (int32, error) {
 	if pid := h.c.PID.Load(); pid != 0 {
 		return pid, nil
 	}
-	rows, err := rawconn.Query(ctx, h.inner, "SELECT pg_backend_pid()", nil)
+	pid, err := h.QueryValue(ctx, "SELECT pg_backend_pid()")
 	if err != nil {
 		return 0, err
 	}
-	row, err := rawconn.ReadRow(rows)
-	if err != nil {
-		return 0, err
-	}
-	h.c.PID.Store(int32(pgdriver.AsInt64(row.Values()[0])))
+	h.c.PID.Store(int32(pgdriver.AsInt64(pid)))
 	return h.c.PID.Load(), nil
 }
 func (h *testHost) InTx() bool              { return h.inTx }

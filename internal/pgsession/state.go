@@ -147,11 +147,7 @@ func CoreKeys[K Key](keys []K) []advisorykey.Key {
 func exclusive[K Key](k K) K { return K(advisorykey.Key(k).Exclusive()) }
 
 // shared returns k in shared mode.
-func shared[K Key](k K) K {
-	s := advisorykey.Key(k)
-	s.Shared = true
-	return K(s)
-}
+func shared[K Key](k K) K { return K(advisorykey.Key(k).SharedMode()) }
 
 // AddLocked records n more acquisitions of k, taken at site in span (the
 // first one's are kept).

@@ -100,7 +100,7 @@ func (c *Conn[K]) UnlockParked(ctx context.Context, k K, site string) error {
 	} else {
 		// The unlock is the parked holder's last statement from now on:
 		// it names the holder of the locks that stay (identity.go).
-		if note := c.noteOwn(&k); note != "" {
+		if note := c.NoteOwn(&k); note != "" {
 			q = note + q
 			args = append(append([]driver.NamedValue{}, c.set.Own.Args...), args...)
 			for i := range args {
@@ -129,10 +129,14 @@ func (c *Conn[K]) UnlockParked(ctx context.Context, k K, site string) error {
 	return nil
 }
 
-// noteOwn is Note where the driver runs lockhooks' own texts uncached
-// (Settings.Own), "" elsewhere.
-func (c *Conn[K]) noteOwn(skip *K) string {
-	if !c.set.Own.OK() {
+// NoteOwn is Note for a statement of lockhooks' own on the connection's
+// backend, to be sent with Settings.Own's arguments (which keep it out of
+// the driver's statement cache): "" where the driver cannot run such
+// texts uncached, or through a declared transaction pooler (the
+// connection's statements run on any backend; its holder's carry the
+// annotation instead).
+func (c *Conn[K]) NoteOwn(skip *K) string {
+	if !c.set.Own.OK() || c.set.TxPooler {
 		return ""
 	}
 	return c.Note(skip)
