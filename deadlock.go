@@ -34,7 +34,7 @@ type DeadlockSide struct {
 	Held      []string      // what it held that another side waited for, then the locks lockhooks saw it take
 }
 
-// readDeadlockFacts reads, on the side connection (side_conn.go), the
+// readDeadlockFacts reads, on the side connection (pg_blockers.go), the
 // backends of the cycle and the relations the DETAIL names by oid.
 func (c *connector) readDeadlockFacts(edges []pgserver.DeadlockEdge, detail string) pgserver.DeadlockFacts {
 	f := pgserver.DeadlockFacts{Backends: map[int32]pgserver.BackendFacts{}, Relations: map[string]string{}}

@@ -15,6 +15,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/pgblocking"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
@@ -22,7 +23,7 @@ import (
 // debugState reads one database's locks, waits, events and counters,
 // bounded (see internal/debugpage and debug_collect.go). Locks are read briefly under their own
 // mutexes; the one query (who blocks whom, on Postgres) runs after, on the
-// database's side connection (side_conn.go), shared with overlapping loads.
+// database's side connection (pg_blockers.go), shared with overlapping loads.
 func (c *connector) debugState(ctx context.Context, index int) debugpage.Database {
 	now := time.Now()
 	d := debugpage.Database{Index: index, Dialect: string(c.opts.dialect), Pool: c.pool, Held: []debugpage.Held{}, Waiters: []debugpage.Waiter{}}
@@ -43,11 +44,11 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 	}
 
 	edges := c.inProcessEdges()
-	var blocked map[*conn]*blockedBackend // by the identity each backend shows (pg_blockers.go)
+	var blocked map[*conn]*pgblocking.Wait // by the identity each backend shows (pg_blockers.go)
 	if c.opts.dialect == Postgres {
 		bctx, cancel := context.WithTimeout(ctx, blockerLookupTimeout)
 		var err error
-		blocked, err = c.blockedConns(bctx, conns)
+		blocked, err = c.blocking.Blocked(bctx, conns)
 		cancel()
 		if err != nil {
 			d.Notes = append(d.Notes, err.Error())
@@ -63,15 +64,15 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 		}
 		b := blocked[v.Waiter]
 		if ahead := c.turnAhead(v.Waiter); b == nil && ahead != nil && blocked[ahead] != nil {
-			b = blocked[ahead].behindInMemory() // it waits in memory behind a connection that waits on the server
+			b = blocked[ahead].BehindInMemory() // it waits in memory behind a connection that waits on the server
 		}
 		if v.Waiter != nil && b != nil {
-			if b.pid != 0 {
-				wt.PID, wt.WaitEvent = b.pid, b.waitEvent
+			if b.PID != 0 {
+				wt.PID, wt.WaitEvent = b.PID, b.WaitEvent
 			}
 			found := &holders.Blockage{Holders: wt.Holders, Blockers: wt.Blockers, At: now}
-			addBlockers(found, b.blockers, v.AdvKeys)
-			wt.Holders, wt.Blockers, wt.QueuedAhead = found.Holders, found.Blockers, b.queuedAhead
+			addBlockers(found, b.Blockers, v.AdvKeys)
+			wt.Holders, wt.Blockers, wt.QueuedAhead = found.Holders, found.Blockers, b.QueuedAhead
 			shown[v.Waiter] = true
 		}
 		d.Waiters = append(d.Waiters, wt)
@@ -85,12 +86,12 @@ func (c *connector) debugState(ctx context.Context, index int) debugpage.Databas
 				continue
 			}
 			found := &holders.Blockage{Holders: []holders.Holder{}, Blockers: []holders.Blocker{}, At: now}
-			addBlockers(found, b.blockers, nil)
-			w := debugpage.Waiter{Kind: "server", Conn: oc.id, PID: b.pid, Statement: holders.Truncate(b.query, 500),
-				WaitEvent: b.waitEvent, Holders: found.Holders, Blockers: found.Blockers, QueuedAhead: b.queuedAhead}
-			if b.waitSeconds >= 0 {
-				w.WaitSeconds = math.Round(b.waitSeconds*1000) / 1000
-				w.Since = now.Add(-time.Duration(b.waitSeconds * float64(time.Second)))
+			addBlockers(found, b.Blockers, nil)
+			w := debugpage.Waiter{Kind: "server", Conn: oc.id, PID: b.PID, Statement: holders.Truncate(b.Query, 500),
+				WaitEvent: b.WaitEvent, Holders: found.Holders, Blockers: found.Blockers, QueuedAhead: b.QueuedAhead}
+			if b.WaitSeconds >= 0 {
+				w.WaitSeconds = math.Round(b.WaitSeconds*1000) / 1000
+				w.Since = now.Add(-time.Duration(b.WaitSeconds * float64(time.Second)))
 			}
 			d.Waiters = append(d.Waiters, w)
 		}

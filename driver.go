@@ -34,7 +34,9 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/driverext"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/pgblocking"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqliteconn"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
@@ -318,9 +320,10 @@ type connector struct {
 	db       atomic.Pointer[sql.DB] // the database that uses it, once known (noteDB): its pool's counts tell a deadlocked pool
 	sqlite   sqlitelock.DSN         // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
-	events   *holders.Events // recent events, for DebugHandler
-	waits    *waitWatch      // waits in progress, for DebugHandler and WithSlowLockLog
-	side     *sideConn       // Postgres: the one connection outside the pool for lookups (side_conn.go)
+	events   *holders.Events           // recent events, for DebugHandler
+	waits    *waitWatch                // waits in progress, for DebugHandler and WithSlowLockLog
+	side     *rawconn.Side             // Postgres: the one connection outside the pool for lookups (pg_blockers.go)
+	blocking *pgblocking.Reader[*conn] // Postgres: who blocks whom among its connections, read on side
 
 	liveMu sync.RWMutex       // read: openConns, the model of holders (self-waits)
 	live   map[*conn]struct{} // every open wrapped connection
@@ -341,7 +344,6 @@ var (
 // until Close.
 func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sqlite sqlitelock.DSN) *connector {
 	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{}), dsn: dsn, sqlite: sqlite}
-	c.side = newSideConn(func(ctx context.Context) (driver.Conn, error) { return c.inner.Connect(ctx) })
 	databases.join(c, defaultPoolName(o.dialect, dsn, inner))
 	var observe func() (held, parked int64)
 	if o.dialect == SQLite {
@@ -351,6 +353,7 @@ func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sql
 		c.pins = newPinning(c)
 		observe = c.pins.Observe
 	}
+	c.openSide()
 	c.tel = newReporting(o, c.pool, observe)
 	c.events = holders.NewEvents(eventCapacity)
 	c.waits = newWaitWatch(c) // (after c.events: the slow waits are among its events)

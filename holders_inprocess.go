@@ -127,17 +127,17 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) *holders.Blockage
 	if ahead != nil {
 		asked = append(asked, ahead)
 	}
-	blocked, err := c.blockedConns(ctx, asked)
+	blocked, err := c.blocking.Blocked(ctx, asked)
 	bb := blocked[v.Waiter]
 	if bb == nil && ahead != nil && blocked[ahead] != nil {
-		bb = blocked[ahead].behindInMemory()
+		bb = blocked[ahead].BehindInMemory()
 	}
 	switch {
 	case err != nil:
 		b.Err = err
 	case bb != nil:
-		addBlockers(b, bb.blockers, v.AdvKeys)
-		b.Queued = bb.queuedAhead
+		addBlockers(b, bb.Blockers, v.AdvKeys)
+		b.Queued = bb.QueuedAhead
 	case len(b.Holders) == 0 && len(v.AdvKeys) > 0:
 		addBlockers(b, c.keyHolders(ctx, v.Waiter, v.AdvKeys), v.AdvKeys)
 	}

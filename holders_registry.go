@@ -35,7 +35,7 @@ func (r *registry) join(c *connector, defaultName string) {
 // connOf returns the connection of any open Postgres database of the
 // process whose statements backend pid runs, as pg_stat_activity shows
 // the backend (its application_name app and last statement query) to
-// database seenBy, or nil (see connector.backendConn). Pids are per
+// database seenBy, or nil (see pgblocking.Reader.ConnOf). Pids are per
 // server: a backend that shows no identity is matched only to connections
 // of seenBy and of databases known to be on the same server.
 func (r *registry) connOf(pid int32, app, query string, seenBy *connector) *conn {
@@ -46,7 +46,7 @@ func (r *registry) connOf(pid int32, app, query string, seenBy *connector) *conn
 		if c.opts.dialect != Postgres {
 			continue
 		}
-		if oc := c.backendConn(pid, app, query, c.index(), sameServer(c, seenBy)); oc != nil {
+		if oc, ok := c.blocking.ConnOf(pid, app, query, sameServer(c, seenBy)); ok {
 			return oc
 		}
 	}

@@ -131,7 +131,7 @@ func TestBlockersQueueNamesTheHolder(t *testing.T) {
 			e := queueOnKey(t, n)
 			defer e.finish(t)
 			start := time.Now()
-			blocked, err := e.c.blockedConns(context.Background(), e.c.openConns())
+			blocked, err := e.c.blocking.Blocked(context.Background(), e.c.openConns())
 			took := time.Since(start)
 			if err != nil {
 				t.Fatal(err)
@@ -142,20 +142,20 @@ func TestBlockersQueueNamesTheHolder(t *testing.T) {
 			}
 			positions := map[int]bool{} // each waiter's number of waiters queued ahead: 0, 1, …, n-1
 			for oc, bb := range blocked {
-				positions[bb.queuedAhead] = true
-				if len(bb.blockers) == 0 || bb.blockers[0].PID != e.holder || bb.blockers[0].Waiting || bb.blockers[0].Depth != 1 {
-					t.Fatalf("connection #%d (pid %d): blockers %+v, want the outside holder %d first", oc.id, bb.pid, bb.blockers, e.holder)
+				positions[bb.QueuedAhead] = true
+				if len(bb.Blockers) == 0 || bb.Blockers[0].PID != e.holder || bb.Blockers[0].Waiting || bb.Blockers[0].Depth != 1 {
+					t.Fatalf("connection #%d (pid %d): blockers %+v, want the outside holder %d first", oc.id, bb.PID, bb.Blockers, e.holder)
 				}
-				if len(bb.blockers) > 1 {
-					if x := bb.blockers[1]; !x.Waiting || x.PID == e.holder || x.PID == bb.pid {
-						t.Errorf("connection #%d (pid %d): second blocker %+v is not one queued ahead", oc.id, bb.pid, x)
+				if len(bb.Blockers) > 1 {
+					if x := bb.Blockers[1]; !x.Waiting || x.PID == e.holder || x.PID == bb.PID {
+						t.Errorf("connection #%d (pid %d): second blocker %+v is not one queued ahead", oc.id, bb.PID, x)
 					}
 				}
-				if len(bb.blockers) > pgserver.MaxQueuedListed+1 {
-					t.Errorf("connection #%d: %d blockers listed, more than the holder and %d queued ahead", oc.id, len(bb.blockers), pgserver.MaxQueuedListed)
+				if len(bb.Blockers) > pgserver.MaxQueuedListed+1 {
+					t.Errorf("connection #%d: %d blockers listed, more than the holder and %d queued ahead", oc.id, len(bb.Blockers), pgserver.MaxQueuedListed)
 				}
-				if want := min(bb.queuedAhead, pgserver.MaxQueuedListed) + 1; len(bb.blockers) != want {
-					t.Errorf("connection #%d: %d blockers listed with %d queued ahead, want %d", oc.id, len(bb.blockers), bb.queuedAhead, want)
+				if want := min(bb.QueuedAhead, pgserver.MaxQueuedListed) + 1; len(bb.Blockers) != want {
+					t.Errorf("connection #%d: %d blockers listed with %d queued ahead, want %d", oc.id, len(bb.Blockers), bb.QueuedAhead, want)
 				}
 			}
 			for i := range n {
@@ -206,7 +206,7 @@ func BenchmarkBlockersQueue(b *testing.B) {
 			conns := e.c.openConns()
 			b.ResetTimer()
 			for b.Loop() {
-				blocked, err := e.c.blockedConns(context.Background(), conns)
+				blocked, err := e.c.blocking.Blocked(context.Background(), conns)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -239,7 +239,7 @@ func (w *lockWait) probeSelfWait(c, h *conn) {
 		defer cancel()
 		// Checked and cancelled in one statement: the backend still waits
 		// for a lock, and the transaction's backend blocks it. On the
-		// database's side connection (side_conn.go).
+		// database's side connection (pg_blockers.go).
 		c.connector.side.Use(ctx, func(side driver.Conn) error {
 			rows, err := rawconn.Query(ctx, side, fmt.Sprintf(`SELECT pg_cancel_backend(a.pid) FROM pg_stat_activity a
 WHERE a.pid = %d AND a.wait_event_type = 'Lock' AND %d = ANY (pg_blocking_pids(a.pid))`, pid, hpid), nil)
