@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/pgsession"
@@ -38,12 +37,7 @@ type pinning struct {
 	locks       map[*AdvisoryLock]struct{} // handed out and not released
 	locksClosed bool                       // db.Close has run: track refuses
 
-	// deadlockLogged is when a pool deadlock was last logged (monoNow;
-	// pg_turns.go).
-	deadlockLogged atomic.Int64
-	// unknownPoolWarned: a wait in memory was logged as unprovable (the
-	// *sql.DB unknown; pg_turns.go).
-	unknownPoolWarned atomic.Bool
+	guard pgsession.PoolGuard[lockKey, *conn] // gives a lock statement's wait for its turn up when the pool deadlocks (pg_turns.go)
 }
 
 func newPinning(c *connector) *pinning {
@@ -59,6 +53,7 @@ func newPinning(c *connector) *pinning {
 			LongHold: func(msg string) { c.events.Add(eventLongHold, msg) },
 		})}
 	p.holders = pgsession.TxPooler{Settings: p.Settings(), Connect: connect, Closing: p.Closing()}
+	p.guard = p.poolGuard()
 	return p
 }
 

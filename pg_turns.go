@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
@@ -35,7 +35,8 @@ import (
 //     as every connection of the pool is held by such waits (the *sql.DB's
 //     own counts say so; lockhooks knows its *sql.DB once it opened it, or
 //     once a lockhooks function was given it). Its connection then goes
-//     back to the pool, where the unlock can have it.
+//     back to the pool, where the unlock can have it. The guard is
+//     pgsession.PoolGuard, over the queue as poolGuard copies it.
 //
 // A connection owns a key's turn from its lock statement until it no
 // longer holds the key (unlock, a rerouted unlock, a loss, its close).
@@ -47,11 +48,7 @@ import (
 // the server for it: retry it, or, better, take the lock with
 // [AcquireAdvisoryLock], which waits without holding a connection, or
 // give the pool more connections (sql.DB.SetMaxOpenConns).
-var ErrPoolDeadlock = errors.New("lockhooks: the pool would deadlock: every connection waits for an advisory lock whose holder needs a connection of the pool to be released")
-
-// poolDeadlockPoll is how often a lock statement waiting in memory checks
-// whether the pool has deadlocked.
-const poolDeadlockPoll = 50 * time.Millisecond
+var ErrPoolDeadlock = pgsession.ErrPoolDeadlock
 
 // turnKey returns the key whose turn a lock statement takes before it is
 // sent, if it takes one: a statement of one exclusive session lock (or
@@ -85,25 +82,21 @@ func (c *conn) takeTurn(ctx context.Context, key int64) error {
 	defer cancel(nil)
 	stop := make(chan struct{})
 	defer close(stop)
-	go c.connector.pins.watchPoolDeadlock(wctx, stop, key, cancel)
+	go c.connector.pins.guard.Watch(wctx, stop, key, cancel)
 	err := turns.lock(wctx, key, c, nil, nil, nil)
 	if err == nil && c.connector.pins.IsClosed() {
 		turns.unlock(key, c) // db.Close ran meanwhile: nothing is sent
-		return fmt.Errorf("%w (advisory lock %s)", errDatabaseClosedWhileQueued, describeKey(key))
+		return fmt.Errorf("%w (advisory lock %s)", pgsession.ErrClosedWhileQueued, describeKey(key))
 	}
 	if err == nil {
 		c.notePendingTurn(key)
 		return nil
 	}
-	if cause := context.Cause(wctx); errors.Is(cause, ErrPoolDeadlock) || errors.Is(cause, errDatabaseClosedWhileQueued) {
+	if cause := context.Cause(wctx); errors.Is(cause, ErrPoolDeadlock) || errors.Is(cause, pgsession.ErrClosedWhileQueued) {
 		return cause
 	}
 	return explainTableWait(err, fmt.Sprintf("the lock statement of %v", c), "its turn behind another holder or waiter of this database", describeKey(key))
 }
-
-// errDatabaseClosedWhileQueued fails a lock statement that waited in
-// memory for its turn when db.Close ran: it is never sent.
-var errDatabaseClosedWhileQueued = errors.New("lockhooks: the database was closed while the lock statement waited for its turn; it was not sent")
 
 // adoptTurn makes c the owner of key's turn, which from owned (an
 // AdvisoryLock released while c still holds the key, stacked).
@@ -150,125 +143,46 @@ func (c *connector) noteDB(db *sql.DB) {
 	}
 }
 
-// watchPoolDeadlock polls, while a lock statement of c's waits in memory
-// for key's turn, whether the pool has deadlocked; if so it cancels the
-// wait with an ErrPoolDeadlock that names the key, its holder and the fix.
-func (p *pinning) watchPoolDeadlock(ctx context.Context, stop <-chan struct{}, key int64, cancel context.CancelCauseFunc) {
-	t := time.NewTicker(poolDeadlockPoll)
-	defer t.Stop()
-	start := time.Now()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-ctx.Done():
-			return
-		case <-p.Closing():
-			cancel(fmt.Errorf("%w (advisory lock %s)", errDatabaseClosedWhileQueued, describeKey(key)))
-			return
-		case <-t.C:
-		}
-		if err := p.poolDeadlock(key); err != nil {
-			cancel(err)
-			return
-		}
-		if p.c.db.Load() == nil && time.Since(start) >= time.Second && p.unknownPoolWarned.CompareAndSwap(false, true) {
-			// (once per database)
-			p.c.opts.logger.Warn("lockhooks: a lock statement has waited 1s in memory for its turn; lockhooks cannot tell whether the pool is full, because it does not know the *sql.DB: should every connection of the pool wait for a lock whose holder is parked, nothing can release it. Open the database with lockhooks.Open or OpenDB (or give it to AcquireAdvisoryLock or DebugHandler once), so that such a wait gives way with ErrPoolDeadlock",
-				"database", p.c.pool, "key", describeKey(key))
-		}
-	}
-}
-
-// poolDeadlock returns an error wrapping ErrPoolDeadlock if every
-// connection of the database's pool is held by a lock statement waiting
-// for a key whose holder needs the pool, and the pool may not grow; key is
-// the waiter's own, named in the error.
-func (p *pinning) poolDeadlock(key int64) error {
-	db := p.c.db.Load()
-	if db == nil {
-		return nil // the pool's counts are unknown: nothing can be proven
-	}
-	s := db.Stats()
-	if s.MaxOpenConnections <= 0 || s.InUse < s.MaxOpenConnections {
-		return nil // the pool can open a connection for the unlock
-	}
-	stuck, holder := p.stuckWaits(key)
-	if stuck < s.InUse {
-		return nil // some connection in use may still come back
-	}
-	err := fmt.Errorf("%w: advisory lock %s is held by %s, and all %d connections of database %q (SetMaxOpenConns(%d)) wait for such locks; this lock statement was not sent and gives its connection back: take the lock with lockhooks.AcquireAdvisoryLock (it waits without holding a connection), or raise SetMaxOpenConns",
-		ErrPoolDeadlock, describeKey(key), holder, s.InUse, p.c.pool, s.MaxOpenConnections)
-	if now := monoNow(); now-p.deadlockLogged.Load() >= int64(time.Second) {
-		// One line a second at most: under a load that keeps the pool
-		// full, waits give way often.
-		p.deadlockLogged.Store(now)
-		p.c.opts.logger.Warn("lockhooks: the pool deadlocked; a waiting lock statement gives its connection up", "database", p.c.pool,
-			"key", describeKey(key), "holder", holder, "connections", s.InUse, "error", err.Error())
-	}
-	p.c.events.Add(eventPoolDeadlock, err.Error())
-	return err
-}
-
-// stuckWaits counts the database's connections that wait, in memory for a
-// turn or on the server, for a key whose holder needs the pool to be
-// released: a parked connection (its unlock comes through the pool), an
-// AcquireAdvisoryLock whose turn came and that waits for a connection, or
-// a connection that is itself so stuck (followed to a fixed point: A waits
-// behind B, which waits behind a parked C). It also names the holder of
-// key.
-func (p *pinning) stuckWaits(key int64) (stuck int, holder string) {
-	parked := map[int64]*conn{} // keys held by parked connections
-	for _, h := range p.Snapshot() {
-		h.pin.Lock()
-		if h.pin.Parked && h.pin.Lost == nil {
-			for k := range h.pin.Held {
-				if !k.Pair {
-					parked[k.K1] = h
-				}
+// poolGuard returns the pool-deadlock guard of p's database: its pool's
+// counts (once its *sql.DB is known: noteDB) and its queue of turns.
+func (p *pinning) poolGuard() pgsession.PoolGuard[lockKey, *conn] {
+	c := p.c
+	return pgsession.PoolGuard[lockKey, *conn]{Registry: p.Registry, Pool: c.pool, Describe: describeKey,
+		Counts: func() (inUse, limit int, known bool) {
+			db := c.db.Load()
+			if db == nil {
+				return 0, 0, false
 			}
-		}
-		h.pin.Unlock()
+			s := db.Stats()
+			return s.InUse, s.MaxOpenConnections, true
+		},
+		Turns:      c.turnsNow,
+		Deadlocked: func(msg string) { c.events.Add(eventPoolDeadlock, msg) },
 	}
-	holder = "a holder that needs a connection of the pool"
-	if h := parked[key]; h != nil {
-		holder = fmt.Sprintf("%v, parked (its unlock needs a connection of the pool)", h)
-	}
-	type ownerState struct {
-		parked, serverWait bool // a conn owner: parked; waiting on the server for its own turn's key
-	}
-	entries := p.c.turns.entriesNow()
-	owners := make([]ownerState, len(entries))
+}
+
+// turnsNow copies the queue of turns for the pool-deadlock guard: the
+// owner and waiters that are connections, and whether an AdvisoryLock
+// that owns a turn waits for a connection of the pool.
+func (c *connector) turnsNow() []pgsession.Turn[*conn] {
+	entries := c.turns.entriesNow()
+	out := make([]pgsession.Turn[*conn], len(entries))
 	for i, e := range entries {
+		t := pgsession.Turn[*conn]{Key: e.key}
 		switch o := e.owner.(type) {
 		case *conn:
-			o.pin.Lock()
-			owners[i] = ownerState{parked: o.pin.Parked, serverWait: o.pin.AwaitsOnServerLocked(e.key)}
-			o.pin.Unlock()
+			t.Owner = o
 		case *AdvisoryLock:
-			owners[i] = ownerState{parked: o.needsConn.Load()} // (needs the pool as a parked holder does)
+			t.NeedsPool = o.needsConn.Load()
 		}
-	}
-	stuckConn := map[*conn]bool{}
-	for changed := true; changed; {
-		changed = false
-		for i, e := range entries {
-			oc, _ := e.owner.(*conn)
-			blocked := parked[e.key] != nil || owners[i].parked || oc != nil && stuckConn[oc]
-			if oc != nil && owners[i].serverWait && parked[e.key] != nil && !stuckConn[oc] {
-				stuckConn[oc], changed = true, true // it waits on the server for a parked holder
-			}
-			if !blocked {
-				continue
-			}
-			for _, w := range e.waiters {
-				if wc, ok := w.(*conn); ok && !stuckConn[wc] {
-					stuckConn[wc], changed = true, true
-				}
+		for _, w := range e.waiters {
+			if wc, ok := w.(*conn); ok {
+				t.Waiters = append(t.Waiters, wc)
 			}
 		}
+		out[i] = t
 	}
-	return len(stuckConn), holder
+	return out
 }
 
 // awaitsOnServer reports whether c owns key's turn for a lock statement
@@ -310,10 +224,3 @@ func (c *conn) settleTurnAfter(plan advisoryPlan) {
 func takesTurn(adv *sqlscan.Advisory) bool {
 	return adv != nil && adv.Simple && adv.Calls[0].Func&^sqlscan.FnTry == 0
 }
-
-// monoBase is the origin of monoNow's readings (set once, never changed).
-var monoBase = time.Now()
-
-// monoNow reads the monotonic clock, in a form an atomic holds (a pool
-// deadlock's last log, pinning.deadlockLogged).
-func monoNow() int64 { return int64(time.Since(monoBase)) }

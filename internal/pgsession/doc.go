@@ -86,7 +86,14 @@
 //     something to watch, which checks on a side connection that the
 //     holders' backends are alive and hold their locks, loses what cannot
 //     be confirmed when the server cannot be reached, warns of long
-//     parked holds, and ends the backends of lost holders.
+//     parked holds, and ends the backends of lost holders;
+//   - the pool-deadlock guard ([PoolGuard]): a lock statement of one
+//     bigint key that waits in memory for the key's turn (the database's
+//     in-process queue, the caller's, copied as [Turn]s) gives up with
+//     [ErrPoolDeadlock] once every connection of the pool waits for a
+//     key whose holder needs the pool to be released (a parked holder,
+//     or an AdvisoryLock that waits for a connection), and with
+//     [ErrClosedWhileQueued] at db.Close.
 //
 // The rule for ending a backend: lockhooks ends one only where it can
 // prove that no other client can have used it since lockhooks last did.
@@ -119,7 +126,9 @@
 // leaf: taken under any other lock, none taken under it); one connection's
 // last round trips ([RoundTrips]: atomics, and a leaf mutex); one
 // connection's pooler holder ([Holder], [TxHolder]: used by one goroutine
-// at a time, its backend pid in an atomic).
+// at a time, its backend pid in an atomic); when a pool deadlock was last
+// logged ([PoolGuard]: atomics; it takes the registry's mutex, then each
+// member's State mutex in turn, never two at once).
 //
 // Imports: internal/advisorykey (the keys), internal/callsite (where a
 // transaction took its first transaction-level lock), internal/rawconn
