@@ -50,7 +50,7 @@ type AdvisoryLock struct {
 // this process may take the key at once, instead of waiting for the lost
 // lock's Release).
 func (l *AdvisoryLock) freeTurn() {
-	l.turnOnce.Do(func() { l.c.connector.turns.unlock(l.key, l.turn) })
+	l.turnOnce.Do(func() { l.c.connector.turns.Unlock(l.key, l.turn) })
 }
 
 // AcquireAdvisoryLock takes the exclusive session advisory lock key
@@ -94,14 +94,14 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		return l.acquireInProcess(user, ctx, try)
 	}
 	turns := &c.connector.turns
-	if !turns.tryLock(user, key, l, nil, &site) {
+	if !turns.TryLock(key, l, takerOf(user, l, nil), &site) {
 		sc.Close() // wait without a connection
 		if try {
 			return nil, false, nil // another acquirer of this process holds or awaits it
 		}
 		_, w := c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(key)))
 		w.setWaiter(c, siteOf(ctx), nil, "", nil)
-		err := turns.lock(user, key, l, nil, &site, w)
+		err := turns.Lock(user, key, l, takerOf(user, l, nil), &site, w)
 		err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", key), "its turn behind another acquirer of this process", describeKey(key))
 		w.end(ctx, "", err)
 		if err != nil {
@@ -114,7 +114,7 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		sc, c, err = lockhooksConn(ctx, db)
 		l.needsConn.Store(false)
 		if err != nil {
-			turns.unlock(key, l)
+			turns.Unlock(key, l)
 			return nil, false, err
 		}
 		l = &AdvisoryLock{key: key, db: db, conn: sc, c: c, turn: l}
@@ -321,7 +321,7 @@ func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*A
 	var site callsite.Stack
 	site.Capture()
 	if try {
-		if !names.tryLock(user, l.key, l, nil, &site) {
+		if !names.TryLock(l.key, l, takerOf(user, l, nil), &site) {
 			l.conn.Close()
 			return nil, false, nil
 		}
@@ -330,7 +330,7 @@ func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*A
 	}
 	_, w := l.c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
 	w.setWaiter(l.c, siteOf(ctx), nil, "", nil)
-	err := names.lock(user, l.key, l, nil, &site, w)
+	err := names.Lock(user, l.key, l, takerOf(user, l, nil), &site, w)
 	err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", l.key), fmt.Sprintf("advisory lock %d", l.key), describeKey(l.key))
 	w.end(ctx, "", err)
 	if err != nil {
@@ -394,7 +394,7 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 	l.released = true
 	if l.c.connector.opts.dialect == SQLite {
 		defer l.conn.Close()
-		l.c.connector.named.unlock(l.key, l)
+		l.c.connector.named.Unlock(l.key, l)
 		return nil
 	}
 	// Off the connection before the unlock, which must not count as a

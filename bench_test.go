@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
@@ -81,15 +82,15 @@ func BenchmarkIntercept(b *testing.B) {
 // BenchmarkLocksetUncontended is one lock and release of the in-process
 // lockset table, the cost Lock adds beyond its marker statement.
 func BenchmarkLocksetUncontended(b *testing.B) {
-	var table lockTable[locksetKey]
+	var table inprocess.Table[inprocess.LocksetKey]
 	ctx := context.Background()
-	key := locksetKey{"accounts", "i12345678"}
+	key := inprocess.LocksetKey{Namespace: "accounts", ID: "i12345678"}
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := table.lock(ctx, key, 1, nil, nil, nil); err != nil {
+		if err := table.Lock(ctx, key, 1, takerOf(ctx, 1, nil), nil, nil); err != nil {
 			b.Fatal(err)
 		}
-		table.unlock(key, 1)
+		table.Unlock(key, 1)
 	}
 }
 
@@ -129,7 +130,7 @@ func BenchmarkLockInTx(b *testing.B) {
 func BenchmarkLocksetContended(b *testing.B) {
 	for _, g := range []int{2, 8, 64} {
 		b.Run(fmt.Sprintf("goroutines=%d", g), func(b *testing.B) {
-			var table lockTable[int]
+			var table inprocess.Table[int]
 			ctx := context.Background()
 			var next atomic.Int64
 			b.SetParallelism((g + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
@@ -140,11 +141,11 @@ func BenchmarkLocksetContended(b *testing.B) {
 				for pb.Next() {
 					k := i % 4
 					i++
-					if err := table.lock(ctx, k, owner, nil, nil, nil); err != nil {
+					if err := table.Lock(ctx, k, owner, takerOf(ctx, owner, nil), nil, nil); err != nil {
 						b.Error(err)
 						return
 					}
-					table.unlock(k, owner)
+					table.Unlock(k, owner)
 				}
 			})
 		})

@@ -10,6 +10,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/debugpage"
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
@@ -52,27 +53,27 @@ func (c *connector) collectHeld(hc *debugpage.Collector, conns []*conn, waited m
 			oc.pin.Unlock()
 		}
 	}
-	c.named.eachHeld(func(key int64, e *sqlitelock.Hold[lockTaker]) bool {
+	c.named.EachHeld(func(key int64, e *sqlitelock.Hold[inprocess.Taker]) bool {
 		cand = debugpage.Candidate{Kind: "advisory", Mode: "exclusive", Scope: "session", State: "in use", Key: advisorykey.Key{K1: key}, Advisory: true,
 			Since: e.Since(), Stack: e.Site(), Count: e.Count(), Waiters: e.Waiters()}
 		ownerOf(&cand, e.Owner())
 		hc.Offer(&cand)
 		return !hc.Full()
 	})
-	c.locksets.eachHeld(func(key locksetKey, e *sqlitelock.Hold[lockTaker]) bool {
-		cand = debugpage.Candidate{Kind: "lockset", Mode: "exclusive", Scope: "transaction", State: "in use", Namespace: key.namespace, ID: key.id,
+	c.locksets.EachHeld(func(key inprocess.LocksetKey, e *sqlitelock.Hold[inprocess.Taker]) bool {
+		cand = debugpage.Candidate{Kind: "lockset", Mode: "exclusive", Scope: "transaction", State: "in use", Namespace: key.Namespace, ID: key.ID,
 			Since: e.Since(), Stack: e.Site(), Count: e.Count(), Waiters: e.Waiters()}
 		ownerOf(&cand, e.Owner())
 		hc.Offer(&cand)
 		return !hc.Full()
 	})
-	if wh, ok := c.writer.holder(); ok {
+	if wh, ok := inprocess.WriterHolderOf(&c.writer.core); ok {
 		cand = debugpage.Candidate{Kind: "sqlite_writer", Mode: "exclusive", Scope: "transaction", State: "in use",
-			Since: wh.Since, Count: 1, Waiters: c.writer.waiting()}
+			Since: wh.Since, Count: 1, Waiters: c.writer.core.Waiting()}
 		if wh.Stmt != "" {
 			cand.Scope, cand.Statement = "statement", wh.Stmt
 		} else {
-			cand.Site = wh.location()
+			cand.Site = wh.Location()
 		}
 		ownerOf(&cand, wh.Owner)
 		hc.Offer(&cand)
@@ -108,28 +109,6 @@ func advisoryCandidate(c *debugpage.Candidate, k lockKey) {
 	}
 }
 
-// siteNames symbolises call sites once per page load: the waiters of one
-// hot lock were mostly asked for at the same place.
-type siteNames map[callsite.Stack]string
-
-func (s siteNames) of(c *callsite.Stack) string {
-	if !c.Recorded() {
-		return "unknown"
-	}
-	if name, ok := s[*c]; ok {
-		return name
-	}
-	name := c.String()
-	s[*c] = name
-	return name
-}
-
-// eachHeld calls fn for each held key under the table's mutex, until fn
-// returns false: fn must be quick and must not take other locks.
-func (t *lockTable[K]) eachHeld(fn func(key K, e *sqlitelock.Hold[lockTaker]) bool) {
-	t.core.EachHeld(fn)
-}
-
 // listWaits returns the first n waits in progress (the oldest; n < 0:
 // all), how many there are in all, and how many of them wait for each Postgres advisory
 // key.
@@ -149,11 +128,11 @@ func (c *connector) listWaits(n int) ([]waitView, int, map[lockKey]int) {
 // pageNames names the rows a page load keeps (debugpage.Names): call
 // sites symbolised once per load, lockset ids and advisory keys as the
 // rest of lockhooks shows them.
-type pageNames struct{ sites siteNames }
+type pageNames struct{ sites inprocess.SiteNames }
 
-func newPageNames() pageNames { return pageNames{sites: siteNames{}} }
+func newPageNames() pageNames { return pageNames{sites: inprocess.SiteNames{}} }
 
-func (n pageNames) Site(s *callsite.Stack) string { return n.sites.of(s) }
+func (n pageNames) Site(s *callsite.Stack) string { return n.sites.Of(s) }
 
 func (pageNames) ID(cid string) string { return lockset.DescribeID(cid) }
 

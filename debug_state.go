@@ -12,12 +12,10 @@ import (
 	"sort"
 	"time"
 
-	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgblocking"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
-	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 // debugState reads one database's locks, waits, events and counters,
@@ -127,27 +125,3 @@ func (c *connector) noteUnlock(from *conn, k lockKey, err error) {
 		c.tel.UnlockRefused(context.Background())
 	}
 }
-
-// held calls fn for each held key, after copying them under the table's
-// mutex (call sites are symbolised outside the table's lock).
-func (t *lockTable[K]) held(fn func(key K, h holderInfo, count int)) {
-	t.core.Held(func(key K, h sqlitelock.Holder[lockTaker], count int) { fn(key, holderInfoOf(&h), count) })
-}
-
-// waiterInfo describes one waiter of a lockTable.
-type waiterInfo struct {
-	owner any
-	since time.Time
-	site  callsite.Stack
-}
-
-// waits calls fn for each waiter and the holder it waits for, after
-// copying them under the table's mutex.
-func (t *lockTable[K]) waits(fn func(key K, h holderInfo, w waiterInfo)) {
-	t.core.Waits(func(key K, h sqlitelock.Holder[lockTaker], w sqlitelock.Waiting) {
-		fn(key, holderInfoOf(&h), waiterInfo{owner: w.Owner, since: w.Since, site: w.Site})
-	})
-}
-
-// waiting returns how many wait for the writer lock.
-func (w *writerLock) waiting() int { return w.core.Waiting() }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/debugpage"
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
@@ -295,7 +296,7 @@ func TestSlowLockLogSQLite(t *testing.T) {
 	}
 	var holderSite string
 	c := trackedConn(t, held.Conn()).connector
-	c.named.held(func(_ int64, h holderInfo, _ int) { holderSite = h.site.String() })
+	c.named.Held(func(_ int64, h inprocess.Holder, _ int) { holderSite = h.Site.String() })
 	done := make(chan error, 1)
 	go func() {
 		l, err := AcquireAdvisoryLock(ctx, db, 9)

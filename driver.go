@@ -34,6 +34,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/driverext"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/pgblocking"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
@@ -304,21 +305,21 @@ type connector struct {
 	opts     *options
 	rewriter *rewriter
 	tel      *reporting
-	pins     *pinning               // Postgres only
-	named    lockTable[int64]       // SQLite's in-process advisory locks
-	turns    lockTable[int64]       // Postgres: AcquireAdvisoryLock's in-process queue per key
-	tokens   tokenClock             // SQLite: the in-process advisory locks' fencing tokens
-	own      pgdriver.Statements    // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
-	sites    callsite.Names         // Postgres: call sites of transactions' identities, by return address (internal/callsite)
-	locksets lockTable[locksetKey]  // SQLite's in-process Lock/TryLock
-	writer   writerLock             // SQLite's in-process writer lock
-	defaults *sqliteconn.Defaults   // SQLite: what a new connection gets where the DSN leaves it unset
-	dsn      string                 // "" when the inner connector was given
-	pool     string                 // the pool name: WithPoolName's, or a default unique in the process
-	seq      uint64                 // the database's number in the process, from 1 (identities name it: internal/identity)
-	server   atomic.Pointer[string] // Postgres: the server its connections reached (its start time, read by identifyOnConnect; nil: not known)
-	db       atomic.Pointer[sql.DB] // the database that uses it, once known (noteDB): its pool's counts tell a deadlocked pool
-	sqlite   sqlitelock.DSN         // dsn's parameters, parsed (SQLite)
+	pins     *pinning                              // Postgres only
+	named    inprocess.Table[int64]                // SQLite's in-process advisory locks
+	turns    inprocess.Table[int64]                // Postgres: AcquireAdvisoryLock's in-process queue per key
+	tokens   tokenClock                            // SQLite: the in-process advisory locks' fencing tokens
+	own      pgdriver.Statements                   // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
+	sites    callsite.Names                        // Postgres: call sites of transactions' identities, by return address (internal/callsite)
+	locksets inprocess.Table[inprocess.LocksetKey] // SQLite's in-process Lock/TryLock
+	writer   writerLock                            // SQLite's in-process writer lock
+	defaults *sqliteconn.Defaults                  // SQLite: what a new connection gets where the DSN leaves it unset
+	dsn      string                                // "" when the inner connector was given
+	pool     string                                // the pool name: WithPoolName's, or a default unique in the process
+	seq      uint64                                // the database's number in the process, from 1 (identities name it: internal/identity)
+	server   atomic.Pointer[string]                // Postgres: the server its connections reached (its start time, read by identifyOnConnect; nil: not known)
+	db       atomic.Pointer[sql.DB]                // the database that uses it, once known (noteDB): its pool's counts tell a deadlocked pool
+	sqlite   sqlitelock.DSN                        // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
 	events   *holders.Events           // recent events, for DebugHandler
 	waits    *waitWatch                // waits in progress, for DebugHandler and WithSlowLockLog
@@ -344,6 +345,7 @@ var (
 // until Close.
 func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sqlite sqlitelock.DSN) *connector {
 	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{}), dsn: dsn, sqlite: sqlite}
+	c.openSide() // before join: a database the registry lists can be asked who a backend is
 	databases.join(c, defaultPoolName(o.dialect, dsn, inner))
 	var observe func() (held, parked int64)
 	if o.dialect == SQLite {
@@ -353,7 +355,6 @@ func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sql
 		c.pins = newPinning(c)
 		observe = c.pins.Observe
 	}
-	c.openSide()
 	c.tel = newReporting(o, c.pool, observe)
 	c.events = holders.NewEvents(eventCapacity)
 	c.waits = newWaitWatch(c) // (after c.events: the slow waits are among its events)

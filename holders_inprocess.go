@@ -8,8 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,8 +17,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/holders"
-	"github.com/lockhooks/lockhooks/internal/lockset"
-	"github.com/lockhooks/lockhooks/internal/sqlitelock"
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
@@ -146,14 +143,14 @@ func (c *connector) holdersOf(ctx context.Context, v waitView) *holders.Blockage
 
 // inProcessHolders returns the holders in this process of what v waits
 // for: from the lock tables' edges, and from the advisory-lock tracking.
-func (c *connector) inProcessHolders(v waitView, edges []inProcessEdge) []holders.Holder {
+func (c *connector) inProcessHolders(v waitView, edges []inprocess.Edge) []holders.Holder {
 	holders := []holders.Holder{}
 	if v.Waiter == nil {
 		return holders
 	}
 	for _, e := range edges {
-		if e.waiter == v.Waiter {
-			holders = append(holders, e.holder)
+		if ownerConn(e.Waiter) == v.Waiter {
+			holders = append(holders, e.Holder)
 		}
 	}
 	if c.pins != nil {
@@ -185,70 +182,41 @@ func (c *connector) pinHolders(k lockKey, except *conn) []holders.Holder {
 	return out
 }
 
-// inProcessEdge is one in-process wait: waiter waits for a lock holder
-// holds, in one of the database's lock tables.
-type inProcessEdge struct {
-	kind   string // advisory | lockset | sqlite_writer
-	waiter *conn
-	since  time.Time // when the waiter began waiting
-	wsite  string    // where the waiter asked
-	holder holders.Holder
+// takerOf describes the caller, taking a lock for owner with ctx (run:
+// RunInTx's fn whose transaction owner is, or nil): a likely self-wait
+// for what it holds is one on a transaction's lock if owner is a
+// transaction, else on a lock.
+func takerOf(ctx context.Context, owner any, run *callsite.Run) inprocess.Taker {
+	t := inprocess.Taker{Chain: chainOf(ctx, run), Span: trace.SpanContextFromContext(ctx), Hint: inprocess.HintLock}
+	if _, tx := owner.(txOwner); tx {
+		t.Hint = inprocess.HintTx
+	}
+	return t
 }
 
-// lockKeyName names a key for messages: a lockset id as namespace / id,
-// else the key as given. The one place names for keys plug in.
-func lockKeyName(namespace, key string) string {
-	if namespace != "" {
-		return namespace + " / " + key
-	}
-	return key
+// ownerHolder names a lock's owner as a holder (inprocess.Owners): its
+// connection's identity, without what it holds.
+func ownerHolder(owner any) holders.Holder { return connHolder(ownerConn(owner)) }
+
+// tableHolder is the identity of a lock table's holder of key.
+func tableHolder(key string, h inprocess.Holder) holders.Holder {
+	return inprocess.Owners(ownerHolder).Holder(key, h, nil)
 }
 
-// tableHolder is the identity of a lockTable entry's holder.
-func tableHolder(key string, h holderInfo) holders.Holder { return tableHolderNamed(key, h, nil) }
-
-// tableHolderNamed is tableHolder with the call sites symbolised through
-// sym, when not nil (a page or a list of many waiters shares sites).
-func tableHolderNamed(key string, h holderInfo, sym siteNames) holders.Holder {
-	x := connHolder(ownerConn(h.owner))
-	x.Key, x.Since, x.SiteKind = key, h.since, holders.SiteTook
-	if h.site.Recorded() {
-		if sym != nil {
-			x.Site = sym.of(&h.site)
-		} else {
-			x.Site = h.site.String()
-		}
-	}
-	return x.WithSpan(h.span)
+// explainTableWait is the caller's error of a lock table's wait for key,
+// named by what (inprocess.Owners.ExplainWait).
+func explainTableWait(err error, waiter, what, key string) error {
+	return inprocess.Owners(ownerHolder).ExplainWait(err, waiter, what, key)
 }
 
-// inProcessEdges lists who waits for whom in the in-process lock tables:
-// SQLite's advisory locks, Postgres AcquireAdvisoryLock's queue, locksets
-// and the writer lock.
-func (c *connector) inProcessEdges() []inProcessEdge {
-	var out []inProcessEdge
-	sym := siteNames{} // many waiters share a call site: symbolise each once
-	named := func(key int64, h holderInfo, w waiterInfo) {
-		out = append(out, inProcessEdge{kind: "advisory", waiter: ownerConn(w.owner), since: w.since, wsite: sym.of(&w.site),
-			holder: tableHolderNamed(describeKey(key), h, sym)})
-	}
-	c.named.waits(named)
-	c.turns.waits(func(key int64, h holderInfo, w waiterInfo) { // the in-process queue of advisory keys (Postgres)
-		if o, ok := h.owner.(*conn); ok && o.awaitsOnServer(key) {
-			return // the turn's owner waits itself: the key's holder is whom the server names for it (turnAhead)
-		}
-		named(key, h, w)
-	})
-	c.locksets.waits(func(key locksetKey, h holderInfo, w waiterInfo) {
-		out = append(out, inProcessEdge{kind: "lockset", waiter: ownerConn(w.owner), since: w.since, wsite: sym.of(&w.site),
-			holder: tableHolderNamed(lockKeyName(key.namespace, lockset.DescribeID(key.id)), h, sym)})
-	})
-	c.writer.waits(func(h writerHolder, w writerWaiterInfo) {
-		out = append(out, inProcessEdge{kind: "sqlite_writer", waiter: ownerConn(w.owner), since: w.since, wsite: w.where,
-			holder: h.identity()})
-	})
-	sort.SliceStable(out, func(i, j int) bool { return out[i].since.Before(out[j].since) })
-	return out
+// inProcessEdges lists who waits for whom in the database's in-process
+// locks (inprocess.Tables.Edges).
+func (c *connector) inProcessEdges() []inprocess.Edge {
+	return inprocess.Tables{Named: &c.named, Turns: &c.turns, Locksets: &c.locksets, Writer: &c.writer.core, DescribeKey: describeKey,
+		AwaitsOnServer: func(owner any, key int64) bool {
+			o, ok := owner.(*conn)
+			return ok && o.awaitsOnServer(key)
+		}}.Edges(ownerHolder)
 }
 
 // ownerConn returns the connection of a lock owner.
@@ -262,81 +230,6 @@ func ownerConn(owner any) *conn {
 		return o.c
 	}
 	return nil
-}
-
-// writerHolder describes the holder of the SQLite writer lock.
-type writerHolder struct {
-	sqlitelock.WriterHolder[lockTaker]
-}
-
-// identity is the writer lock's holder as every message names it.
-func (h *writerHolder) identity() holders.Holder {
-	x := connHolder(ownerConn(h.Owner))
-	x.Key, x.Since = "writer", h.Since
-	switch {
-	case h.Stmt != "":
-		x.Statement, x.Running = h.Stmt, true
-	case !h.Site.Recorded():
-	case h.SiteLate:
-		x.Site, x.SiteKind = h.Site.String(), holders.SiteLater
-	default:
-		x.Site, x.SiteKind = h.Site.String(), holders.SiteBegan
-	}
-	return x.WithSpan(h.Taker.span)
-}
-
-// describe says what holds the writer lock, for errors.
-func (h *writerHolder) describe() string {
-	x := h.identity()
-	if x.Where() == "" {
-		x.Site = "" // "connection #3 …, in a transaction whose call site was not recorded"
-		return x.String() + ", in a transaction whose call site was not recorded (lockhooks records where write transactions begin while writers have waited for each other within the last minute, and a waited-for transaction's next statement)"
-	}
-	return x.String()
-}
-
-// location is where the holding transaction is, as a call site.
-func (h *writerHolder) location() string {
-	switch {
-	case h.Stmt != "":
-		return describeWriter(h.Stmt, nil)
-	case !h.Site.Recorded():
-		return "not recorded"
-	case h.SiteLate:
-		return h.Site.String() + " (a later statement)"
-	}
-	return h.Site.String()
-}
-
-// describeWriter returns the statement, or symbolises the call site.
-func describeWriter(stmt string, site *callsite.Stack) string {
-	if stmt != "" {
-		return "statement " + strconv.Quote(holders.Truncate(stmt, 120))
-	}
-	return site.String()
-}
-
-// writerWaiterInfo describes a waiter for the SQLite writer lock.
-type writerWaiterInfo struct {
-	owner any
-	since time.Time
-	stmt  string
-	site  callsite.Stack
-	where string // the statement, or where its transaction begins
-}
-
-// holder returns the writer lock's holder, if it is held.
-func (w *writerLock) holder() (writerHolder, bool) {
-	h, ok := w.core.Holder()
-	return writerHolder{h}, ok
-}
-
-// waits calls fn for each waiter of the writer lock, after copying them
-// under the lock's mutex.
-func (w *writerLock) waits(fn func(h writerHolder, wt writerWaiterInfo)) {
-	w.core.Waits(func(h sqlitelock.WriterHolder[lockTaker], x sqlitelock.WriterWaiting) {
-		fn(writerHolder{h}, writerWaiterInfo{owner: x.Owner, since: x.Since, stmt: x.Stmt, site: x.Site, where: describeWriter(x.Stmt, &x.Site)})
-	})
 }
 
 // nameHolder adds to the error of a Postgres lock wait that timed out or

@@ -237,8 +237,9 @@ func TestBackendPIDsAreMatchedPerServer(t *testing.T) {
 		if server != "" {
 			c.server.Store(&server)
 		}
+		c.openSide() // (nothing is opened: the test reads no server)
 		databases.join(c, name)
-		t.Cleanup(func() { databases.Leave(c) })
+		t.Cleanup(func() { databases.Leave(c); c.side.Close() })
 		return c
 	}
 	open := func(c *connector, pid int32) {

@@ -34,14 +34,15 @@ import (
 const sideConnsPerDatabase = 2
 
 // openSide gives c its side connection (nothing is opened yet) and the
-// reader of who blocks whom on it; c's number and its session-lock
-// tracking are set.
+// reader of who blocks whom on it, before c joins the process's registry
+// (which sets c's number: the reader reads it when it needs it, as it
+// does c's session-lock tracking).
 func (c *connector) openSide() {
 	c.side = rawconn.NewSide(func(ctx context.Context) (driver.Conn, error) { return c.inner.Connect(ctx) })
 	c.blocking = pgblocking.New(pgblocking.Config[*conn]{
 		Side:       c.side,
 		Own:        &c.own,
-		Database:   c.seq,
+		Database:   func() uint64 { return c.seq },
 		TxPooler:   c.opts.txPooler,
 		PoolerSeen: func() bool { return c.pins != nil && c.pins.PoolerSeen() != nil },
 		Conns:      c.openConns,

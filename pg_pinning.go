@@ -161,7 +161,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		// false without the server if another connection of this database
 		// holds or awaits the key (pg_turns.go).
 		if key, ok := c.turnKey(plan); ok {
-			if !c.connector.turns.tryLock(ctx, key, c, nil, nil) {
+			if !c.connector.turns.TryLock(key, c, takerOf(ctx, c, nil), nil) {
 				// Counted and traced as a try-lock the server refused.
 				c.startAdvisoryWait(ctx, adv, plan.Keys, plan.Known, c.siteOf(ctx)).end(ctx, telemetry.OutcomeNotAcquired, nil)
 				return plan, rawconn.OneValue(adv.Calls[0].Column, false), nil
@@ -208,7 +208,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		return plan, nil, err
 	}
 	plan.wait = c.startAdvisoryWait(ctx, adv, plan.Keys, plan.Known, plan.Site)
-	plan.wait.noteSelfHint(hint)
+	plan.wait.NoteSelfHint(hint)
 	if takesTurn(adv) && adv.Calls[0].Func == 0 {
 		if key, ok := c.turnKey(plan); ok {
 			if err := c.takeTurn(ctx, key); err != nil {

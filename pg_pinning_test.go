@@ -15,7 +15,9 @@ import (
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/pgtest"
+	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
 func TestLockIDMatchesDstack(t *testing.T) {
@@ -479,7 +481,7 @@ func TestReleaseThatCannotUnlockClosesTheConnection(t *testing.T) {
 	}()
 	waitFor(t, 10*time.Second, "the next acquirer to wait for its turn", func() bool {
 		n := 0
-		l.c.connector.turns.waits(func(key int64, _ holderInfo, _ waiterInfo) {
+		l.c.connector.turns.Waits(func(key int64, _ inprocess.Holder, _ sqlitelock.Waiting) {
 			if key == 556 {
 				n++
 			}

@@ -74,7 +74,7 @@ func (c *conn) turnKey(plan advisoryPlan) (int64, bool) {
 // turn is c's until the statement's outcome is settled (settleTurn).
 func (c *conn) takeTurn(ctx context.Context, key int64) error {
 	turns := &c.connector.turns
-	if turns.tryLock(ctx, key, c, nil, nil) {
+	if turns.TryLock(key, c, takerOf(ctx, c, nil), nil) {
 		c.notePendingTurn(key)
 		return nil
 	}
@@ -83,9 +83,9 @@ func (c *conn) takeTurn(ctx context.Context, key int64) error {
 	stop := make(chan struct{})
 	defer close(stop)
 	go c.connector.pins.guard.Watch(wctx, stop, key, cancel)
-	err := turns.lock(wctx, key, c, nil, nil, nil)
+	err := turns.Lock(wctx, key, c, takerOf(wctx, c, nil), nil, nil)
 	if err == nil && c.connector.pins.IsClosed() {
-		turns.unlock(key, c) // db.Close ran meanwhile: nothing is sent
+		turns.Unlock(key, c) // db.Close ran meanwhile: nothing is sent
 		return fmt.Errorf("%w (advisory lock %s)", pgsession.ErrClosedWhileQueued, describeKey(key))
 	}
 	if err == nil {
@@ -103,7 +103,7 @@ func (c *conn) takeTurn(ctx context.Context, key int64) error {
 func (c *conn) adoptTurn(key int64, from any) {
 	c.pin.Lock()
 	defer c.pin.Unlock()
-	if !c.connector.turns.handOver(key, from, c) {
+	if !c.connector.turns.HandOver(key, from, c) {
 		return
 	}
 	c.pin.AdoptTurnLocked(key)
@@ -133,7 +133,7 @@ func (c *conn) releaseTurnsLocked() { c.pin.ReleaseTurnsLocked(c.ReleaseTurn) }
 
 // ReleaseTurn gives key's turn, which c owned, back to the database's
 // queue.
-func (c *conn) ReleaseTurn(key int64) { c.connector.turns.unlock(key, c) }
+func (c *conn) ReleaseTurn(key int64) { c.connector.turns.Unlock(key, c) }
 
 // noteDB records the *sql.DB that uses c, whose pool counts tell a
 // deadlocked pool (the first one given wins: a connector serves one).
@@ -165,17 +165,17 @@ func (p *pinning) poolGuard() pgsession.PoolGuard[lockKey, *conn] {
 // owner and waiters that are connections, and whether an AdvisoryLock
 // that owns a turn waits for a connection of the pool.
 func (c *connector) turnsNow() []pgsession.Turn[*conn] {
-	entries := c.turns.entriesNow()
+	entries := c.turns.Entries()
 	out := make([]pgsession.Turn[*conn], len(entries))
 	for i, e := range entries {
-		t := pgsession.Turn[*conn]{Key: e.key}
-		switch o := e.owner.(type) {
+		t := pgsession.Turn[*conn]{Key: e.Key}
+		switch o := e.Owner.(type) {
 		case *conn:
 			t.Owner = o
 		case *AdvisoryLock:
 			t.NeedsPool = o.needsConn.Load()
 		}
-		for _, w := range e.waiters {
+		for _, w := range e.Waiters {
 			if wc, ok := w.(*conn); ok {
 				t.Waiters = append(t.Waiters, wc)
 			}
@@ -197,13 +197,13 @@ func (c *connector) turnAhead(w *conn) *conn {
 	if w == nil || c.pins == nil {
 		return nil
 	}
-	for _, e := range c.turns.entriesNow() {
-		o, ok := e.owner.(*conn)
+	for _, e := range c.turns.Entries() {
+		o, ok := e.Owner.(*conn)
 		if !ok {
 			continue
 		}
-		for _, x := range e.waiters {
-			if x == any(w) && o.awaitsOnServer(e.key) {
+		for _, x := range e.Waiters {
+			if x == any(w) && o.awaitsOnServer(e.Key) {
 				return o
 			}
 		}

@@ -33,8 +33,8 @@ func TestTurnQueueWaitersNameTheRealHolder(t *testing.T) {
 	c := connectorOf(t, db)
 	waitFor(t, 30*time.Second, fmt.Sprintf("one server waiter and %d in memory", n-1), func() bool {
 		inMemory := 0
-		for _, e := range c.turns.entriesNow() {
-			inMemory += len(e.waiters)
+		for _, e := range c.turns.Entries() {
+			inMemory += len(e.Waiters)
 		}
 		var onServer int
 		if err := raw.QueryRow("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1", key).Scan(&onServer); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
@@ -54,7 +55,7 @@ import (
 // slow-wait log line say when it is likely one. (On architectures other
 // than amd64 and arm64, where lockhooks cannot tell goroutines apart
 // cheaply, every wait waits.)
-var ErrSelfWait = errors.New("lockhooks: a statement would wait for a lock its own call chain's transaction holds")
+var ErrSelfWait = inprocess.ErrSelfWait
 
 // runOf returns the fn of RunInTx whose BeginTx context ctx is, or nil.
 func runOf(ctx context.Context) *callsite.Run {
@@ -74,23 +75,9 @@ func chainOf(ctx context.Context, run *callsite.Run) callsite.Chain {
 	return callsite.ChainOf(ctx, run)
 }
 
-// Hints of a likely self-wait, by what holds the lock.
-const (
-	selfWaitHintTx   = "held by a transaction this goroutine began with this context: likely a self-wait, unless another goroutine ends that transaction; use tx.ExecContext"
-	selfWaitHintLock = "held by a lock this goroutine took with this context: likely a self-wait, unless another goroutine releases it; release it first"
-	selfWaitHintStmt = "held by a statement this goroutine runs with this context: likely a self-wait if its rows are still open; close them first"
-)
-
-// selfWaitError is the error of a wait (by waiter) for what, which h
-// holds for the waiter's own call chain.
-func selfWaitError(waiter, what string, h holders.Holder) error {
-	return fmt.Errorf("%w: %s would wait for %s, which %s holds: that transaction was begun by RunInTx, whose fn is running on this same goroutine and is blocked in this call, so it cannot end while this call waits; run the statement through the transaction (tx.ExecContext, not db.ExecContext), or commit it first",
-		ErrSelfWait, waiter, what, h)
-}
-
-// noteSelfHint records on w that its wait is likely a self-wait, for its
+// NoteSelfHint records on w that its wait is likely a self-wait, for its
 // slow-wait log line and its timeout error ("" leaves w alone).
-func (w *lockWait) noteSelfHint(hint string) {
+func (w *lockWait) NoteSelfHint(hint string) {
 	if w == nil || hint == "" {
 		return
 	}
@@ -173,13 +160,13 @@ func (c *conn) selfWaitAdvisory(ctx context.Context, waiter func() string, keys 
 		return "", nil
 	}
 	if !certain {
-		return selfWaitHintTx, nil
+		return inprocess.HintTx, nil
 	}
 	what := "advisory key " + held.String()
 	if name := names[held.K1]; name != "" {
 		what = "lockset id " + name + " (" + what + ")"
 	}
-	return "", selfWaitError(waiter(), what, h.asHolder([]lockKey{held}))
+	return "", inprocess.SelfWaitError(waiter(), what, h.asHolder([]lockKey{held}))
 }
 
 // watchSelfWait starts, for a Postgres row-lock wait of c (statement st)
@@ -197,7 +184,7 @@ func (c *conn) watchSelfWait(ctx context.Context, w *lockWait, st statement) {
 	case certain:
 		w.probeSelfWait(c, h)
 	default:
-		w.noteSelfHint(selfWaitHintTx)
+		w.NoteSelfHint(inprocess.HintTx)
 	}
 }
 
@@ -276,7 +263,7 @@ func (w *lockWait) selfWaitResult(c *conn, statement string, err error) error {
 		return err
 	}
 	e := fmt.Errorf("%w; Postgres cancelled the waiting statement: %w",
-		selfWaitError(fmt.Sprintf("the statement %.120q", statement), "a row lock", p.holder), err)
+		inprocess.SelfWaitError(fmt.Sprintf("the statement %.120q", statement), "a row lock", p.holder), err)
 	c.connector.events.Add(eventSelfWait, e.Error())
 	return e
 }

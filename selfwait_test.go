@@ -110,7 +110,7 @@ func TestSelfWaitNotOtherGoroutines(t *testing.T) {
 	}
 	w := &connectorOf(t, db).writer
 	waitFor(t, 20*time.Second, "two waiters for the writer lock", func() bool {
-		return w.waiting() == 2
+		return w.core.Waiting() == 2
 	})
 	if _, err := tx.ExecContext(ctx, "INSERT INTO t VALUES (1)"); err != nil {
 		t.Fatal(err)

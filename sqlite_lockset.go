@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
@@ -80,12 +81,6 @@ func lockRequestExec(ctx context.Context, tx *sql.Tx, namespace string, ids []an
 	return n == 1, err
 }
 
-// locksetKey is one in-memory lock.
-type locksetKey struct {
-	namespace string
-	id        string // canonical
-}
-
 // txOwner identifies one transaction as a lock owner: database/sql reuses
 // a connection's tx wrapper, so the generation tells transactions apart.
 type txOwner struct {
@@ -128,7 +123,7 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 		if !try {
 			names := map[int64]string{}
 			for i, id := range keys {
-				names[ks[i].K1] = lockKeyName(namespace, lockset.DescribeID(id))
+				names[ks[i].K1] = inprocess.KeyName(namespace, lockset.DescribeID(id))
 			}
 			if hint, err = c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("Lock(%q, %s)", namespace, lockset.DescribeIDs(keys)) }, ks, names); err != nil {
 				c.connector.events.Add(eventSelfWait, err.Error())
@@ -137,7 +132,7 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 		}
 		_, w := c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
 			AttrLockNamespace.String(namespace), AttrLockKeys.String(lockset.DescribeIDs(keys)))
-		w.noteSelfHint(hint)
+		w.NoteSelfHint(hint)
 		var site callsite.Stack
 		site.CaptureFast()
 		w.setWaiter(c, "", &site, "", ks)
@@ -193,21 +188,21 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 	w.setWaiter(t.c, "", &site, "", nil)
 	taken := 0
 	for _, k := range keys {
-		key := locksetKey{namespace, k}
+		key := inprocess.LocksetKey{Namespace: namespace, ID: k}
 		if w.wantsHolder() {
-			if h, ok := table.holder(key); ok && h.owner != owner {
-				w.heldBy(tableHolder(lockKeyName(namespace, lockset.DescribeID(k)), h))
+			if h, ok := table.Holder(key); ok && h.Owner != owner {
+				w.heldBy(tableHolder(inprocess.KeyName(namespace, lockset.DescribeID(k)), h))
 			}
 		}
 		if try {
-			if !table.tryLock(ctx, key, owner, t.run, &site) {
+			if !table.TryLock(key, owner, takerOf(ctx, owner, t.run), &site) {
 				t.releaseLast(taken)
 				w.end(ctx, telemetry.OutcomeNotAcquired, nil)
 				return false, nil
 			}
-		} else if err := table.lock(ctx, key, owner, t.run, &site, w); err != nil {
+		} else if err := table.Lock(ctx, key, owner, takerOf(ctx, owner, t.run), &site, w); err != nil {
 			t.releaseLast(taken)
-			name := lockKeyName(namespace, lockset.DescribeID(k))
+			name := inprocess.KeyName(namespace, lockset.DescribeID(k))
 			err = explainTableWait(err, fmt.Sprintf("Lock(%q, %s)", namespace, lockset.DescribeIDs(keys)), "lockset id "+name, name)
 			if errors.Is(err, ErrSelfWait) {
 				t.c.connector.events.Add(eventSelfWait, err.Error())
@@ -228,7 +223,7 @@ func (t *tx) releaseLast(n int) {
 	table := &t.c.connector.locksets
 	owner := txOwner{t.c, t.gen}
 	for _, key := range t.locks[len(t.locks)-n:] {
-		table.unlock(key, owner)
+		table.Unlock(key, owner)
 	}
 	t.locks = t.locks[:len(t.locks)-n]
 }

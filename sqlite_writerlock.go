@@ -7,6 +7,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/sqlitelock"
 )
 
@@ -14,7 +15,7 @@ import (
 // database (see sqlitelock.Writer), with the errors, events and wait spans
 // lockhooks reports for it. Taking it uncontended allocates nothing.
 type writerLock struct {
-	core sqlitelock.Writer[lockTaker]
+	core inprocess.Writer
 }
 
 // lock takes the writer lock for owner, waiting at most timeout (0: no
@@ -22,9 +23,9 @@ type writerLock struct {
 // for a transaction (begun with ctx, RunInTx's when it began it), whose
 // call site is recorded (see sqlitelock.Writer).
 func (w *writerLock) lock(ctx context.Context, tel *reporting, owner any, timeout time.Duration, stmt string) error {
-	taker := lockTaker{chain: chainOf(ctx, runOf(ctx)), span: trace.SpanContextFromContext(ctx), hint: selfWaitHintTx}
+	taker := inprocess.Taker{Chain: chainOf(ctx, runOf(ctx)), Span: trace.SpanContextFromContext(ctx), Hint: inprocess.HintTx}
 	if stmt != "" {
-		taker.hint = selfWaitHintStmt
+		taker.Hint = inprocess.HintStmt
 	}
 	if w.core.TryTake(owner, &taker, stmt) {
 		return nil
@@ -34,32 +35,32 @@ func (w *writerLock) lock(ctx context.Context, tel *reporting, owner any, timeou
 
 // lockContended is lock past its uncontended attempt, apart so that the
 // uncontended path keeps a small frame: it copies no holder.
-func (w *writerLock) lockContended(ctx context.Context, tel *reporting, owner any, taker lockTaker, timeout time.Duration, stmt string) (err error) {
+func (w *writerLock) lockContended(ctx context.Context, tel *reporting, owner any, taker inprocess.Taker, timeout time.Duration, stmt string) (err error) {
 	tk, h, self := w.core.Take(ctx, owner, taker, stmt)
 	if self {
 		// The holder is the transaction of RunInTx's fn, which runs on
 		// this goroutine: it cannot end while we wait.
-		holder := writerHolder{h}
+		holder := inprocess.WriterHolder{WriterHolder: h}
 		waiter := "BeginTx of a write transaction"
 		if stmt != "" {
 			waiter = fmt.Sprintf("the statement %.120q", stmt)
 		}
-		err := selfWaitError(waiter, "the SQLite writer lock", holder.identity())
+		err := inprocess.SelfWaitError(waiter, "the SQLite writer lock", holder.Identity(ownerHolder))
 		tel.events.Add(eventSelfWait, err.Error())
 		return err
 	}
 	if tk == nil {
 		return nil
 	}
-	holder := writerHolder{h}
+	holder := inprocess.WriterHolder{WriterHolder: h}
 	hint := tk.Hint()
 
 	// Contended: time the wait, linked to the holder.
 	_, wait := tel.startWait(ctx, "sqlite_writer", "exclusive", "transaction")
 	wait.setWaiter(ownerConn(owner), "", tk.Site(), stmt, nil)
-	wait.noteSelfHint(hint)
+	wait.NoteSelfHint(hint)
 	if wait.wantsHolder() {
-		wait.heldBy(holder.identity())
+		wait.heldBy(holder.Identity(ownerHolder))
 	}
 	defer func() { wait.end(ctx, "", err) }()
 
@@ -67,7 +68,7 @@ func (w *writerLock) lockContended(ctx context.Context, tel *reporting, owner an
 	if err == nil {
 		return nil
 	}
-	holder = writerHolder{h}
+	holder = inprocess.WriterHolder{WriterHolder: h}
 	if hint != "" {
 		hint = " (" + hint + ")"
 	}
@@ -75,10 +76,10 @@ func (w *writerLock) lockContended(ctx context.Context, tel *reporting, owner an
 		// Cancelled or past its deadline: say what it waited for, how long,
 		// and who holds it, still wrapping the context's error.
 		return fmt.Errorf("lockhooks: gave up waiting for the SQLite writer lock after %v; held by %s%s: %w",
-			time.Since(tk.Since()).Round(time.Millisecond), holder.describe(), hint, err)
+			time.Since(tk.Since()).Round(time.Millisecond), holder.Describe(ownerHolder), hint, err)
 	}
 	err = fmt.Errorf("%w: waited %v; held by %s%s; shorten write transactions or raise the busy timeout (lockhooks.WithBusyTimeout)",
-		ErrWriterLockTimeout, timeout, holder.describe(), hint)
+		ErrWriterLockTimeout, timeout, holder.Describe(ownerHolder), hint)
 	tel.events.Add(eventWriterTimeout, err.Error())
 	return err
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 )
 
 // isBusy reports an SQLITE_BUSY (or SQLITE_LOCKED) from modernc.
@@ -158,8 +159,8 @@ func TestWriterLockHolderSiteAtNextStatement(t *testing.T) {
 	w := &connectorOf(t, db).writer
 	holder := beginTx(t, db, nil)
 	defer holder.Rollback()
-	if h, _ := w.holder(); h.location() != "not recorded" {
-		t.Fatalf("an uncontended holder's site: %q, want not recorded", h.location())
+	if h, _ := inprocess.WriterHolderOf(&w.core); h.Location() != "not recorded" {
+		t.Fatalf("an uncontended holder's site: %q, want not recorded", h.Location())
 	}
 
 	waited := make(chan error, 1)
@@ -180,11 +181,11 @@ func TestWriterLockHolderSiteAtNextStatement(t *testing.T) {
 	if _, err := holder.Exec("INSERT INTO t VALUES (1)"); err != nil { // the holder's next statement
 		t.Fatal(err)
 	}
-	h, _ := w.holder()
-	if !strings.Contains(h.location(), "_test.go:") || !strings.Contains(h.location(), "a later statement") {
-		t.Errorf("the holder's site after its next statement: %q", h.location())
+	h, _ := inprocess.WriterHolderOf(&w.core)
+	if !strings.Contains(h.Location(), "_test.go:") || !strings.Contains(h.Location(), "a later statement") {
+		t.Errorf("the holder's site after its next statement: %q", h.Location())
 	}
-	if d := h.describe(); !strings.Contains(d, "that ran a statement at") {
+	if d := h.Describe(ownerHolder); !strings.Contains(d, "that ran a statement at") {
 		t.Errorf("the holder described as %q", d)
 	}
 	if w.core.SiteWanted() {
@@ -196,7 +197,7 @@ func TestWriterLockHolderSiteAtNextStatement(t *testing.T) {
 	if err := <-waited; err != nil {
 		t.Fatalf("the waiter: %v", err)
 	}
-	if _, held := w.holder(); held {
+	if _, held := inprocess.WriterHolderOf(&w.core); held {
 		t.Error("the writer lock is still held")
 	}
 }

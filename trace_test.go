@@ -506,7 +506,7 @@ func TestLongWaitsWithoutAParentGetASpan(t *testing.T) {
 	}()
 	w := &connectorOf(t, db).writer
 	waitFor(t, 10*time.Second, "the waiter", func() bool {
-		return w.waiting() == 1
+		return w.core.Waiting() == 1
 	})
 	for time.Since(start) < 2*telemetry.OrphanWait { // the wait must last; its outcome does not depend on it
 		time.Sleep(10 * time.Millisecond)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/stmtlocks"
 )
@@ -68,10 +69,10 @@ type tx struct {
 	run   *callsite.Run   // RunInTx's fn, if RunInTx began it (selfwait.go)
 	gen   uint64          // tells this connection's transactions apart, as lock owners
 
-	read   bool         // a statement ran in the transaction (its snapshot is fixed)
-	writer bool         // the transaction holds the SQLite writer lock
-	locks  []locksetKey // lockset holds to release after COMMIT/ROLLBACK
-	held   stmtlocks.Tx // the locks lockhooks saw it take (DeadlockError, lock-order checker)
+	read   bool                   // a statement ran in the transaction (its snapshot is fixed)
+	writer bool                   // the transaction holds the SQLite writer lock
+	locks  []inprocess.LocksetKey // lockset holds to release after COMMIT/ROLLBACK
+	held   stmtlocks.Tx           // the locks lockhooks saw it take (DeadlockError, lock-order checker)
 
 	// For hold times: the span of BeginTx's context, and when the
 	// transaction first took each kind of lock (zero: never).

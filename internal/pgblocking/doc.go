@@ -13,9 +13,10 @@
 // The connections are the caller's own type ([Conn]); the package keeps
 // no state of them, only the read in flight, which callers arriving while
 // it runs share when it covers their connections (sixty page loads at
-// once make one or two reads, not sixty). Reads are bounded by the
-// configured timeout and by the side connection's close, not by a
-// caller's context.
+// once make one or two reads, not sixty). Those shared reads are bounded
+// by the configured timeout and by the side connection's close, not by a
+// caller's context; the read of a key's holders is bounded by its
+// caller's.
 //
 // It may import internal/pgserver (the statements and their rows),
 // internal/rawconn (the side connection), internal/identity (decoding

@@ -45,7 +45,7 @@ func (r *Reader[C]) ConnOf(pid int32, app, query string, byPID bool) (C, bool) {
 func (r *Reader[C]) connOf(pid int32, app, query string, x index[C], byPID bool) (C, bool) {
 	var none C
 	if id := identity.Decode(app, query); id != nil {
-		if !id.OfThisProcess() || id.Database != r.cfg.Database {
+		if !id.OfThisProcess() || id.Database != r.cfg.Database() {
 			return none, false // another process's, or another database's
 		}
 		oc, ok := x.byID[id.Conn]

@@ -27,7 +27,7 @@ func TestConnOfMatchesIdentityThenHolderThenPID(t *testing.T) {
 	a := &testConn{id: 1, pid: 101, app: "svc"}
 	b := &testConn{id: 2, pid: 102, holder: 202}
 	seen := false
-	cfg := Config[*testConn]{Database: 7, Conns: func() []*testConn { return []*testConn{a, b} }, PoolerSeen: func() bool { return seen }}
+	cfg := Config[*testConn]{Database: func() uint64 { return 7 }, Conns: func() []*testConn { return []*testConn{a, b} }, PoolerSeen: func() bool { return seen }}
 	r := New(cfg)
 	app := func(process string, db, conn uint64) string {
 		return (&identity.Holder{Process: process, Database: db, Conn: conn, Holds: "tx"}).AppName()

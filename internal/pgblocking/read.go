@@ -82,5 +82,5 @@ func (r *Reader[C]) read(ctx context.Context, side driver.Conn, conns []C) (map[
 // appNamePrefix is how the application_name of every connection of the
 // database begins while it publishes its identity.
 func (r *Reader[C]) appNamePrefix() string {
-	return identity.AppNamePrefix + identity.ShortProcessLabel() + "#" + strconv.FormatUint(r.cfg.Database, 10) + "."
+	return identity.AppNamePrefix + identity.ShortProcessLabel() + "#" + strconv.FormatUint(r.cfg.Database(), 10) + "."
 }

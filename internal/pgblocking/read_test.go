@@ -46,7 +46,7 @@ func TestBlockedReadsTheQueueToItsHolder(t *testing.T) {
 	defer side.Close()
 	var mu sync.Mutex
 	var conns []*testConn
-	r := New(Config[*testConn]{Side: side, Own: &pgdriver.Statements{}, Database: 1, SeenBy: "db",
+	r := New(Config[*testConn]{Side: side, Own: &pgdriver.Statements{}, Database: func() uint64 { return 1 }, SeenBy: "db",
 		Conns:   func() []*testConn { mu.Lock(); defer mu.Unlock(); return append([]*testConn(nil), conns...) },
 		Timeout: 10 * time.Second})
 

@@ -36,9 +36,10 @@ type Config[C Conn] struct {
 	// Own is what the driver allows lockhooks' own statements (the read's
 	// arguments, and whether connections publish their identity).
 	Own *pgdriver.Statements
-	// Database is the database's number in this process, as identities
-	// name it.
-	Database uint64
+	// Database returns the database's number in this process, as
+	// identities name it (set when the database joins the process's
+	// registry, after the reader is made).
+	Database func() uint64
 	// TxPooler: a transaction pooler is declared, so the backend a
 	// connection met at connect serves other clients.
 	TxPooler bool

@@ -127,8 +127,9 @@
 // last round trips ([RoundTrips]: atomics, and a leaf mutex); one
 // connection's pooler holder ([Holder], [TxHolder]: used by one goroutine
 // at a time, its backend pid in an atomic); when a pool deadlock was last
-// logged ([PoolGuard]: atomics; it takes the registry's mutex, then each
-// member's State mutex in turn, never two at once).
+// logged ([PoolGuard]: atomics; it copies the registry's holders under
+// the registry's mutex, lets it go, then takes each member's State mutex
+// in turn, never two at once).
 //
 // Imports: internal/advisorykey (the keys), internal/callsite (where a
 // transaction took its first transaction-level lock), internal/rawconn

@@ -95,14 +95,12 @@ func (g *PoolGuard[K, C]) Watch(ctx context.Context, stop <-chan struct{}, key i
 			return
 		case <-t.C:
 		}
-		if err := g.Deadlock(key); err != nil {
+		known, err := g.deadlock(key)
+		if err != nil {
 			cancel(err)
 			return
 		}
-		if g.warned.Load() || time.Since(start) < time.Second {
-			continue
-		}
-		if _, _, known := g.Counts(); !known && g.warned.CompareAndSwap(false, true) {
+		if !known && time.Since(start) >= time.Second && g.warned.CompareAndSwap(false, true) {
 			g.Registry.cfg.Logger.Warn("lockhooks: a lock statement has waited 1s in memory for its turn; lockhooks cannot tell whether the pool is full, because it does not know the *sql.DB: should every connection of the pool wait for a lock whose holder is parked, nothing can release it. Open the database with lockhooks.Open or OpenDB (or give it to AcquireAdvisoryLock or DebugHandler once), so that such a wait gives way with ErrPoolDeadlock",
 				"database", g.Pool, "key", g.Describe(key))
 		}
@@ -116,18 +114,25 @@ func (g *PoolGuard[K, C]) Watch(ctx context.Context, stop <-chan struct{}, key i
 // load that keeps the pool full, waits give way often) and recorded among
 // the database's events.
 func (g *PoolGuard[K, C]) Deadlock(key int64) error {
+	_, err := g.deadlock(key)
+	return err
+}
+
+// deadlock is Deadlock, also reporting whether the pool's counts are
+// known.
+func (g *PoolGuard[K, C]) deadlock(key int64) (known bool, err error) {
 	inUse, limit, known := g.Counts()
 	if !known {
-		return nil // the pool's counts are unknown: nothing can be proven
+		return false, nil // the pool's counts are unknown: nothing can be proven
 	}
 	if limit <= 0 || inUse < limit {
-		return nil // the pool can open a connection for the unlock
+		return true, nil // the pool can open a connection for the unlock
 	}
 	stuck, holder := g.stuckWaits(key)
 	if stuck < inUse {
-		return nil // some connection in use may still come back
+		return true, nil // some connection in use may still come back
 	}
-	err := fmt.Errorf("%w: advisory lock %s is held by %s, and all %d connections of database %q (SetMaxOpenConns(%d)) wait for such locks; this lock statement was not sent and gives its connection back: take the lock with lockhooks.AcquireAdvisoryLock (it waits without holding a connection), or raise SetMaxOpenConns",
+	err = fmt.Errorf("%w: advisory lock %s is held by %s, and all %d connections of database %q (SetMaxOpenConns(%d)) wait for such locks; this lock statement was not sent and gives its connection back: take the lock with lockhooks.AcquireAdvisoryLock (it waits without holding a connection), or raise SetMaxOpenConns",
 		ErrPoolDeadlock, g.Describe(key), holder, inUse, g.Pool, limit)
 	if now := monoNow(); now-g.logged.Load() >= int64(time.Second) {
 		g.logged.Store(now)
@@ -135,7 +140,7 @@ func (g *PoolGuard[K, C]) Deadlock(key int64) error {
 			"key", g.Describe(key), "holder", holder, "connections", inUse, "error", err.Error())
 	}
 	g.Deadlocked(err.Error())
-	return err
+	return true, err
 }
 
 // stuckWaits counts the database's connections that wait, in memory for a
