@@ -13,6 +13,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/inprocess"
+	"github.com/lockhooks/lockhooks/internal/pgbegin"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/stmtlocks"
 )
@@ -84,7 +85,7 @@ type tx struct {
 	// buffer for its row; and, from Connect on, its pgx connection's
 	// transaction status (nil: not pgx).
 	ownCtx context.Context
-	msg    beginMessage
+	msg    pgbegin.Message
 	row    [1]driver.Value
 	status pgdriver.TxStatuser
 }

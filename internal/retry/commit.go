@@ -32,7 +32,7 @@ import (
 // instead of committing; through other drivers COMMIT is sent as
 // "SELECT 1; COMMIT", which fails at the SELECT (25P02).
 //
-// lockhooks' BEGIN message and COMMIT are the root's (pg_begin.go), which
+// lockhooks' BEGIN message and COMMIT are internal/pgbegin's, which
 // composes the id query with what else the transaction says at BEGIN (its
 // identity) and says which drivers and isolation levels allow it. Other
 // transactions read the id before COMMIT instead, in a round trip of their
@@ -150,7 +150,7 @@ func (c *Config) CommitFailed(ctx context.Context, err error, postgres bool, xid
 		// was never sent.
 		return err
 	}
-	if dberr.SQLState(err) == "25P02" { // lockhooks' COMMIT (commitGuarded) found the transaction aborted
+	if dberr.SQLState(err) == "25P02" { // lockhooks' COMMIT (pgbegin.CommitGuarded) found the transaction aborted
 		return xidError(err)
 	}
 	if !commitOutcomeUnknown(err) {
