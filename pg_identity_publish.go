@@ -3,14 +3,9 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
-	"fmt"
 	"strconv"
-	"strings"
 
-	"github.com/lockhooks/lockhooks/internal/dberr"
-	"github.com/lockhooks/lockhooks/internal/identity"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
-	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
@@ -55,33 +50,26 @@ import (
 
 // identifyOnConnect reads, in the one statement Connect runs on Postgres
 // anyway, the backend pid and the application_name the user's
-// configuration gave the connection (DSN, PGAPPNAME, the connector's
-// settings); lockhooks publishes identities only where it is empty. Unless
-// the database declared a pooler, the same statement leaves the
-// connection's session marker on its backend (see sessionQuery).
+// configuration gave the connection, and, unless the database declared a
+// pooler, leaves the connection's session marker on its backend (see
+// sessionQuery): pgsession.Conn.Identify. Through a driver that cannot
+// run such a text uncached, the pid alone is read.
 func (w *conn) identifyOnConnect(ctx context.Context) error {
 	own := w.connector.own.Of(w.inner)
 	if !own.OK() {
 		_, err := w.BackendPID(ctx)
 		return err
 	}
-	marked := !w.connector.opts.txPooler && !w.connector.opts.pinningPooler
-	row, err := w.connectRow(ctx, own, marked, true)
-	if err != nil && dberr.FromServer(err) && !w.ConnectionBroken(err) {
-		// A server that refuses the marker or the server's identity (one
-		// that speaks Postgres's protocol but has no custom settings or
-		// no pg_postmaster_start_time): the pool guard without markers,
-		// and backend pids matched only within this database.
-		w.mark = ""
-		row, err = w.connectRow(ctx, own, false, false)
+	marker := ""
+	if !w.connector.opts.txPooler && !w.connector.opts.pinningPooler {
+		marker = w.marker()
 	}
+	got, err := w.pin.Identify(ctx, own, marker)
 	if err != nil {
-		return fmt.Errorf("lockhooks: reading the backend pid of %v: %w", w, w.Observe(err))
+		return err
 	}
-	pid := int32(pgdriver.AsInt64(row[0]))
-	w.pin.PID.Store(pid)
-	if k, ok := pgdriver.BackendKeyPID(w.inner); ok && k == int64(pid) {
-		w.pin.ReachesServer = true
+	if !got.Marked {
+		w.mark = "" // none asked for, or the server refused it
 	}
 	if own.PGX {
 		w.tx.status = pgdriver.TxStatus(w.inner)
@@ -91,52 +79,15 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 		w.direct = w.pin.ReachesServer && !w.connector.opts.txPooler && !w.connector.opts.pinningPooler &&
 			pgdriver.DefaultMode(w.inner) != own.Args[0].Value
 	}
-	app := pgdriver.AsString(row[1])
-	w.pin.Who.ConnectApp = app
-	w.pin.Who.Publishes = app == "" || strings.HasPrefix(app, identity.AppNamePrefix)
-	if len(row) > 2 {
-		w.pin.Incarnation = pgsession.ReadIncarnation(pgdriver.AsString(row[2]))
-		// The server's start time, the incarnation's second half, names
-		// the server (backend pids are per server).
-		if _, server, ok := strings.Cut(w.pin.Incarnation, "@"); ok && w.connector.server.Load() == nil {
-			w.connector.server.Store(&server)
-		}
+	if got.Server != "" && w.connector.server.Load() == nil {
+		// The server's start time names the server (backend pids are per
+		// server).
+		w.connector.server.Store(&got.Server)
 	}
-	if len(row) > 3 {
-		w.sawMarker(pgdriver.AsString(row[3]), strconv.Itoa(int(pid)))
+	if got.Marked {
+		w.sawMarker(got.Marker, strconv.Itoa(int(w.pin.PID.Load())))
 	}
 	return nil
-}
-
-// connectRow runs identifyOnConnect's statement: the backend pid, the
-// application_name and, with server, the backend's incarnation (see
-// pgsession.IncarnationExpr: its start and its server's) and, marked too, the marker
-// found on the backend as the connection's own replaces it.
-func (w *conn) connectRow(ctx context.Context, own *pgdriver.Statements, marked, server bool) ([]driver.Value, error) {
-	query := "SELECT pg_backend_pid(), current_setting('application_name')"
-	want := 2
-	if server {
-		query += ", " + pgsession.IncarnationExpr
-		want = 3
-	}
-	if server && marked {
-		// The marker is hex digits, a colon and a number: a literal is
-		// safe, and the simple protocol caches nothing.
-		query += ", current_setting('lockhooks.session', true), set_config('lockhooks.session', '" + w.marker() + "', false)"
-		want = 5
-	}
-	rows, err := rawconn.Query(ctx, w.inner, query, own.Args)
-	var row *rawconn.Row
-	if err == nil {
-		row, err = rawconn.ReadRow(rows)
-	}
-	if err == nil && len(row.Values()) != want {
-		err = fmt.Errorf("%d columns, want %d", len(row.Values()), want)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return row.Values(), nil
 }
 
 // holderNote is the annotation that names c as the holder of its session

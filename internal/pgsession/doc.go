@@ -27,7 +27,10 @@
 //     application_name), and the texts that carry it on statements that
 //     run anyway ([Conn.TxAppName], [Conn.LockText], [Conn.Note],
 //     [Conn.OwnLocksQuery], [Conn.SavepointRelease]); which statements
-//     carry them stays the caller's;
+//     carry them stays the caller's; and the read at connect, in the one
+//     statement a connection runs then anyway, of its backend pid, the
+//     application_name the user gave it, its backend's incarnation and
+//     the session marker it leaves there ([Conn.Identify], [Opened]);
 //   - what the tracking checks before a statement runs (a lone
 //     transaction-level lock outside a transaction refused, the server
 //     asked whether a block is open, [Conn.RefuseUselessXact]; counts
