@@ -32,7 +32,10 @@ import (
 // holder is provably on the waiter's own stack: a transaction of a RunInTx
 // attempt whose fn is running on the waiting goroutine. On Postgres the
 // same holds for row locks (SELECT … FOR UPDATE/SHARE through the *sql.DB:
-// the server is asked whether the statement waits for that transaction),
+// the server is asked whether the statement waits for that transaction,
+// and the statement cancelled if so, where both connections reach the
+// server itself and no pooler is declared or seen; through a pooler the
+// wait is only likely a self-wait),
 // advisory locks and Lock; an UPDATE or DELETE that waits for a row is not
 // probed, and waits until a timeout ends it. Any other wait that looks like
 // one (the holder began, or took its lock, on this goroutine with this
@@ -46,8 +49,8 @@ import (
 // waits: fn is blocked in the wait, so the transaction cannot end before
 // the wait's timeout. It fires for SQLite's writer lock, Lock's ids,
 // Postgres advisory locks and Postgres row-locking SELECTs (FOR UPDATE,
-// FOR SHARE …) run on the *sql.DB instead of the transaction, with any
-// context, and RunInTx does not retry it. Run the statement through the
+// FOR SHARE …; where no pooler is declared or seen) run on the *sql.DB
+// instead of the transaction, with any context, and RunInTx does not retry it. Run the statement through the
 // transaction (tx.ExecContext, not db.ExecContext). A transaction begun
 // with db.BeginTx, an AdvisoryLock, or a holder of another database (or
 // *sql.DB) is never taken for a self-wait: it may be handed to another
@@ -174,6 +177,13 @@ func (c *conn) selfWaitAdvisory(ctx context.Context, waiter func() string, keys 
 // connection of the database, the probe that fails it with ErrSelfWait if
 // that transaction is certainly its own (see selfWaitHolder), or notes the
 // hint of a likely self-wait. NOWAIT and SKIP LOCKED never wait.
+//
+// The probe cancels a backend, so it runs only where both backends are
+// provably the connections' own: each reached the server itself and no
+// pooler is declared or seen (the rule of internal/pgsession for ending a
+// backend, endable). Through a pooler the backend a connection met at
+// connect may serve another client, whose statement the probe would
+// cancel; there the wait is only noted as likely a self-wait.
 func (c *conn) watchSelfWait(ctx context.Context, w *lockWait, st statement) {
 	if st.locks&(sqlscan.NoWait|sqlscan.SkipLocked) != 0 {
 		return
@@ -181,7 +191,7 @@ func (c *conn) watchSelfWait(ctx context.Context, w *lockWait, st statement) {
 	h, certain := selfWaitHolder(ctx, c)
 	switch {
 	case h == nil:
-	case certain:
+	case certain && c.endable() && h.endable():
 		w.probeSelfWait(c, h)
 	default:
 		w.NoteSelfHint(inprocess.HintTx)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
+	"github.com/lockhooks/lockhooks/internal/dberr"
 )
 
 // skipWithoutGoroutineIdentity skips, loudly, where lockhooks recognises
@@ -466,5 +467,39 @@ func TestSelfWaitNotAcrossDatabases(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Through a pooler (declared here), the backend a connection met at
+// connect may serve another client: the probe that cancels a row-lock
+// self-wait on the server never runs there. The same certain self-wait
+// as in TestSelfWaitPostgres waits until its lock_timeout, and its error
+// says it is likely a self-wait.
+func TestSelfWaitProbeNotThroughAPooler(t *testing.T) {
+	skipWithoutGoroutineIdentity(t)
+	db := openPG(t, WithSlowLockLog(0), WithTransactionPooler())
+	mustExec(t, db, "CREATE TABLE jobs (id int PRIMARY KEY, state text)")
+	mustExec(t, db, "INSERT INTO jobs VALUES (1, 'new')")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := RunInTx(ctx, db, nil, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, "UPDATE jobs SET state = 'running' WHERE id = 1"); err != nil {
+			return err
+		}
+		waiter, err := db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer waiter.Close()
+		if _, err := waiter.ExecContext(ctx, "SET lock_timeout = '500ms'"); err != nil {
+			return err
+		}
+		return waiter.QueryRowContext(ctx, "SELECT state FROM jobs WHERE id = 1 FOR UPDATE").Scan(new(string))
+	})
+	if err == nil || errors.Is(err, ErrSelfWait) || dberr.SQLState(err) != "55P03" || !strings.Contains(err.Error(), "likely a self-wait") {
+		t.Fatalf("a self-wait through a declared pooler: %v; want its lock_timeout, said to be likely a self-wait", err)
+	}
+	if n := eventsOf(t, db, eventSelfWait); n != 0 {
+		t.Errorf("%d self-wait events: the probe ran", n)
 	}
 }
