@@ -21,7 +21,14 @@ import (
 // trips its client starts: simple Query messages and Syncs.
 type roundTrips struct {
 	mu    sync.Mutex
-	links []*atomic.Int64 // per proxied connection: its round trips
+	links []*tripLink // per proxied connection
+}
+
+// tripLink is one proxied connection: its round trips, and the backend
+// pid the server sent it at connect (BackendKeyData; 0 until then).
+type tripLink struct {
+	trips atomic.Int64
+	pid   atomic.Int32
 }
 
 // startRoundTrips starts a proxy in front of dsn's server that counts round
@@ -31,21 +38,62 @@ func startRoundTrips(t *testing.T, dsn string) (*roundTrips, string) {
 	proxied, proxy := throughFaultProxy(t, withDSNParam(t, dsn, "sslmode", "disable")) // messageFramer reads no TLS
 	p := &roundTrips{}
 	proxy.OnAccept(func(l *faultproxy.Link) {
-		trips := &atomic.Int64{}
+		link := &tripLink{}
 		p.mu.Lock()
-		p.links = append(p.links, trips)
+		p.links = append(p.links, link)
 		p.mu.Unlock()
 		var f messageFramer
 		l.Watch(faultproxy.ToServer, func(chunk []byte) bool {
 			f.feed(chunk, func(typ byte) {
 				if typ == 'Q' || typ == 'S' {
-					trips.Add(1)
+					link.trips.Add(1)
 				}
 			})
 			return true
 		})
+		var start []byte // what the server sent until its BackendKeyData
+		l.Watch(faultproxy.ToClient, func(chunk []byte) bool {
+			if start == nil && link.pid.Load() != 0 {
+				return true
+			}
+			start = append(start, chunk...)
+			for off := 0; off+5 <= len(start); {
+				n := int(binary.BigEndian.Uint32(start[off+1 : off+5]))
+				if n < 4 || off+1+n > len(start) {
+					break
+				}
+				if start[off] == 'K' && n >= 8 {
+					link.pid.Store(int32(binary.BigEndian.Uint32(start[off+5 : off+9])))
+					start = nil
+					return true
+				}
+				off += 1 + n
+			}
+			if len(start) > 1<<16 {
+				start = nil // no BackendKeyData where it comes: stop looking
+				link.pid.Store(-1)
+			}
+			return true
+		})
 	})
 	return p, proxied
+}
+
+// of returns the round trips so far of the proxied connection whose
+// backend is pid: only that connection's, never another's of the same
+// database (the monitor's side connection, the lookups') that a window
+// of busiest could catch at work.
+func (p *roundTrips) of(t *testing.T, pid int32) int64 {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.links {
+		if l.pid.Load() == pid {
+			return l.trips.Load()
+		}
+	}
+	t.Fatalf("no proxied connection has backend pid %d", pid)
+	return 0
 }
 
 // counts returns each proxied connection's round trips so far.
@@ -53,8 +101,8 @@ func (p *roundTrips) counts() []int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]int64, len(p.links))
-	for i, n := range p.links {
-		out[i] = n.Load()
+	for i, l := range p.links {
+		out[i] = l.trips.Load()
 	}
 	return out
 }
