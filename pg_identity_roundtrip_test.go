@@ -87,8 +87,8 @@ func (p *roundTrips) of(t *testing.T, pid int32) int64 {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, l := range p.links {
-		if l.pid.Load() == pid {
+	for i := len(p.links) - 1; i >= 0; i-- { // the newest: a pid a closed connection had may come back
+		if l := p.links[i]; l.pid.Load() == pid {
 			return l.trips.Load()
 		}
 	}

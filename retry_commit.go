@@ -10,7 +10,7 @@ import (
 // RunInTx's commit path on Postgres learns the transaction id of each
 // attempt at BEGIN (internal/retry says why and how a COMMIT cut off in
 // flight is resolved with it): lockhooks' BEGIN message and COMMIT are
-// internal/pgbegin's (pg_begin.go decides what a BEGIN carries), which composes the id query with what else the
+// internal/pgbegin's, which composes the id query with what else the
 // transaction says at BEGIN (its identity) and says which drivers and
 // isolation levels allow it. Other transactions read the id before COMMIT
 // instead, in a round trip of their own (RunInTx's fallback).

@@ -49,9 +49,11 @@ import (
 // waits: fn is blocked in the wait, so the transaction cannot end before
 // the wait's timeout. It fires for SQLite's writer lock, Lock's ids,
 // Postgres advisory locks and Postgres row-locking SELECTs (FOR UPDATE,
-// FOR SHARE …; where no pooler is declared or seen) run on the *sql.DB
-// instead of the transaction, with any context, and RunInTx does not retry it. Run the statement through the
-// transaction (tx.ExecContext, not db.ExecContext). A transaction begun
+// FOR SHARE …; where both connections reach the server itself and no
+// pooler is declared or seen) run on the *sql.DB instead of the
+// transaction, with any context, and RunInTx does not retry it. Run the
+// statement through the transaction (tx.ExecContext, not
+// db.ExecContext). A transaction begun
 // with db.BeginTx, an AdvisoryLock, or a holder of another database (or
 // *sql.DB) is never taken for a self-wait: it may be handed to another
 // goroutine that ends it, so the wait goes on, and its timeout error and
@@ -231,6 +233,9 @@ func (w *lockWait) probeSelfWait(c, h *conn) {
 		case <-p.stop:
 			return
 		case <-t.C:
+		}
+		if !c.endable() || !h.endable() {
+			return // a pooler was seen meanwhile (see watchSelfWait)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
 		defer cancel()
