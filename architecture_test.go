@@ -36,7 +36,7 @@ var importRules = map[string]packageRule{
 
 	// The core packages over others of the core.
 	"internal/sqlitelock": {core: true, pure: true, may: []string{"internal/callsite"}},
-	"internal/stmtlocks":  {core: true, may: []string{"internal/sqlscan", "internal/advisorykey", "internal/lockset", "internal/lockorder", "internal/callsite"}},
+	"internal/stmtlocks":  {core: true, may: []string{"internal/sqlscan", "internal/advisorykey", "internal/lockset", "internal/lockorder", "internal/callsite", "internal/pgdriver"}},
 	"internal/sqliteconn": {core: true, may: []string{"internal/sqlitelock", "internal/rawconn", "internal/dberr", "internal/retry", "internal/pgdriver"}},
 	"internal/pgsession":  {core: true, may: []string{"internal/advisorykey", "internal/callsite", "internal/pgdriver", "internal/rawconn", "internal/pgserver", "internal/dberr", "internal/sqlscan", "internal/identity"}},
 	"internal/retry":      {core: true, pure: true, may: []string{"internal/dberr"}},

@@ -3,11 +3,8 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
-	"strconv"
-	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
-	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/stmtlocks"
@@ -41,38 +38,18 @@ func keyOf(call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) 
 }
 
 // evalKey resolves a call's key, asking the server to evaluate arguments
-// that are expressions (hashtext('name')). A volatile expression may
+// that are expressions (stmtlocks.EvalQuery). A volatile expression may
 // evaluate differently in the statement itself, so keys found this way are
 // checked against pg_locks after the statement.
 func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
-	k := lockKey{Shared: call.Func&sqlscan.FnShared != 0, Pair: call.NArgs == 2}
-	if call.NArgs != 1 && call.NArgs != 2 {
-		return k, false
+	query, ok := stmtlocks.EvalQuery(call)
+	if !ok {
+		return lockKey{Shared: call.Func&sqlscan.FnShared != 0, Pair: call.NArgs == 2}, false
 	}
-	typ := "bigint"
-	if k.Pair {
-		typ = "int4"
+	row, err := c.queryRow(ctx, query+pgsession.AfterDiscard(c.pin.Discards.Load()), args)
+	if err != nil {
+		row = nil
 	}
-	exprs := make([]string, call.NArgs)
-	for i := range call.NArgs {
-		a := call.Args[i]
-		switch a.Kind {
-		case sqlscan.ArgLiteral:
-			exprs[i] = strconv.FormatInt(a.Value, 10)
-		case sqlscan.ArgParam:
-			exprs[i] = "$" + strconv.Itoa(a.Param)
-		default:
-			exprs[i] = "(" + a.Text + ")"
-		}
-		exprs[i] += "::" + typ
-	}
-	row, err := c.queryRow(ctx, "SELECT "+strings.Join(exprs, ", ")+pgsession.AfterDiscard(c.pin.Discards.Load()), args)
-	if err != nil || len(row) != call.NArgs {
-		return k, false
-	}
-	k.K1 = pgdriver.AsInt64(row[0])
-	if k.Pair {
-		k.K2 = pgdriver.AsInt64(row[1])
-	}
-	return k, true
+	k, ok := stmtlocks.EvaluatedKey(call, row)
+	return lockKey(k), ok
 }

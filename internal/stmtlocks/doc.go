@@ -4,7 +4,9 @@
 // and what the lock-order checker orders.
 //
 // Its one job: the key of a scanned advisory call, resolved from literals
-// and bound arguments ([KeyOf], [ArgInt]); one lock as tracked ([Lock]: rows
+// and bound arguments ([KeyOf], [ArgInt]) or, where an argument is an
+// expression, the query that has the server evaluate it and the key its
+// row gives ([EvalQuery], [EvaluatedKey]); one lock as tracked ([Lock]: rows
 // of a table, an advisory key, a lockset namespace), named lazily for
 // messages so that tracking allocates nothing on the path every locking
 // statement takes; a transaction's locks, split at the statement running
@@ -19,7 +21,8 @@
 // Imports: internal/sqlscan (the statement's calls and lock clauses),
 // internal/advisorykey (the keys), internal/lockset (ids in lock order),
 // internal/lockorder (the graph) and internal/callsite (where a lock was
-// taken); database/sql/driver for bound arguments.
+// taken), internal/pgdriver (the values a driver returns, for an evaluated
+// key); database/sql/driver for bound arguments.
 //
 // [DeadlockError]: https://pkg.go.dev/github.com/lockhooks/lockhooks#DeadlockError
 package stmtlocks

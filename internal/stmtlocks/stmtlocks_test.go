@@ -47,6 +47,40 @@ func TestKeyOf(t *testing.T) {
 	}
 }
 
+// A key the statement computes is asked of the server as the call would
+// compute it: literals and bound parameters as they are, expressions in
+// parentheses, each cast as the function takes it; the row becomes the
+// key in the call's mode.
+func TestEvalQueryAndEvaluatedKey(t *testing.T) {
+	for _, c := range []struct {
+		query, want string
+		row         []driver.Value
+		key         advisorykey.Key
+	}{
+		{"SELECT pg_advisory_lock(hashtext('jobs'))", "SELECT (hashtext('jobs'))::bigint", []driver.Value{int64(-5)}, advisorykey.Key{K1: -5}},
+		{"SELECT pg_advisory_xact_lock_shared($1, abs($2))", "SELECT $1::int4, (abs($2))::int4", []driver.Value{int64(1), int32(2)}, advisorykey.Key{K1: 1, K2: 2, Pair: true, Shared: true}},
+		{"SELECT pg_try_advisory_lock(7)", "SELECT 7::bigint", []driver.Value{int64(7)}, advisorykey.Key{K1: 7}},
+	} {
+		call := sqlscan.ParseAdvisory(c.query).Calls[0]
+		got, ok := EvalQuery(call)
+		if !ok || got != c.want {
+			t.Errorf("EvalQuery(%s) = %q, %v; want %q", c.query, got, ok, c.want)
+		}
+		if k, ok := EvaluatedKey(call, c.row); !ok || k != c.key {
+			t.Errorf("EvaluatedKey(%s, %v) = %+v, %v; want %+v", c.query, c.row, k, ok, c.key)
+		}
+		if _, ok := EvaluatedKey(call, append(c.row, int64(0))); ok {
+			t.Errorf("%s: a row of another width was taken", c.query)
+		}
+		if _, ok := EvaluatedKey(call, nil); ok {
+			t.Errorf("%s: no row was taken", c.query)
+		}
+	}
+	if _, ok := EvalQuery(sqlscan.ParseAdvisory("SELECT pg_advisory_unlock_all()").Calls[0]); ok {
+		t.Error("a call without a key was evaluated")
+	}
+}
+
 // named binds args as $1, $2, ….
 func named(args []any) []driver.NamedValue {
 	out := make([]driver.NamedValue, len(args))
