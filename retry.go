@@ -182,31 +182,11 @@ func RunInTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.
 		r.mark.info = &r.info
 	}
 	ctx = &r.mark // a pointer into r: no allocation of its own
-	for attempt := 1; ; attempt++ {
-		err := r.attempt(ctx)
-		if err == nil {
-			return nil
-		}
-		if !r.retryable(err) {
-			return &RetryError{Attempts: attempt, Err: err}
-		}
-		if ctx.Err() != nil {
-			return &RetryError{Attempts: attempt, Err: err, Ctx: context.Cause(ctx)}
-		}
-		if attempt >= cfg.MaxAttempts {
-			return &RetryError{Attempts: attempt, Err: err, Exhausted: true}
-		}
-		wait := cfg.Backoff.After(attempt)
-		noteRetry(ctx, db, attempt, err)
-		if cfg.onRetry != nil {
-			cfg.onRetry(RetryEvent{Attempt: attempt, Err: err, Wait: wait})
-		}
-		if wait > 0 {
-			if cause := retry.Sleep(ctx, wait); cause != nil {
-				return &RetryError{Attempts: attempt, Err: err, Ctx: cause}
-			}
-		}
+	out, ok := cfg.Loop(ctx, r)
+	if ok {
+		return nil
 	}
+	return &RetryError{Attempts: out.Attempts, Err: out.Err, Exhausted: out.Exhausted, Ctx: out.Ctx}
 }
 
 // dialectOf returns the dialect of db's driver, "" if it cannot tell.
@@ -238,82 +218,65 @@ type runner struct {
 	mark     runInTxContext   // the context its transactions begin with
 }
 
-// callFn runs fn, marked as running on this goroutine while it does (also
-// if it panics).
-func (r *runner) callFn(tx *sql.Tx) error {
-	r.run.SetRunning(true)
-	defer r.run.SetRunning(false)
-	return r.fn(tx)
+// The runner is RunInTx's loop's adapter (retry.Attempts) and one
+// attempt's over *sql.Tx (retry.Tx).
+var (
+	_ retry.Attempts    = (*runner)(nil)
+	_ retry.Tx[*sql.Tx] = (*runner)(nil)
+)
+
+// Attempt runs one transaction (retry.RunAttempt).
+func (r *runner) Attempt(ctx context.Context) error {
+	return retry.RunAttempt[*sql.Tx](ctx, &r.cfg.Config, r, &r.info, r.postgres)
 }
 
-// retryable reports whether an attempt's error is worth another attempt.
-func (r *runner) retryable(err error) bool {
+// Retryable reports whether an attempt's error is worth another attempt.
+func (r *runner) Retryable(err error) bool {
 	if errors.Is(err, ErrWriterLockTimeout) {
 		return r.cfg.LockNotAvailable // the writer waited the busy timeout already
 	}
 	return r.cfg.Retryable(err)
 }
 
-// attempt runs one transaction.
-func (r *runner) attempt(ctx context.Context) (err error) {
-	r.info = retry.CommitInfo{}
-	tx, err := r.db.BeginTx(ctx, r.opts)
-	if err != nil {
-		return retry.BeginFailed(ctx, err)
+// Retrying records a retry among the database's events and tells
+// OnRetry's callback.
+func (r *runner) Retrying(ctx context.Context, attempt int, err error, wait time.Duration) {
+	noteRetry(ctx, r.db, attempt, err)
+	if r.cfg.onRetry != nil {
+		r.cfg.onRetry(RetryEvent{Attempt: attempt, Err: err, Wait: wait})
 	}
-	done := false
-	defer func() {
-		if !done {
-			tx.Rollback() // fn panicked: the transaction must not stay open
-		}
-	}()
-	err = r.callFn(tx)
-	if err != nil {
-		done = true
-		return r.fnFailed(ctx, err, tx.Rollback())
-	}
-	if r.postgres && r.cfg.CommitCheck && !r.info.Begun {
-		// The transaction began without its id (a driver or an isolation
-		// level that BEGIN's round trip cannot serve): assign and read it
-		// now, in a round trip of its own.
-		var xid sql.NullString
-		if err := tx.QueryRowContext(ctx, retry.XIDQuery).Scan(&xid); err != nil {
-			done = true
-			tx.Rollback()
-			return retry.XIDFailed(ctx, err)
-		}
-		r.info.XID = xid.String
-	}
-	done = true
-	err = tx.Commit()
-	if err == nil {
-		return nil
-	}
-	return r.commitFailed(ctx, err)
 }
 
-// fnFailed classifies fn's error, given what the transaction's ROLLBACK
-// returned. fn may fail with errors of its own that look like a broken
-// connection (io.EOF, or a network error from an HTTP call inside fn): such
-// an error is the database's only when the transaction's connection broke
-// too, which its ROLLBACK then says (it fails). Retrying fn's own would run
-// its external calls again for nothing.
-func (r *runner) fnFailed(ctx context.Context, err, rollbackErr error) error {
-	if rollbackErr == nil || errors.Is(rollbackErr, sql.ErrTxDone) {
-		return err // the connection is fine: not a broken one
-	}
-	return retry.BeforeCommit(ctx, err)
+// Begin begins an attempt's transaction.
+func (r *runner) Begin(ctx context.Context) (*sql.Tx, error) { return r.db.BeginTx(ctx, r.opts) }
+
+// Run runs fn, marked as running on this goroutine while it does (also
+// if it panics).
+func (r *runner) Run(tx *sql.Tx) error {
+	r.run.SetRunning(true)
+	defer r.run.SetRunning(false)
+	return r.fn(tx)
 }
 
-// commitFailed decides what a failed COMMIT means.
-func (r *runner) commitFailed(ctx context.Context, err error) error {
-	if errors.Is(err, sql.ErrTxDone) {
-		// database/sql rolled the transaction back when ctx ended; COMMIT
-		// was never sent.
-		return err
-	}
-	return r.cfg.CommitFailed(ctx, err, r.postgres, r.info.XID, statusDB{r.db})
+// Rollback rolls an attempt's transaction back.
+func (r *runner) Rollback(tx *sql.Tx) error { return tx.Rollback() }
+
+// ReadXID assigns and reads the transaction's id (retry.XIDQuery).
+func (r *runner) ReadXID(ctx context.Context, tx *sql.Tx) (string, error) {
+	var xid sql.NullString
+	err := tx.QueryRowContext(ctx, retry.XIDQuery).Scan(&xid)
+	return xid.String, err
 }
+
+// Commit commits an attempt's transaction.
+func (r *runner) Commit(tx *sql.Tx) error { return tx.Commit() }
+
+// Done reports whether err is database/sql's: the transaction was over
+// already.
+func (r *runner) Done(err error) bool { return errors.Is(err, sql.ErrTxDone) }
+
+// Server asks the questions of a commit's resolution on r's database.
+func (r *runner) Server() retry.Server { return statusDB{r.db} }
 
 // statusDB asks the questions of a commit's resolution on db, on a
 // connection other than the broken one.

@@ -10,9 +10,14 @@
 // learnt at BEGIN by the wrapped connection, which reads the attempt's
 // [CommitInfo] from BeginTx's context ([InfoOf]).
 //
-// The loop over *sql.Tx (BeginTx, fn, Commit, Rollback), the exported
-// options and the error that reports the attempts stay with RunInTx in the
-// root package.
+// The loop itself is here too, over an adapter's transaction type: the
+// attempts, their backoff and when the loop stops ([Config.Loop], over
+// the adapter as [Attempts], ending in an [Outcome]), and one attempt's
+// begin, fn, transaction id, COMMIT and the classification of each step's
+// error ([RunAttempt], over the adapter's transaction as a [Tx]). The
+// adapters are the root's RunInTx over *sql.Tx (and, to come, a pgx
+// pool's); the exported options and the error that reports the attempts
+// stay with RunInTx in the root package.
 //
 // State: none of its own; a [Config] is one call's value, a [CommitInfo]
 // one attempt's.
