@@ -5,8 +5,11 @@
 // holder is A, and C is queued ahead of it), read in one statement on the
 // database's side connection ([Reader.Blocked]); which of the database's
 // connections a backend is, by the identity it published or by the backend
-// it met at connect ([Reader.ConnOf]); and who holds given advisory keys
-// now ([Reader.KeyHolders]). It feeds the model of holders: the slow-wait
+// it met at connect ([Reader.ConnOf]); who holds given advisory keys
+// now ([Reader.KeyHolders]); and a backend the server showed blocking a
+// wait as the model's holder: this process's connection as the caller
+// names it, another process's as its published identity says
+// ([Identify], [HolderOf]). It feeds the model of holders: the slow-wait
 // log, the wait spans, the errors of waits that time out, deadlocks and
 // the debug page.
 //
