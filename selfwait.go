@@ -2,18 +2,15 @@ package lockhooks
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
-	"sync/atomic"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/inprocess"
-	"github.com/lockhooks/lockhooks/internal/rawconn"
+	"github.com/lockhooks/lockhooks/internal/pgblocking"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
@@ -204,16 +201,13 @@ func (c *conn) watchSelfWait(ctx context.Context, w *lockWait, st statement) {
 // self-wait runs before lockhooks asks the server whose lock it waits for.
 const selfWaitProbeDelay = 50 * time.Millisecond
 
-// selfWaitProbe watches a Postgres row-lock wait while a transaction of
-// the same call chain is open on another connection: lockhooks knows no
-// row a transaction holds, so after selfWaitProbeDelay it asks the server,
-// on a side connection, whether the statement waits for that transaction
-// and, in the same statement, cancels it if so.
+// selfWaitProbe is a Postgres row-lock wait's probe (pgblocking.Probe):
+// lockhooks knows no row a transaction holds, so after selfWaitProbeDelay
+// it asks the server whether the statement waits for the transaction of
+// holder, which it then names in the error.
 type selfWaitProbe struct {
-	stop   chan struct{}
-	done   chan struct{}
+	*pgblocking.Probe
 	holder holders.Holder
-	hit    atomic.Bool // the probe cancelled the statement
 }
 
 // probeSelfWait starts the probe of a row-lock wait of c for the
@@ -223,45 +217,8 @@ func (w *lockWait) probeSelfWait(c, h *conn) {
 	if w == nil || pid == 0 || hpid == 0 {
 		return
 	}
-	p := &selfWaitProbe{stop: make(chan struct{}), done: make(chan struct{}), holder: h.asHolder(nil)}
-	w.self = p
-	go func() {
-		defer close(p.done)
-		t := time.NewTimer(selfWaitProbeDelay)
-		defer t.Stop()
-		select {
-		case <-p.stop:
-			return
-		case <-t.C:
-		}
-		if !c.endable() || !h.endable() {
-			return // a pooler was seen meanwhile (see watchSelfWait)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
-		defer cancel()
-		// Checked and cancelled in one statement: the backend still waits
-		// for a lock, and the transaction's backend blocks it. On the
-		// database's side connection (pg_blockers.go).
-		c.connector.side.Use(ctx, func(side driver.Conn) error {
-			rows, err := rawconn.Query(ctx, side, fmt.Sprintf(`SELECT pg_cancel_backend(a.pid) FROM pg_stat_activity a
-WHERE a.pid = %d AND a.wait_event_type = 'Lock' AND %d = ANY (pg_blocking_pids(a.pid))`, pid, hpid), nil)
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
-			dest := make([]driver.Value, 1)
-			if err := rows.Next(dest); err != nil {
-				if err == io.EOF {
-					return nil
-				}
-				return err
-			}
-			if ok, _ := dest[0].(bool); ok {
-				p.hit.Store(true)
-			}
-			return nil
-		})
-	}()
+	safe := func() bool { return c.endable() && h.endable() } // (a pooler seen since watchSelfWait)
+	w.self = &selfWaitProbe{Probe: c.connector.blocking.Probe(selfWaitProbeDelay, pid, hpid, safe), holder: h.asHolder(nil)}
 }
 
 // selfWaitResult ends the wait's self-wait probe, if any, and turns the
@@ -272,9 +229,7 @@ func (w *lockWait) selfWaitResult(c *conn, statement string, err error) error {
 	}
 	p := w.self
 	w.self = nil
-	close(p.stop)
-	<-p.done // a cancel in flight must not meet a later statement unexplained
-	if !p.hit.Load() || dberr.SQLState(err) != "57014" {
+	if !p.Stop() || dberr.SQLState(err) != "57014" {
 		return err
 	}
 	e := fmt.Errorf("%w; Postgres cancelled the waiting statement: %w",

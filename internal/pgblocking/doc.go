@@ -9,7 +9,10 @@
 // now ([Reader.KeyHolders]); and a backend the server showed blocking a
 // wait as the model's holder: this process's connection as the caller
 // names it, another process's as its published identity says
-// ([Identify], [HolderOf]). It feeds the model of holders: the slow-wait
+// ([Identify], [HolderOf]); and the probe of a wait that may be a
+// self-wait, which asks whether a backend waits for a given holder and
+// cancels its statement in the same statement if so ([Reader.Probe]). It
+// feeds the model of holders: the slow-wait
 // log, the wait spans, the errors of waits that time out, deadlocks and
 // the debug page.
 //
