@@ -73,7 +73,7 @@ func (l *AdvisoryLock) readToken(ctx context.Context) {
 	defer cancel()
 	l.conn.Raw(func(any) error {
 		note, args := l.c.holderNote()
-		row, err := l.c.queryRow(ctx, note+tokenQuery, args)
+		row, err := l.c.QueryRow(ctx, note+tokenQuery, args)
 		switch {
 		case err == nil && row[0] != nil:
 			l.token = pgdriver.AsInt64(row[0])

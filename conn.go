@@ -104,8 +104,9 @@ type conn struct {
 	// (pinning.acquired).
 	acquiring atomic.Bool
 
-	// mark is the marker the connection leaves on its backend (Postgres;
-	// see sessionQuery), set before its first statement.
+	// mark is the marker the connection leaves on its backend (Postgres:
+	// at connect, pgsession.Conn.Identify, or where that read could not
+	// run, pgsession.Conn.ReadPID), set before its first statement.
 	mark string
 }
 

@@ -12,9 +12,6 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/lockhooks/lockhooks/internal/dberr"
-	"github.com/lockhooks/lockhooks/internal/pgdriver"
-	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
@@ -98,8 +95,9 @@ func (c *conn) execPrepared(ctx context.Context, query string) error {
 }
 
 // BackendPID returns the Postgres backend pid of the connection, asking the
-// server once, the first time a feature needs it. The same statement leaves
-// the connection's marker on its backend (see sessionQuery).
+// server once, the first time a feature needs it (pgsession.Conn.ReadPID).
+// Unless a pooler is declared, the same statement leaves the connection's
+// marker on its backend.
 func (c *conn) BackendPID(ctx context.Context) (int32, error) {
 	if pid := c.pin.PID.Load(); pid != 0 {
 		return pid, nil
@@ -107,38 +105,20 @@ func (c *conn) BackendPID(ctx context.Context) (int32, error) {
 	if c.connector.pins == nil {
 		return 0, errors.New("lockhooks: a backend pid is a Postgres notion")
 	}
-	var row []driver.Value
-	var err error
-	if c.connector.opts.txPooler || c.connector.opts.pinningPooler {
-		// A declared pooler: no guard, so no marker (RDS Proxy would pin
-		// the connection for a setting).
-		row, err = c.queryRow(ctx, "SELECT pg_backend_pid()", nil)
-	} else {
-		row, err = c.queryRow(ctx, sessionQuery, []driver.NamedValue{{Ordinal: 1, Value: c.marker()}})
+	marker := ""
+	if !c.connector.opts.txPooler && !c.connector.opts.pinningPooler {
+		// (a declared pooler: no guard, so no marker; RDS Proxy would pin
+		// the connection for a setting)
+		marker = c.marker()
 	}
-	if err != nil && c.mark != "" && dberr.FromServer(err) && !c.ConnectionBroken(err) {
-		// A server that refuses the marker (one that speaks Postgres's
-		// protocol but has no custom settings): the pid alone, and the
-		// pooler guard without markers.
-		c.mark = ""
-		row, err = c.queryRow(ctx, "SELECT pg_backend_pid()", nil)
-	}
+	got, err := c.pin.ReadPID(ctx, marker)
 	if err != nil {
-		return 0, fmt.Errorf("lockhooks: reading the backend pid of %v: %w", c, err)
+		return 0, err
 	}
-	switch pid := row[0].(type) {
-	case int64:
-		c.pin.PID.Store(int32(pid))
-	case int32:
-		c.pin.PID.Store(pid)
-	default:
-		return 0, fmt.Errorf("lockhooks: pg_backend_pid() returned %T, want an integer", row[0])
-	}
-	if len(row) > 3 {
-		c.pin.Incarnation = pgsession.ReadIncarnation(pgdriver.AsString(row[3]))
-	}
-	if len(row) > 1 {
-		c.sawMarker(pgdriver.AsString(row[1]), strconv.Itoa(int(c.pin.PID.Load())))
+	if got.Marked {
+		c.sawMarker(got.Marker, strconv.Itoa(int(c.pin.PID.Load())))
+	} else {
+		c.mark = "" // none asked for, or the server refused it
 	}
 	return c.pin.PID.Load(), nil
 }
@@ -146,16 +126,17 @@ func (c *conn) BackendPID(ctx context.Context) (int32, error) {
 // QueryValue runs a statement of lockhooks' own on the inner connection,
 // bypassing the hooks, and returns the first column of its first row.
 func (c *conn) QueryValue(ctx context.Context, query string, args ...driver.NamedValue) (driver.Value, error) {
-	row, err := c.queryRow(ctx, query, args)
+	row, err := c.QueryRow(ctx, query, args)
 	if err != nil {
 		return nil, err
 	}
 	return row[0], nil
 }
 
-// queryRow runs a statement of lockhooks' own on the inner connection,
-// bypassing the hooks, and returns its first row.
-func (c *conn) queryRow(ctx context.Context, query string, args []driver.NamedValue) (row []driver.Value, err error) {
+// QueryRow runs a statement of lockhooks' own on the inner connection,
+// bypassing the hooks, its round trip noted, and returns its first row
+// (pgsession.Host).
+func (c *conn) QueryRow(ctx context.Context, query string, args []driver.NamedValue) (row []driver.Value, err error) {
 	err = c.noteRoundTrip(query, func() error {
 		row, err = c.queryFirstRow(ctx, query, args)
 		return err
@@ -163,7 +144,7 @@ func (c *conn) queryRow(ctx context.Context, query string, args []driver.NamedVa
 	return row, err
 }
 
-// queryFirstRow is queryRow's round trip.
+// queryFirstRow is QueryRow's round trip.
 func (c *conn) queryFirstRow(ctx context.Context, query string, args []driver.NamedValue) ([]driver.Value, error) {
 	var rows driver.Rows
 	var err error

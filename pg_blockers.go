@@ -14,9 +14,9 @@ import (
 // as the server shows it, for the slow-wait log, the wait spans, the
 // errors of waits that time out, deadlocks and the debug page, read on the
 // database's side connection and matched to its connections in
-// internal/pgblocking; the model identifies each backend
-// (holders_blockage.go, identify) by the identity it published
-// (internal/identity) or as a connection of this process. Here: the
+// internal/pgblocking, which also names each backend as the model's
+// holder (pgblocking.Identify: by the identity it published, or as a
+// connection of this process, found by holders_blockage.go's identify). Here: the
 // database's side connection and its reader, and the connection as the
 // reader matches backends to it.
 

@@ -51,8 +51,8 @@ import (
 // identifyOnConnect reads, in the one statement Connect runs on Postgres
 // anyway, the backend pid and the application_name the user's
 // configuration gave the connection, and, unless the database declared a
-// pooler, leaves the connection's session marker on its backend (see
-// sessionQuery): pgsession.Conn.Identify. Through a driver that cannot
+// pooler, leaves the connection's session marker on its backend:
+// pgsession.Conn.Identify. Through a driver that cannot
 // run such a text uncached, the pid alone is read.
 func (w *conn) identifyOnConnect(ctx context.Context) error {
 	own := w.connector.own.Of(w.inner)

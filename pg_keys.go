@@ -46,7 +46,7 @@ func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []dr
 	if !ok {
 		return lockKey{Shared: call.Func&sqlscan.FnShared != 0, Pair: call.NArgs == 2}, false
 	}
-	row, err := c.queryRow(ctx, query+pgsession.AfterDiscard(c.pin.Discards.Load()), args)
+	row, err := c.QueryRow(ctx, query+pgsession.AfterDiscard(c.pin.Discards.Load()), args)
 	if err != nil {
 		row = nil
 	}

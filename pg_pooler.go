@@ -96,11 +96,6 @@ func (c *conn) PoolerDetected(what string) error { return pgsession.PoolerError(
 // the connections holding them fail their next statement and are reported
 // lost, with ErrTransactionPooler.
 
-// sessionQuery opens a connection's session: its backend pid, the marker
-// left on the backend before it (by another lockhooks connection, if any),
-// its own marker ($1), and the backend's incarnation (see pgsession.IncarnationExpr).
-const sessionQuery = "SELECT pg_backend_pid(), current_setting('lockhooks.session', true), set_config('lockhooks.session', $1, false), " + pgsession.IncarnationExpr
-
 // marker returns c's session marker: this database's nonce and c's number.
 func (c *conn) marker() string {
 	if c.mark == "" {

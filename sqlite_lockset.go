@@ -237,14 +237,14 @@ func (t *tx) releaseLast(n int) {
 func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []string, try bool, site *callsite.Stack) (bool, error) {
 	ks := lockset.AdvisoryKeys(namespace, keys, LockID)
 	if !try {
-		if _, err := c.queryRow(ctx, lockset.Statement("pg_advisory_xact_lock", "count", ks), nil); err != nil {
+		if _, err := c.QueryRow(ctx, lockset.Statement("pg_advisory_xact_lock", "count", ks), nil); err != nil {
 			return false, err
 		}
 		c.addXact(ks, site)
 		return true, nil
 	}
 	if len(ks) == 1 {
-		row, err := c.queryRow(ctx, "SELECT "+lockset.Calls("pg_try_advisory_xact_lock", ks), nil)
+		row, err := c.QueryRow(ctx, "SELECT "+lockset.Calls("pg_try_advisory_xact_lock", ks), nil)
 		if err != nil {
 			return false, err
 		}
@@ -257,7 +257,7 @@ func (c *conn) locksetPostgres(ctx context.Context, namespace string, keys []str
 	if err := c.ExecOwn(ctx, "SAVEPOINT lockhooks_trylock"); err != nil {
 		return false, err
 	}
-	row, err := c.queryRow(ctx, lockset.Statement("pg_try_advisory_xact_lock", "bool_and", ks), nil)
+	row, err := c.QueryRow(ctx, lockset.Statement("pg_try_advisory_xact_lock", "bool_and", ks), nil)
 	all := err == nil
 	for _, v := range row {
 		if ok, _ := v.(bool); !ok {

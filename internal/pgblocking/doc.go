@@ -4,17 +4,16 @@
 // the root of the chain (A holds, C waits for A, B waits behind C: B's
 // holder is A, and C is queued ahead of it), read in one statement on the
 // database's side connection ([Reader.Blocked]); which of the database's
-// connections a backend is, by the identity it published or by the backend
-// it met at connect ([Reader.ConnOf]); who holds given advisory keys
-// now ([Reader.KeyHolders]); and a backend the server showed blocking a
+// connections a backend is, by the identity it published or by the
+// backend it met at connect ([Reader.ConnOf]); who holds given advisory
+// keys now ([Reader.KeyHolders]); a backend the server showed blocking a
 // wait as the model's holder: this process's connection as the caller
 // names it, another process's as its published identity says
 // ([Identify], [HolderOf]); and the probe of a wait that may be a
 // self-wait, which asks whether a backend waits for a given holder and
 // cancels its statement in the same statement if so ([Reader.Probe]). It
-// feeds the model of holders: the slow-wait
-// log, the wait spans, the errors of waits that time out, deadlocks and
-// the debug page.
+// feeds the model of holders: the slow-wait log, the wait spans, the
+// errors of waits that time out, deadlocks and the debug page.
 //
 // The connections are the caller's own type ([Conn]); the package keeps
 // no state of them, only the read in flight, which callers arriving while

@@ -69,6 +69,51 @@ func (c *Conn[K]) Identify(ctx context.Context, own *pgdriver.Statements, marker
 	return got, nil
 }
 
+// sessionQuery opens a connection's session where the read at connect
+// could not (ReadPID): its backend pid, the marker left on the backend
+// before it (by another lockhooks connection, if any), its own marker
+// ($1), and the backend's incarnation.
+const sessionQuery = "SELECT pg_backend_pid(), current_setting('lockhooks.session', true), set_config('lockhooks.session', $1, false), " + IncarnationExpr
+
+// ReadPID reads the backend pid (PID) through the caller's own statements
+// (Host.QueryRow), where the read at connect did not (a driver that cannot
+// run Identify's text uncached), and, for marker not "", leaves marker on
+// the backend and reads the marker that was there and the backend's
+// incarnation (sessionQuery). A server that refuses the marker (one that
+// speaks Postgres's protocol but has no custom settings) is asked for the
+// pid alone: the pooler guard then works without markers.
+func (c *Conn[K]) ReadPID(ctx context.Context, marker string) (Opened, error) {
+	var row []driver.Value
+	var err error
+	if marker == "" {
+		row, err = c.host.QueryRow(ctx, "SELECT pg_backend_pid()", nil)
+	} else {
+		row, err = c.host.QueryRow(ctx, sessionQuery, []driver.NamedValue{{Ordinal: 1, Value: marker}})
+	}
+	if err != nil && marker != "" && dberr.FromServer(err) && !c.host.ConnectionBroken(err) {
+		row, err = c.host.QueryRow(ctx, "SELECT pg_backend_pid()", nil)
+	}
+	if err != nil {
+		return Opened{}, fmt.Errorf("lockhooks: reading the backend pid of %v: %w", c.host, err)
+	}
+	switch pid := row[0].(type) {
+	case int64:
+		c.PID.Store(int32(pid))
+	case int32:
+		c.PID.Store(pid)
+	default:
+		return Opened{}, fmt.Errorf("lockhooks: pg_backend_pid() returned %T, want an integer", row[0])
+	}
+	var got Opened
+	if len(row) > 3 {
+		c.Incarnation = ReadIncarnation(pgdriver.AsString(row[3]))
+	}
+	if len(row) > 1 {
+		got.Marked, got.Marker = true, pgdriver.AsString(row[1])
+	}
+	return got, nil
+}
+
 // connectRow runs Identify's statement: the backend pid, the
 // application_name and, with server, the backend's incarnation and, with
 // a marker too, the marker found on the backend as marker replaces it.

@@ -98,3 +98,25 @@ func TestIdentifyWithoutWhatTheServerRefuses(t *testing.T) {
 		t.Errorf("refused: %+v, incarnation %q, pid %d, publishes %v", got, h.c.Incarnation, h.c.PID.Load(), h.c.Who.Publishes)
 	}
 }
+
+// The pid read later, through the caller's own statements: with a
+// marker, the one found is read as the connection's replaces it, with the
+// incarnation; without, the pid alone.
+func TestReadPID(t *testing.T) {
+	ctx, c, h := reconcileEnv(t, Settings{})
+	got, err := c.ReadPID(ctx, "")
+	if err != nil || got.Marked || c.PID.Load() == 0 || c.Incarnation != "" {
+		t.Fatalf("without a marker: %+v, pid %d, incarnation %q, %v", got, c.PID.Load(), c.Incarnation, err)
+	}
+	pid := c.PID.Load()
+	if err := rawconn.Exec(ctx, h.inner, "SELECT set_config('lockhooks.session', 'before:1', false)"); err != nil {
+		t.Fatal(err)
+	}
+	got, err = c.ReadPID(ctx, "after:2")
+	if err != nil || !got.Marked || got.Marker != "before:1" || c.PID.Load() != pid || c.Incarnation == "" {
+		t.Fatalf("with a marker: %+v, pid %d (was %d), incarnation %q, %v", got, c.PID.Load(), pid, c.Incarnation, err)
+	}
+	if v, err := h.QueryValue(ctx, "SELECT current_setting('lockhooks.session')"); err != nil || v != "after:2" {
+		t.Errorf("the marker left: %v, %v", v, err)
+	}
+}

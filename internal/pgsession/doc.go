@@ -30,7 +30,9 @@
 //     carry them stays the caller's; and the read at connect, in the one
 //     statement a connection runs then anyway, of its backend pid, the
 //     application_name the user gave it, its backend's incarnation and
-//     the session marker it leaves there ([Conn.Identify], [Opened]);
+//     the session marker it leaves there ([Conn.Identify], [Opened]),
+//     or, where that read cannot run, the same later through the
+//     caller's own statements ([Conn.ReadPID], over [Host].QueryRow);
 //   - what the tracking checks before a statement runs (a lone
 //     transaction-level lock outside a transaction refused, the server
 //     asked whether a block is open, [Conn.RefuseUselessXact]; counts

@@ -79,6 +79,10 @@ type Host[K NamedKey] interface {
 	// bypassing the hooks, its round trip noted, and returns the first
 	// column of its first row.
 	QueryValue(ctx context.Context, query string, args ...driver.NamedValue) (driver.Value, error)
+	// QueryRow runs a statement of lockhooks' own on the connection,
+	// bypassing the hooks, its round trip noted, and returns its first
+	// row.
+	QueryRow(ctx context.Context, query string, args []driver.NamedValue) ([]driver.Value, error)
 	// UnlockRerouted counts an unlock rerouted to the connection.
 	UnlockRerouted(ctx context.Context)
 	// ThroughPooler reports whether a pooler stands between the

@@ -75,6 +75,17 @@ func (h *testHost) QueryValue(ctx context.Context, q string, args ...driver.Name
 	}
 	return row.Values()[0], nil
 }
+func (h *testHost) QueryRow(ctx context.Context, q string, args []driver.NamedValue) ([]driver.Value, error) {
+	rows, err := rawconn.Query(ctx, h.inner, q, args)
+	if err != nil {
+		return nil, err
+	}
+	row, err := rawconn.ReadRow(rows)
+	if err != nil {
+		return nil, err
+	}
+	return row.Values(), nil
+}
 func (h *testHost) UnlockRerouted(context.Context) { h.rerouted.Add(1) }
 func (h *testHost) ThroughPooler() bool            { return h.c.set.TxPooler || h.c.set.PinningPooler }
 func (h *testHost) Ends() *EndQueue                { return h.ends }

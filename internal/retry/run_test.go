@@ -58,7 +58,8 @@ func TestLoop(t *testing.T) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	cause := errors.New("shutting down")
 	s = &script{errs: []error{errRetry, errRetry}, retryable: retryOnly, cancel: func() { cancel(cause) }}
-	if out, ok := c.Loop(cctx, s); ok || out.Attempts != 1 || out.Ctx != cause || s.ran != 1 {
+	long := Config{MaxAttempts: 3, Backoff: Backoff{Base: time.Hour, Cap: time.Hour}} // (a backoff of 0 would skip the wait)
+	if out, ok := long.Loop(cctx, s); ok || out.Attempts != 1 || out.Ctx != cause || s.ran != 1 {
 		t.Errorf("cancelled in the backoff: %+v, %d ran", out, s.ran)
 	}
 	if out, ok := c.Loop(cctx, &script{errs: []error{errRetry}, retryable: retryOnly}); ok || out.Attempts != 1 || out.Ctx != cause {
