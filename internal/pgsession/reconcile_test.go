@@ -65,15 +65,11 @@ func (h *testHost) Settle()                       { h.settled.Add(1) }
 func (h *testHost) ReleaseTurn(int64)             {}
 func (h *testHost) HoldEnded(time.Time)           { h.holdEnds.Add(1) }
 func (h *testHost) QueryValue(ctx context.Context, q string, args ...driver.NamedValue) (driver.Value, error) {
-	rows, err := rawconn.Query(ctx, h.inner, q, args)
+	row, err := h.QueryRow(ctx, q, args)
 	if err != nil {
 		return nil, err
 	}
-	row, err := rawconn.ReadRow(rows)
-	if err != nil {
-		return nil, err
-	}
-	return row.Values()[0], nil
+	return row[0], nil
 }
 func (h *testHost) QueryRow(ctx context.Context, q string, args []driver.NamedValue) ([]driver.Value, error) {
 	rows, err := rawconn.Query(ctx, h.inner, q, args)
