@@ -1,8 +1,6 @@
 package lockhooks
 
 import (
-	"context"
-	"database/sql/driver"
 	"fmt"
 	"strings"
 	"time"
@@ -10,7 +8,6 @@ import (
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
-	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // Explaining a deadlock (SQLSTATE 40P01): Postgres's DETAIL names the
@@ -34,26 +31,13 @@ type DeadlockSide struct {
 	Held      []string      // what it held that another side waited for, then the locks lockhooks saw it take
 }
 
-// readDeadlockFacts reads, on the side connection (pg_blockers.go), the
-// backends of the cycle and the relations the DETAIL names by oid.
+// readDeadlockFacts reads what the server still shows of a deadlock's
+// backends and relations (pgblocking.Reader.DeadlockFacts), on Postgres.
 func (c *connector) readDeadlockFacts(edges []pgserver.DeadlockEdge, detail string) pgserver.DeadlockFacts {
-	f := pgserver.DeadlockFacts{Backends: map[int32]pgserver.BackendFacts{}, Relations: map[string]string{}}
-	if len(edges) == 0 || c.opts.dialect != Postgres {
-		return f
+	if c.opts.dialect != Postgres {
+		return pgserver.DeadlockFacts{Backends: map[int32]pgserver.BackendFacts{}, Relations: map[string]string{}}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
-	defer cancel()
-	query := pgserver.DeadlockFactsQuery(edges, detail)
-	f.Err = c.side.Use(ctx, func(side driver.Conn) error {
-		clear(f.Backends)
-		clear(f.Relations)
-		rows, err := rawconn.Query(ctx, side, query, nil)
-		if err != nil {
-			return err
-		}
-		return pgserver.ReadDeadlockFacts(rows, &f)
-	})
-	return f
+	return c.blocking.DeadlockFacts(edges, detail)
 }
 
 // explainDeadlock fills the sides of de and its advice. where is the

@@ -11,7 +11,9 @@
 // names it, another process's as its published identity says
 // ([Identify], [HolderOf]); and the probe of a wait that may be a
 // self-wait, which asks whether a backend waits for a given holder and
-// cancels its statement in the same statement if so ([Reader.Probe]). It
+// cancels its statement in the same statement if so ([Reader.Probe]);
+// and what the server still shows of a deadlock's backends and relations
+// ([Reader.DeadlockFacts]). It
 // feeds the model of holders: the slow-wait log, the wait spans, the
 // errors of waits that time out, deadlocks and the debug page.
 //
