@@ -1,19 +1,10 @@
 package pgblocking
 
 import (
-	"context"
-	"database/sql"
-	"database/sql/driver"
 	"fmt"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
-
-	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
-	"github.com/lockhooks/lockhooks/internal/pgtest"
-	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // The facts of a deadlock's cycle, read on the side connection: what
@@ -21,17 +12,7 @@ import (
 // one, idle in its transaction after an UPDATE), and the name of a
 // relation it names by oid; nothing is read for a DETAIL without edges.
 func TestDeadlockFacts(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	raw, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	if _, err := raw.ExecContext(ctx, "CREATE TABLE accounts (id int PRIMARY KEY); INSERT INTO accounts VALUES (1)"); err != nil {
-		t.Fatal(err)
-	}
+	ctx, raw, r := serverEnv(t, "CREATE TABLE accounts (id int PRIMARY KEY); INSERT INTO accounts VALUES (1)", nil)
 	c, err := raw.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -50,10 +31,6 @@ func TestDeadlockFacts(t *testing.T) {
 	if _, err := tx.ExecContext(ctx, "UPDATE accounts SET id = id WHERE id = 1"); err != nil {
 		t.Fatal(err)
 	}
-	side := rawconn.NewSide(func(context.Context) (driver.Conn, error) { return stdlib.GetDefaultDriver().Open(dsn) })
-	defer side.Close()
-	r := New(Config[*testConn]{Side: side, Own: &pgdriver.Statements{}, Database: func() uint64 { return 1 },
-		Conns: func() []*testConn { return nil }, Timeout: 10 * time.Second})
 
 	detail := fmt.Sprintf("Process %d waits for ShareLock on transaction 1; blocked by process 99999.\nProcess 99999 waits for ShareLock on tuple (0,1) of relation %d of database %d; blocked by process %d.", pid, oid, db, pid)
 	edges := pgserver.ParseDeadlockDetail(detail)

@@ -1,39 +1,18 @@
 package pgblocking
 
 import (
-	"context"
 	"database/sql"
-	"database/sql/driver"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/lockhooks/lockhooks/internal/dberr"
-	"github.com/lockhooks/lockhooks/internal/pgdriver"
-	"github.com/lockhooks/lockhooks/internal/pgtest"
-	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
 // A probe against real backends: it cancels the waiter's statement only
 // where the holder it names blocks it, and only while the caller says it
 // is safe; Stop says whether it did.
 func TestProbeCancelsOnlyAWaitForTheHolder(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	raw, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	if _, err := raw.ExecContext(ctx, "CREATE TABLE jobs (id int PRIMARY KEY); INSERT INTO jobs VALUES (1)"); err != nil {
-		t.Fatal(err)
-	}
-	side := rawconn.NewSide(func(context.Context) (driver.Conn, error) { return stdlib.GetDefaultDriver().Open(dsn) })
-	defer side.Close()
-	r := New(Config[*testConn]{Side: side, Own: &pgdriver.Statements{}, Database: func() uint64 { return 1 },
-		Conns: func() []*testConn { return nil }, Timeout: 10 * time.Second})
+	ctx, raw, r := serverEnv(t, "CREATE TABLE jobs (id int PRIMARY KEY); INSERT INTO jobs VALUES (1)", nil)
 	pidOf := func(c *sql.Conn) (pid int32) {
 		if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 			t.Fatal(err)

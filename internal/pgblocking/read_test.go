@@ -19,19 +19,41 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// serverEnv opens a database for t, runs setup there, and returns a pool
+// on it, for acting beside the reader, and a reader on a side connection
+// of its own over the connections conns returns (nil: none).
+func serverEnv(t *testing.T, setup string, conns func() []*testConn) (context.Context, *sql.DB, *Reader[*testConn]) {
+	t.Helper()
+	dsn := pgtest.DSN(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	raw, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	if setup != "" {
+		if _, err := raw.ExecContext(ctx, setup); err != nil {
+			t.Fatal(err)
+		}
+	}
+	side := rawconn.NewSide(func(context.Context) (driver.Conn, error) { return stdlib.GetDefaultDriver().Open(dsn) })
+	t.Cleanup(side.Close)
+	if conns == nil {
+		conns = func() []*testConn { return nil }
+	}
+	return ctx, raw, New(Config[*testConn]{Side: side, Own: &pgdriver.Statements{}, Database: func() uint64 { return 1 }, SeenBy: "db",
+		Conns: conns, Timeout: 10 * time.Second})
+}
+
 // A real queue: an outside session holds advisory key 1, two connections
 // of the database wait for it, one behind the other. The read names the
 // holder first for both, the first waiter as queued ahead of the second;
 // overlapping reads share one; and the key's holder is read from pg_locks.
 func TestBlockedReadsTheQueueToItsHolder(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	raw, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	var mu sync.Mutex
+	var conns []*testConn
+	ctx, raw, r := serverEnv(t, "", func() []*testConn { mu.Lock(); defer mu.Unlock(); return append([]*testConn(nil), conns...) })
 	holder, err := raw.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -41,14 +63,6 @@ func TestBlockedReadsTheQueueToItsHolder(t *testing.T) {
 	if err := holder.QueryRowContext(ctx, "SELECT pg_backend_pid(), pg_advisory_lock(1)").Scan(&holderPID, new(any)); err != nil {
 		t.Fatal(err)
 	}
-
-	side := rawconn.NewSide(func(context.Context) (driver.Conn, error) { return stdlib.GetDefaultDriver().Open(dsn) })
-	defer side.Close()
-	var mu sync.Mutex
-	var conns []*testConn
-	r := New(Config[*testConn]{Side: side, Own: &pgdriver.Statements{}, Database: func() uint64 { return 1 }, SeenBy: "db",
-		Conns:   func() []*testConn { mu.Lock(); defer mu.Unlock(); return append([]*testConn(nil), conns...) },
-		Timeout: 10 * time.Second})
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
