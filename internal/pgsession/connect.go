@@ -44,7 +44,6 @@ func (c *Conn[K]) Identify(ctx context.Context, own *pgdriver.Statements, marker
 	inner := c.host.Unwrap()
 	row, err := connectRow(ctx, inner, own, marker, true)
 	if err != nil && dberr.FromServer(err) && !c.host.ConnectionBroken(err) {
-		marker = ""
 		row, err = connectRow(ctx, inner, own, "", false)
 	}
 	if err != nil {
