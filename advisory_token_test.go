@@ -28,7 +28,7 @@ func TestTokenGrowsAcrossProcesses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			dsn = p.DSNFor(strings.TrimPrefix(u.Path, "/"))
+			dsn = p.Reach(t, strings.TrimPrefix(u.Path, "/"))
 			opts = append(opts, WithTransactionPooler())
 		}
 		db, err := Open("pgx", dsn, opts...)

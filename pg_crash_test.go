@@ -65,7 +65,7 @@ func TestKilledProcessLeavesNoLocks(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			dsn = p.DSNFor(strings.TrimPrefix(u.Path, "/"))
+			dsn = p.Reach(t, strings.TrimPrefix(u.Path, "/"))
 		}
 		c := startChild(t, dsn, p != nil)
 		const k1, k2 = 4201, 4202

@@ -51,9 +51,9 @@ import (
 // identifyOnConnect reads, in the one statement Connect runs on Postgres
 // anyway, the backend pid and the application_name the user's
 // configuration gave the connection, and, unless the database declared a
-// pooler, leaves the connection's session marker on its backend:
-// pgsession.Conn.Identify. Through a driver that cannot
-// run such a text uncached, the pid alone is read.
+// pooler, leaves the connection's session marker on its backend
+// (pgsession.Conn.Identify). Through a driver that cannot run such a text
+// uncached, the pid alone is read (BackendPID).
 func (w *conn) identifyOnConnect(ctx context.Context) error {
 	own := w.connector.own.Of(w.inner)
 	if !own.OK() {

@@ -35,7 +35,7 @@ func newPoolerEnv(t *testing.T, p *pgtest.Pooler) *poolerEnv {
 	if p == nil {
 		p = pgtest.SharedPooler(t)
 	}
-	e := &poolerEnv{direct: direct, pooled: p.DSNFor(strings.TrimPrefix(u.Path, "/")), log: &syncBuffer{},
+	e := &poolerEnv{direct: direct, pooled: p.Reach(t, strings.TrimPrefix(u.Path, "/")), log: &syncBuffer{},
 		app: fmt.Sprintf("lockhooks_test_%d", appSeq.Add(1))}
 	if e.raw, err = sql.Open("pgx", direct); err != nil {
 		t.Fatal(err)

@@ -36,7 +36,7 @@ func twoReplicas(t *testing.T, pooler *pgtest.Pooler) [2]*sql.DB {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dsn = pooler.DSNFor(strings.TrimPrefix(u.Path, "/"))
+		dsn = pooler.Reach(t, strings.TrimPrefix(u.Path, "/"))
 		for i := range dbs {
 			if dbs[i], err = lockhooks.Open("pgx", dsn, lockhooks.WithTransactionPooler()); err != nil {
 				t.Fatal(err)

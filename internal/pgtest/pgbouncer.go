@@ -87,6 +87,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -259,15 +260,55 @@ func StartPooler(t testing.TB, opts PoolerOptions) *Pooler {
 }
 
 // DSN returns the DSN of a new, empty database for t, dropped when t ends,
-// reached through p.
+// reached through p (see Reach).
 func (p *Pooler) DSN(t testing.TB) string {
 	t.Helper()
-	name := newDatabase(t)
-	return p.dsnFor(name)
+	return p.Reach(t, newDatabase(t))
 }
 
 // DSNFor returns the DSN of the existing database db reached through p.
 func (p *Pooler) DSNFor(db string) string { return p.dsnFor(db) }
+
+// Reach returns the DSN of the existing database db, reached through p,
+// for t, whose database is dropped when t ends (pgtest.DSN): before it is,
+// p is given the time to finish any cancel request for a server
+// connection of db (quiesce), since the drop ends those connections.
+// Call it after the database was made, so that this runs first.
+func (p *Pooler) Reach(t testing.TB, db string) string {
+	t.Cleanup(func() { p.quiesce(db) })
+	return p.dsnFor(db)
+}
+
+// quiesce waits, for at most five seconds, until p has no server
+// connection of database db in a cancel state, three looks in a row.
+// PgBouncer 1.18 crashes ("server_proto: server in bad state: 11",
+// pgbouncer#822, fixed in 1.20) when a server connection it sends a cancel
+// request for (pgx sends one for a statement whose context ends, and
+// PgBouncer for a client that closes mid-statement) is ended under it, as
+// DROP DATABASE … WITH (FORCE) ends every server connection of db; a
+// shared PgBouncer that crashes fails every later test of the binary. By
+// the time the drop runs, the test's connections to db are closed (their
+// cleanups ran first), so a cancel still in flight is the last one.
+func (p *Pooler) quiesce(db string) {
+	deadline := time.Now().Add(5 * time.Second)
+	for clean := 0; clean < 3 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		select {
+		case <-p.proc.Exited():
+			return
+		default:
+		}
+		servers, err := p.show("SERVERS")
+		if err != nil {
+			return // the drop's own error, if any, says more
+		}
+		clean++
+		for _, s := range servers {
+			if s["database"] == db && strings.Contains(s["state"], "cancel") {
+				clean = 0
+			}
+		}
+	}
+}
 
 func (p *Pooler) dsnFor(db string) string {
 	query := "sslmode=disable"
