@@ -282,11 +282,12 @@ func (p *Pooler) Reach(t testing.TB, db string) string {
 // quiesce waits, for at most five seconds, until p has no server
 // connection of database db in a cancel state, three looks in a row.
 // PgBouncer 1.18 crashes ("server_proto: server in bad state: 11",
-// pgbouncer#822, fixed in 1.20) when a server connection it sends a cancel
-// request for (pgx sends one for a statement whose context ends, and
-// PgBouncer for a client that closes mid-statement) is ended under it, as
-// DROP DATABASE … WITH (FORCE) ends every server connection of db; a
-// shared PgBouncer that crashes fails every later test of the binary. By
+// pgbouncer#822; fixed upstream in August 2023 by pgbouncer#927, after
+// 1.19.1) when a server connection it sends a cancel request for (pgx
+// sends one for a statement whose context ends, and PgBouncer for a
+// client that closes mid-statement) is ended under it, as DROP DATABASE …
+// WITH (FORCE) ends every server connection of db; a shared PgBouncer
+// that crashes fails every later test of the binary. By
 // the time the drop runs, the test's connections to db are closed (their
 // cleanups ran first), so a cancel still in flight is the last one.
 func (p *Pooler) quiesce(db string) {
