@@ -93,15 +93,15 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 	if c.connector.opts.dialect == SQLite {
 		return l.acquireInProcess(user, ctx, try)
 	}
-	turns := &c.connector.turns
-	if !turns.TryLock(key, l, takerOf(user, l, nil), &site) {
+	turns, taker := &c.connector.turns, takerOf(user, l, nil)
+	if !turns.TryLock(key, l, taker, &site) {
 		sc.Close() // wait without a connection
 		if try {
 			return nil, false, nil // another acquirer of this process holds or awaits it
 		}
 		_, w := c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(key)))
 		w.setWaiter(c, siteOf(ctx), nil, "", nil)
-		err := turns.Lock(user, key, l, takerOf(user, l, nil), &site, w)
+		err := turns.Lock(user, key, l, taker, &site, w)
 		err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", key), "its turn behind another acquirer of this process", describeKey(key))
 		w.end(ctx, "", err)
 		if err != nil {

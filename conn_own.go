@@ -10,7 +10,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
@@ -105,21 +104,11 @@ func (c *conn) BackendPID(ctx context.Context) (int32, error) {
 	if c.connector.pins == nil {
 		return 0, errors.New("lockhooks: a backend pid is a Postgres notion")
 	}
-	marker := ""
-	if !c.connector.opts.txPooler && !c.connector.opts.pinningPooler {
-		// (a declared pooler: no guard, so no marker; RDS Proxy would pin
-		// the connection for a setting)
-		marker = c.marker()
-	}
-	got, err := c.pin.ReadPID(ctx, marker)
+	got, err := c.pin.ReadPID(ctx, c.markerToLeave())
 	if err != nil {
 		return 0, err
 	}
-	if got.Marked {
-		c.sawMarker(got.Marker, strconv.Itoa(int(c.pin.PID.Load())))
-	} else {
-		c.mark = "" // none asked for, or the server refused it
-	}
+	c.settleMarker(got)
 	return c.pin.PID.Load(), nil
 }
 

@@ -35,7 +35,7 @@ type DeadlockSide struct {
 // backends and relations (pgblocking.Reader.DeadlockFacts), on Postgres.
 func (c *connector) readDeadlockFacts(edges []pgserver.DeadlockEdge, detail string) pgserver.DeadlockFacts {
 	if c.opts.dialect != Postgres {
-		return pgserver.DeadlockFacts{Backends: map[int32]pgserver.BackendFacts{}, Relations: map[string]string{}}
+		edges = nil // (none read)
 	}
 	return c.blocking.DeadlockFacts(edges, detail)
 }

@@ -3,7 +3,6 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
-	"strconv"
 
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
@@ -60,16 +59,9 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 		_, err := w.BackendPID(ctx)
 		return err
 	}
-	marker := ""
-	if !w.connector.opts.txPooler && !w.connector.opts.pinningPooler {
-		marker = w.marker()
-	}
-	got, err := w.pin.Identify(ctx, own, marker)
+	got, err := w.pin.Identify(ctx, own, w.markerToLeave())
 	if err != nil {
 		return err
-	}
-	if !got.Marked {
-		w.mark = "" // none asked for, or the server refused it
 	}
 	if own.PGX {
 		w.tx.status = pgdriver.TxStatus(w.inner)
@@ -84,9 +76,7 @@ func (w *conn) identifyOnConnect(ctx context.Context) error {
 		// server).
 		w.connector.server.Store(&got.Server)
 	}
-	if got.Marked {
-		w.sawMarker(got.Marker, strconv.Itoa(int(w.pin.PID.Load())))
-	}
+	w.settleMarker(got)
 	return nil
 }
 

@@ -2,6 +2,7 @@ package lockhooks
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/pgsession"
@@ -102,6 +103,28 @@ func (c *conn) marker() string {
 		c.mark = c.connector.pins.Marker(c.id)
 	}
 	return c.mark
+}
+
+// markerToLeave is the session marker c leaves on its backend with the
+// read of its pid (pgsession.Conn.Identify, ReadPID): none where a pooler
+// is declared (no guard, so no marker; RDS Proxy would pin the connection
+// for a setting).
+func (c *conn) markerToLeave() string {
+	if c.connector.opts.txPooler || c.connector.opts.pinningPooler {
+		return ""
+	}
+	return c.marker()
+}
+
+// settleMarker records what the read of c's pid said of its marker: the
+// one that was on c's backend before is looked at (sawMarker); where none
+// was left (none asked for, or the server refused it), c has none.
+func (c *conn) settleMarker(got pgsession.Opened) {
+	if !got.Marked {
+		c.mark = ""
+		return
+	}
+	c.sawMarker(got.Marker, strconv.Itoa(int(c.pin.PID.Load())))
 }
 
 // sawMarker looks at the marker that was on c's backend when c opened. A
