@@ -99,11 +99,11 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		if try {
 			return nil, false, nil // another acquirer of this process holds or awaits it
 		}
-		_, w := c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(key)))
-		w.setWaiter(c, siteOf(ctx), nil, "", nil)
+		_, w := c.connector.waits.Start(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(key)))
+		w.SetWaiter(c, siteOf(ctx), nil, "", nil)
 		err := turns.Lock(user, key, l, taker, &site, w)
 		err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", key), "its turn behind another acquirer of this process", describeKey(key))
-		w.end(ctx, "", err)
+		w.End(ctx, "", err)
 		if err != nil {
 			return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %s (waiting behind another acquirer in this process): %w", describeKey(key), err)
 		}
@@ -328,11 +328,11 @@ func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*A
 		l.token = l.c.connector.tokens.next()
 		return l, true, nil
 	}
-	_, w := l.c.connector.tel.startWait(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
-	w.setWaiter(l.c, siteOf(ctx), nil, "", nil)
+	_, w := l.c.connector.waits.Start(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
+	w.SetWaiter(l.c, siteOf(ctx), nil, "", nil)
 	err := names.Lock(user, l.key, l, takerOf(user, l, nil), &site, w)
 	err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", l.key), fmt.Sprintf("advisory lock %d", l.key), describeKey(l.key))
-	w.end(ctx, "", err)
+	w.End(ctx, "", err)
 	if err != nil {
 		l.conn.Close()
 		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)

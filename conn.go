@@ -8,6 +8,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/holding"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/stmtlocks"
@@ -86,11 +87,11 @@ type conn struct {
 	driverBegins bool
 
 	// ident is the open transaction as other goroutines see it (Postgres):
-	// a holder's identity in the model of holders (holders_inprocess.go).
-	ident txIdent
+	// a holder's identity in the model of holders (internal/holding).
+	ident holding.Tx
 
 	// selfRun is RunInTx's fn whose transaction the connection runs, if
-	// any, read by other connections' waiters (selfwait.go).
+	// any, read by other connections' waiters (Run, holding.SelfWait).
 	selfRun atomic.Pointer[callsite.Run]
 
 	// advisory is the AdvisoryLock held on this connection, if any: a loss

@@ -141,16 +141,16 @@ func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []dr
 	if err == nil || dberr.FromServer(err) {
 		c.pin.Trips.Answered()
 	}
-	err = plan.wait.selfWaitResult(c, plan.st.text, err)
+	err = selfWaitResult(plan.wait, c, plan.st.text, err)
 	if !(plan.st.locks&sqlscan.NoWait != 0 && dberr.SQLState(err) == dberr.LockNotAvailable) { // NOWAIT did not wait
 		err = c.nameHolder(plan.wait, err)
 	}
-	err = plan.wait.withSelfHint(err)
+	err = plan.wait.WithSelfHint(err)
 	if err != nil {
 		var de *DeadlockError // (declared here: errors.As makes it escape, an allocation per statement)
 		if errors.As(err, &de) {
 			for _, h := range de.others { // the wait span links to the other side of the cycle
-				plan.wait.heldBy(h)
+				plan.wait.HeldBy(h)
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/holding"
 	"github.com/lockhooks/lockhooks/internal/pgserver"
 )
 
@@ -72,7 +73,7 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 		other, identified := identify(seen, nil)
 		switch {
 		case s.This:
-			h = c.asHolder(nil)
+			h = holding.Of(c, []lockKey(nil))
 			if row, ok := pgserver.DescribeRowWait(e, where); ok {
 				s.WaitedFor = row
 			}

@@ -6,6 +6,7 @@ package lockhooks
 
 import (
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/holding"
 	"github.com/lockhooks/lockhooks/internal/pgblocking"
 )
 
@@ -25,7 +26,7 @@ func identify(s holders.Blocker, keys []lockKey) (h holders.Holder, ok bool) {
 	return pgblocking.Identify(s, func() (holders.Holder, bool) {
 		seenBy, _ := s.SeenBy.(*connector)
 		if oc := databases.connOf(s.PID, s.ApplicationName, s.Query, seenBy); oc != nil {
-			return oc.asHolder(keys), true
+			return holding.Of(oc, keys), true
 		}
 		return holders.Holder{}, false
 	}, describeAdvisoryKey)

@@ -1,111 +1,25 @@
 package lockhooks
 
-// Holders in this process: a transaction's identity, a connection as a holder,
-// the connections that hold a key (pinned session locks, lockset tables, the
-// SQLite writer lock), and the error that names them.
+// Holders in this process, the root's part: who holds what a wait waits
+// for, from the lock tables (internal/inprocess) and the connections'
+// session locks (internal/holding), and on Postgres from the server
+// (internal/pgblocking); a lock table's taker and owners as the model
+// names them; and the timeout error that names the holder.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/holding"
 	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
-
-// txIdent is a connection's open transaction as other goroutines see it:
-// when and where it began, its span and the context it was begun with. The
-// transaction's own state (tx) belongs to the connection's goroutine; this
-// copy is guarded by mu.
-type txIdent struct {
-	g     atomic.Uintptr // the goroutine that began it (callsite.CurrentGoroutine), for self-waits
-	mu    sync.Mutex
-	open  bool
-	since time.Time
-	site  callsite.Stack
-	span  trace.SpanContext
-	ctx   context.Context
-}
-
-// set records that a transaction began with ctx at site (nil: not
-// recorded).
-func (t *txIdent) set(ctx context.Context, since time.Time, site *callsite.Stack) {
-	t.g.Store(callsite.CurrentGoroutine())
-	t.mu.Lock()
-	t.open, t.since, t.ctx = true, since, ctx
-	t.span = trace.SpanContextFromContext(ctx)
-	if site != nil {
-		t.site = *site
-	} else {
-		t.site.Reset()
-	}
-	t.mu.Unlock()
-}
-
-// clear records that the transaction ended.
-func (t *txIdent) clear() {
-	t.g.Store(0)
-	t.mu.Lock()
-	t.open, t.ctx = false, nil
-	t.site.Reset()
-	t.mu.Unlock()
-}
-
-// snapshot returns the transaction's identity, if one is open.
-func (t *txIdent) snapshot() (since time.Time, site callsite.Stack, span trace.SpanContext, ctx context.Context, open bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.since, t.site, t.span, t.ctx, t.open
-}
-
-// asHolder is connection oc as the holder of what a waiter for keys waits
-// for: the session lock it holds among keys (where and when it took it),
-// else its open transaction (where and when it began).
-func (oc *conn) asHolder(keys []lockKey) holders.Holder {
-	h := connHolder(oc)
-	if oc.connector.pins != nil {
-		oc.pin.Lock()
-		for _, k := range keys {
-			for _, hk := range conflicting(k) {
-				if l := oc.pin.Held[hk]; l != nil && h.SiteKind == holders.SiteNone {
-					h.Key, h.Site, h.Since, h.SiteKind = hk.String(), l.Site, l.Since, holders.SiteTook
-					h = h.WithSpan(l.Span)
-				}
-			}
-		}
-		oc.pin.Unlock()
-		if h.SiteKind != holders.SiteNone {
-			return h
-		}
-	}
-	since, site, span, _, open := oc.ident.snapshot()
-	if open {
-		h.Since, h.SiteKind = since, holders.SiteBegan
-		if site.Recorded() {
-			h.Site = site.String()
-		}
-		h = h.WithSpan(span)
-	}
-	return h
-}
-
-// conflicting returns the modes of k's key that conflict with a request
-// for k: both for an exclusive request, the exclusive one for a shared.
-func conflicting(k lockKey) []lockKey {
-	ex := k.exclusive()
-	if k.Shared {
-		return []lockKey{ex}
-	}
-	return []lockKey{ex, lockKey(advisorykey.Key(k).SharedMode())}
-}
 
 // holdersOf finds who holds what the wait v waits for: in-process holders
 // from the lock tables and the advisory-lock tracking and, on Postgres,
@@ -155,31 +69,10 @@ func (c *connector) inProcessHolders(v waitView, edges []inprocess.Edge) []holde
 	}
 	if c.pins != nil {
 		for _, k := range v.AdvKeys {
-			holders = append(holders, c.pinHolders(k, v.Waiter)...)
+			holders = append(holders, holding.Among(c.pins.Snapshot(), k, v.Waiter)...)
 		}
 	}
 	return holders
-}
-
-// pinHolders returns the connections other than except that hold k or a
-// session lock that conflicts with it.
-func (c *connector) pinHolders(k lockKey, except *conn) []holders.Holder {
-	var out []holders.Holder
-	for _, h := range c.pins.Snapshot() {
-		if h == except {
-			continue
-		}
-		h.pin.Lock()
-		for _, hk := range conflicting(k) {
-			if l := h.pin.Held[hk]; l != nil {
-				x := connHolder(h)
-				x.Key, x.Site, x.Since, x.SiteKind = hk.String(), l.Site, l.Since, holders.SiteTook
-				out = append(out, x.WithSpan(l.Span))
-			}
-		}
-		h.pin.Unlock()
-	}
-	return out
 }
 
 // takerOf describes the caller, taking a lock for owner with ctx (run:
@@ -246,7 +139,7 @@ func (c *conn) nameHolder(w *lockWait, err error) error {
 		return err
 	}
 	waited := time.Since(w.Started()).Round(time.Millisecond)
-	text := w.holderNamed()
+	text := w.HolderNamed()
 	if text == "" && len(w.AdvisoryKeys()) > 0 && c.connector.opts.dialect == Postgres {
 		// Nobody looked in time; the keys' holders, as pg_locks shows them
 		// now (the server forgot the wait).

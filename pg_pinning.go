@@ -163,7 +163,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		if key, ok := c.turnKey(plan); ok {
 			if !c.connector.turns.TryLock(key, c, takerOf(ctx, c, nil), nil) {
 				// Counted and traced as a try-lock the server refused.
-				c.startAdvisoryWait(ctx, adv, plan.Keys, plan.Known, c.siteOf(ctx)).end(ctx, telemetry.OutcomeNotAcquired, nil)
+				c.startAdvisoryWait(ctx, adv, plan.Keys, plan.Known, c.siteOf(ctx)).End(ctx, telemetry.OutcomeNotAcquired, nil)
 				return plan, rawconn.OneValue(adv.Calls[0].Column, false), nil
 			}
 			c.notePendingTurn(key)
@@ -212,7 +212,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	if takesTurn(adv) && adv.Calls[0].Func == 0 {
 		if key, ok := c.turnKey(plan); ok {
 			if err := c.takeTurn(ctx, key); err != nil {
-				plan.wait.end(ctx, "", err)
+				plan.wait.End(ctx, "", err)
 				return plan, nil, err
 			}
 			plan.turn = true

@@ -2,17 +2,16 @@ package lockhooks
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/holding"
 	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/pgblocking"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
-	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
 // Self-waits: a statement that would wait for a lock held by a transaction
@@ -77,31 +76,6 @@ func chainOf(ctx context.Context, run *callsite.Run) callsite.Chain {
 	return callsite.ChainOf(ctx, run)
 }
 
-// NoteSelfHint records on w that its wait is likely a self-wait, for its
-// slow-wait log line and its timeout error ("" leaves w alone).
-func (w *lockWait) NoteSelfHint(hint string) {
-	if w == nil || hint == "" {
-		return
-	}
-	w.watch().SetSelfHint(&w.Entry, hint)
-}
-
-// withSelfHint adds the wait's self-wait hint, if any, to the error of a
-// wait that timed out or was cancelled; it still wraps err.
-func (w *lockWait) withSelfHint(err error) error {
-	if w == nil || err == nil || errors.Is(err, ErrSelfWait) {
-		return err
-	}
-	if o := outcomeOf(err); o != telemetry.OutcomeTimeout && o != telemetry.OutcomeCanceled {
-		return err
-	}
-	hint := w.watch().SelfHint(&w.Entry)
-	if hint == "" {
-		return err
-	}
-	return fmt.Errorf("%w (%s)", err, hint)
-}
-
 // selfWaitHolder returns the connection of c's database (the same
 // connector: advisory locks and rows belong to one database) other than c
 // whose open transaction ctx's call chain holds: certain when it is
@@ -109,27 +83,11 @@ func (w *lockWait) withSelfHint(err error) error {
 // began with ctx (likely), or nil. It looks at every open connection of
 // the database, so it is called only on the way to a wait that may be one.
 func selfWaitHolder(ctx context.Context, c *conn) (h *conn, certain bool) {
-	g := callsite.CurrentGoroutine()
-	if g == 0 {
-		return nil, false
-	}
 	db := c.connector
 	db.liveMu.RLock()
 	defer db.liveMu.RUnlock()
-	for oc := range db.live {
-		if oc == c {
-			continue
-		}
-		if oc.selfRun.Load().OnThisStack() {
-			return oc, true
-		}
-		if h == nil && oc.ident.g.Load() == g { // cheap: most transactions are other goroutines'
-			if _, _, _, txCtx, open := oc.ident.snapshot(); open && callsite.SameCallChain(ctx, txCtx, g) {
-				h = oc
-			}
-		}
-	}
-	return h, false
+	h, _, certain = holding.SelfWait(ctx, c, db.live)
+	return h, certain
 }
 
 // selfWaitAdvisory fails a blocking request for Postgres advisory keys
@@ -137,7 +95,7 @@ func selfWaitHolder(ctx context.Context, c *conn) (h *conn, certain bool) {
 // (see selfWaitHolder), on another connection of the same database: Lock
 // (names gives its keys' lockset ids), or a pg_advisory_lock /
 // pg_advisory_xact_lock statement. For a likely self-wait it returns the
-// hint for the wait (noteSelfHint). waiter describes the request, for the
+// hint for the wait (waits.Lock.NoteSelfHint). waiter describes the request, for the
 // error only (formatting it on every request would cost allocations).
 func (c *conn) selfWaitAdvisory(ctx context.Context, waiter func() string, keys []lockKey, names map[int64]string) (hint string, err error) {
 	if len(keys) == 0 {
@@ -147,17 +105,7 @@ func (c *conn) selfWaitAdvisory(ctx context.Context, waiter func() string, keys 
 	if h == nil {
 		return "", nil
 	}
-	h.pin.Lock()
-	var held lockKey
-	found := false
-	for _, k := range keys {
-		for _, hk := range conflicting(k) {
-			if h.pin.Xact[hk] > 0 || h.pin.Held[hk] != nil {
-				held, found = hk, true
-			}
-		}
-	}
-	h.pin.Unlock()
+	held, found := holding.HeldAmong(h, keys)
 	if !found {
 		return "", nil
 	}
@@ -168,7 +116,7 @@ func (c *conn) selfWaitAdvisory(ctx context.Context, waiter func() string, keys 
 	if name := names[held.K1]; name != "" {
 		what = "lockset id " + name + " (" + what + ")"
 	}
-	return "", inprocess.SelfWaitError(waiter(), what, h.asHolder([]lockKey{held}))
+	return "", inprocess.SelfWaitError(waiter(), what, holding.Of(h, []lockKey{held}))
 }
 
 // watchSelfWait starts, for a Postgres row-lock wait of c (statement st)
@@ -191,7 +139,7 @@ func (c *conn) watchSelfWait(ctx context.Context, w *lockWait, st statement) {
 	switch {
 	case h == nil:
 	case certain && c.endable() && h.endable():
-		w.probeSelfWait(c, h)
+		probeSelfWait(w, c, h)
 	default:
 		w.NoteSelfHint(inprocess.HintTx)
 	}
@@ -210,25 +158,24 @@ type selfWaitProbe struct {
 	holder holders.Holder
 }
 
-// probeSelfWait starts the probe of a row-lock wait of c for the
+// probeSelfWait starts the probe of a row-lock wait w of c for the
 // transaction of h.
-func (w *lockWait) probeSelfWait(c, h *conn) {
+func probeSelfWait(w *lockWait, c, h *conn) {
 	pid, hpid := c.pin.PID.Load(), h.pin.PID.Load()
 	if w == nil || pid == 0 || hpid == 0 {
 		return
 	}
 	safe := func() bool { return c.endable() && h.endable() } // (a pooler seen since watchSelfWait)
-	w.self = &selfWaitProbe{Probe: c.connector.blocking.Probe(selfWaitProbeDelay, pid, hpid, safe), holder: h.asHolder(nil)}
+	w.SetProbe(&selfWaitProbe{Probe: c.connector.blocking.Probe(selfWaitProbeDelay, pid, hpid, safe), holder: holding.Of(h, []lockKey(nil))})
 }
 
-// selfWaitResult ends the wait's self-wait probe, if any, and turns the
-// cancellation it made into an error wrapping ErrSelfWait.
-func (w *lockWait) selfWaitResult(c *conn, statement string, err error) error {
-	if w == nil || w.self == nil {
+// selfWaitResult ends the self-wait probe of c's wait w, if any, and
+// turns the cancellation it made into an error wrapping ErrSelfWait.
+func selfWaitResult(w *lockWait, c *conn, statement string, err error) error {
+	p, _ := w.TakeProbe().(*selfWaitProbe)
+	if p == nil {
 		return err
 	}
-	p := w.self
-	w.self = nil
 	if !p.Stop() || dberr.SQLState(err) != "57014" {
 		return err
 	}

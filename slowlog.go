@@ -3,8 +3,6 @@ package lockhooks
 import (
 	"time"
 
-	"github.com/lockhooks/lockhooks/internal/callsite"
-	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/waits"
 )
 
@@ -39,7 +37,8 @@ type (
 // holders c finds.
 func newWaitWatch(c *connector) *waitWatch {
 	return waits.New(waits.Config[*conn, lockKey]{Threshold: c.opts.slowLockLog, Logger: c.opts.logger,
-		LookUpBeforeDeadline: c.opts.dialect == Postgres, HoldersOf: c.holdersOf, Events: c.events})
+		LookUpBeforeDeadline: c.opts.dialect == Postgres, HoldersOf: c.holdersOf, Events: c.events,
+		Telemetry: c.tel.Set, Outcomes: outcomes(), SelfWait: ErrSelfWait})
 }
 
 // AppendWaitArgs appends what the slow-wait log says of c as a waiter: its
@@ -50,39 +49,4 @@ func (c *conn) AppendWaitArgs(args []any) []any {
 		args = append(args, "backend_pid", pid)
 	}
 	return args
-}
-
-// watch is the database's waits in progress that list w, or nil.
-func (w *lockWait) watch() *waitWatch {
-	if w == nil || w.t == nil {
-		return nil
-	}
-	return w.t.watch
-}
-
-// setWaiter records who waits: the connection (always set, nil too),
-// where (site, or the stack in pcs), the statement, and the Postgres
-// advisory keys; an empty or nil one of these leaves its field alone.
-func (w *lockWait) setWaiter(c *conn, site string, pcs *callsite.Stack, query string, keys []lockKey) {
-	if ww := w.watch(); ww != nil {
-		ww.SetWaiter(&w.Entry, c, site, pcs, query, keys)
-	}
-}
-
-// noteFound keeps found as who holds what w waits for, unless someone
-// found them first.
-func (w *lockWait) noteFound(found *holders.Blockage) {
-	if ww := w.watch(); ww != nil {
-		ww.NoteFound(&w.Entry, found)
-	}
-}
-
-// holderNamed names the holder of what w waits for, as the slow-wait log,
-// the span's blockers read or the lookup found it (with its ages now), or
-// "".
-func (w *lockWait) holderNamed() string {
-	if ww := w.watch(); ww != nil {
-		return ww.HolderNamed(&w.Entry)
-	}
-	return ""
 }

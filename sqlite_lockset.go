@@ -130,22 +130,22 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 				return nil, err
 			}
 		}
-		_, w := c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
+		_, w := c.connector.waits.Start(ctx, "lockset", "exclusive", "transaction",
 			AttrLockNamespace.String(namespace), AttrLockKeys.String(lockset.DescribeIDs(keys)))
 		w.NoteSelfHint(hint)
 		var site callsite.Stack
 		site.CaptureFast()
-		w.setWaiter(c, "", &site, "", ks)
+		w.SetWaiter(c, "", &site, "", ks)
 		c.watchBlockers(ctx, w)
 		ok, err = c.locksetPostgres(ctx, namespace, keys, try, &site)
 		if !try {
-			err = w.withSelfHint(c.nameHolder(w, err))
+			err = w.WithSelfHint(c.nameHolder(w, err))
 		}
 		outcome := ""
 		if err == nil && !ok {
 			outcome = telemetry.OutcomeNotAcquired
 		}
-		w.end(ctx, outcome, err)
+		w.End(ctx, outcome, err)
 		if ok {
 			t.took(&t.locksetSince)
 		}
@@ -181,23 +181,23 @@ func (t *tx) snapshotGuard(namespace string) error {
 func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []string, try bool) (bool, error) {
 	table := &t.c.connector.locksets
 	owner := txOwner{t.c, t.gen}
-	_, w := t.c.connector.tel.startWait(ctx, "lockset", "exclusive", "transaction",
+	_, w := t.c.connector.waits.Start(ctx, "lockset", "exclusive", "transaction",
 		AttrLockNamespace.String(namespace), AttrLockKeys.String(lockset.DescribeIDs(keys)))
 	var site callsite.Stack
 	site.CaptureFast()
-	w.setWaiter(t.c, "", &site, "", nil)
+	w.SetWaiter(t.c, "", &site, "", nil)
 	taken := 0
 	for _, k := range keys {
 		key := inprocess.LocksetKey{Namespace: namespace, ID: k}
-		if w.wantsHolder() {
+		if w.WantsHolder() {
 			if h, ok := table.Holder(key); ok && h.Owner != owner {
-				w.heldBy(tableHolder(inprocess.KeyName(namespace, lockset.DescribeID(k)), h))
+				w.HeldBy(tableHolder(inprocess.KeyName(namespace, lockset.DescribeID(k)), h))
 			}
 		}
 		if try {
 			if !table.TryLock(key, owner, takerOf(ctx, owner, t.run), &site) {
 				t.releaseLast(taken)
-				w.end(ctx, telemetry.OutcomeNotAcquired, nil)
+				w.End(ctx, telemetry.OutcomeNotAcquired, nil)
 				return false, nil
 			}
 		} else if err := table.Lock(ctx, key, owner, takerOf(ctx, owner, t.run), &site, w); err != nil {
@@ -207,13 +207,13 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 			if errors.Is(err, ErrSelfWait) {
 				t.c.connector.events.Add(eventSelfWait, err.Error())
 			}
-			w.end(ctx, "", err)
+			w.End(ctx, "", err)
 			return false, err
 		}
 		t.locks = append(t.locks, key)
 		taken++
 	}
-	w.end(ctx, telemetry.OutcomeAcquired, nil)
+	w.End(ctx, telemetry.OutcomeAcquired, nil)
 	t.took(&t.locksetSince)
 	return true, nil
 }

@@ -56,13 +56,13 @@ func (w *writerLock) lockContended(ctx context.Context, tel *reporting, owner an
 	hint := tk.Hint()
 
 	// Contended: time the wait, linked to the holder.
-	_, wait := tel.startWait(ctx, "sqlite_writer", "exclusive", "transaction")
-	wait.setWaiter(ownerConn(owner), "", tk.Site(), stmt, nil)
+	_, wait := tel.watch.Start(ctx, "sqlite_writer", "exclusive", "transaction")
+	wait.SetWaiter(ownerConn(owner), "", tk.Site(), stmt, nil)
 	wait.NoteSelfHint(hint)
-	if wait.wantsHolder() {
-		wait.heldBy(holder.Identity(ownerHolder))
+	if wait.WantsHolder() {
+		wait.HeldBy(holder.Identity(ownerHolder))
 	}
-	defer func() { wait.end(ctx, "", err) }()
+	defer func() { wait.End(ctx, "", err) }()
 
 	h, err = w.core.Wait(ctx, tk, timeout)
 	if err == nil {

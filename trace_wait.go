@@ -1,160 +1,35 @@
 package lockhooks
 
-// Lock waits as spans: one span per wait for a lock (advisory, row, lockset,
-// writer), its outcome and error type, the holders named on it once the
-// wait passes the blocker threshold, and the orphan span of a wait whose
-// context ended first.
+// Lock waits as spans, the root's part: the waits of a Postgres statement's
+// advisory calls and row-locking clause, started from what the scanner
+// found in it, with the holders this process knows of named at once, and
+// their end. A wait from start to end (its span, its outcome, the holders
+// named once it passes the blocker threshold, the orphan span of a wait
+// whose context ended first) is a waits.Lock.
 
 import (
 	"context"
 	"strings"
-	"time"
-
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
-	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/holding"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 	"github.com/lockhooks/lockhooks/internal/waits"
 )
 
-// lockWait is one lock acquisition in progress: its span and histogram
-// (telemetry.Wait), the lookup of its blockers, its self-wait probe, and
-// what the debug page and the slow-wait log know of it (waits.Entry). One
-// allocation per wait.
-type lockWait struct {
-	waits.Entry[*conn, lockKey]
-	t    *reporting
-	stop chan struct{}  // stops the blockers lookup
-	self *selfWaitProbe // a row-lock wait that may be a self-wait (selfwait.go)
-}
-
-// startWait begins timing an acquisition of a lock of kind, and lists it
-// among the database's waits in progress.
-func (t *reporting) startWait(ctx context.Context, kind, mode, scope string, attrs ...attribute.KeyValue) (context.Context, *lockWait) {
-	w := &lockWait{t: t}
-	ctx = t.StartWait(ctx, &w.Wait, kind, mode, scope, attrs...)
-	t.watch.Add(ctx, &w.Entry, attrs)
-	return ctx, w
-}
-
-// recording reports whether the wait (nil: none) has a recording span.
-func (w *lockWait) recording() bool { return w != nil && w.Recording() }
-
-// wantsHolder reports whether the wait (nil: none) records its holder.
-func (w *lockWait) wantsHolder() bool { return w != nil && w.t.WantsHolder(&w.Wait) }
-
-// heldBy records what holds the lock the wait (nil: none) waits for.
-func (w *lockWait) heldBy(h holders.Holder) {
-	if w != nil {
-		w.t.HeldBy(&w.Wait, h)
-	}
-}
-
-// end finishes the acquisition with an outcome; a zero outcome is derived
-// from err.
-func (w *lockWait) end(ctx context.Context, outcome string, err error) {
-	if w == nil {
-		return
-	}
-	if w.stop != nil {
-		close(w.stop)
-	}
-	if outcome == "" {
-		outcome = outcomeOf(err)
-	}
-	w.t.watch.Remove(&w.Entry, outcome)
-	w.t.Record(ctx, &w.Wait, outcome)
-	if w.t.WantsOrphanSpan(ctx, &w.Wait) {
-		w.orphanSpan(ctx)
-	}
-	w.Finish(outcome, err)
-}
-
-// orphanSpan starts, at the end of a wait outside any trace, the span it
-// would have had as a root span, from the wait's start, with its holders
-// (see WithRootSpans).
-func (w *lockWait) orphanSpan(ctx context.Context) {
-	var attrs []attribute.KeyValue
-	if ns := w.Namespace(); ns != "" {
-		attrs = append(attrs, AttrLockNamespace.String(ns))
-	}
-	if keys := w.Keys(); keys != "" {
-		attrs = append(attrs, AttrLockKeys.String(keys))
-	}
-	if wc := w.Waiter(); wc != nil {
-		if pid := wc.pin.PID.Load(); pid != 0 {
-			attrs = append(attrs, AttrBackendPID.Int64(int64(pid)))
-		}
-	}
-	holders := w.Holders()
-	if len(holders) == 0 {
-		// Named by the slow-wait log or the lookup: on Postgres, the
-		// holders at the root of the chain the server showed.
-		if found := w.t.watch.Found(&w.Entry); found != nil {
-			for _, h := range found.Holders {
-				if !h.Queued {
-					holders = append(holders, h)
-				}
-			}
-		}
-	}
-	if text := w.holderNamed(); text != "" && len(holders) == 0 {
-		attrs = append(attrs, AttrHolderDescription.String(text)) // backends nobody identified
-	}
-	w.t.StartOrphanSpan(ctx, &w.Wait, attrs, holders)
-}
+// lockWait is one lock acquisition in progress (waits.Lock): its span and
+// histogram, the lookup of its blockers, its self-wait probe, and what the
+// debug page and the slow-wait log know of it. One allocation per wait.
+type lockWait = waits.Lock[*conn, lockKey]
 
 // outcomeOf classifies the error of a lock acquisition.
-func outcomeOf(err error) string {
-	return telemetry.Outcomes{Lost: ErrLockLost, Timeout: ErrWriterLockTimeout}.Of(err)
-}
+func outcomeOf(err error) string { return outcomes().Of(err) }
 
-// lookForBlockers asks, once the wait has lasted the threshold, who
-// blocks the statement of wc (backend pid), on a side connection of its
-// own, as the model of holders names them: an event lists the backends
-// Postgres shows, and the holders it finds there (at the root of the
-// chain) are the span's holders, with links to their spans. It never runs
-// on the waiting connection.
-func (w *lockWait) lookForBlockers(wc *conn, pid int32) {
-	c := wc.connector
-	if !w.recording() || w.t.BlockerThreshold() <= 0 || pid == 0 || c.opts.dialect != Postgres {
-		return
-	}
-	w.stop = make(chan struct{})
-	stop, span, threshold := w.stop, w.Span(), w.t.BlockerThreshold()
-	v := waitView{Entry: &w.Entry, Kind: w.Kind(), Waiter: wc, AdvKeys: w.AdvisoryKeys()}
-	go func() {
-		timer := time.NewTimer(threshold)
-		defer timer.Stop()
-		select {
-		case <-stop:
-			return
-		case <-timer.C:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), c.opts.lockCheckTimeout)
-		defer cancel()
-		found := c.holdersOf(ctx, v)
-		if found.Err != nil {
-			span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(attribute.String("lockhooks.error", found.Err.Error())))
-			return
-		}
-		rootPID, hasRoot := found.RootPID()
-		span.AddEvent("lockhooks.lock.blockers", trace.WithAttributes(telemetry.BlockersEvent(pid, found.Server, found.At, rootPID, hasRoot)...))
-		for _, h := range found.Holders {
-			if h.Depth > 0 && !h.Queued { // the in-process holders were named when the wait began
-				w.heldBy(h)
-			}
-		}
-		if _, ok := found.Root(); !ok {
-			if x, ok := found.RootBlocker(); ok { // a backend nobody identified
-				span.SetAttributes(telemetry.UnknownBlocker(x)...)
-			}
-		}
-		w.noteFound(found)
-	}()
+// outcomes classifies the errors of lock acquisitions: lockhooks' own
+// sentinels of a lost lock and of a writer-lock timeout among them.
+func outcomes() telemetry.Outcomes {
+	return telemetry.Outcomes{Lost: ErrLockLost, Timeout: ErrWriterLockTimeout}
 }
 
 // startAdvisoryWait times a statement's advisory-lock acquisitions, naming
@@ -190,14 +65,14 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, key
 	if acquire.Func&sqlscan.FnXact != 0 {
 		scope = "transaction"
 	}
-	_, w := c.connector.tel.startWait(ctx, "advisory", mode, scope, AttrLockKeys.String(strings.Join(names, ", ")))
-	w.setWaiter(c, site, nil, "", resolved)
-	if !w.wantsHolder() {
+	_, w := c.connector.waits.Start(ctx, "advisory", mode, scope, AttrLockKeys.String(strings.Join(names, ", ")))
+	w.SetWaiter(c, site, nil, "", resolved)
+	if !w.WantsHolder() {
 		return w
 	}
 	for _, k := range resolved {
 		if h, ok := c.connector.pins.HolderOf(k, c); ok {
-			w.heldBy(h.asHolder([]lockKey{k}))
+			w.HeldBy(holding.Of(h, []lockKey{k}))
 		}
 	}
 	c.watchBlockers(ctx, w)
@@ -215,17 +90,20 @@ func (c *conn) startRowLockWait(ctx context.Context, st statement) *lockWait {
 	case st.locks&sqlscan.ForShare != 0:
 		mode = "for_share"
 	}
-	_, w := c.connector.tel.startWait(ctx, "row", mode, "transaction",
+	_, w := c.connector.waits.Start(ctx, "row", mode, "transaction",
 		AttrLockNoWait.Bool(st.locks&sqlscan.NoWait != 0), AttrLockSkipLocked.Bool(st.locks&sqlscan.SkipLocked != 0))
-	w.setWaiter(c, "", nil, st.text, nil)
+	w.SetWaiter(c, "", nil, st.text, nil)
 	c.watchBlockers(ctx, w)
 	c.watchSelfWait(ctx, w, st)
 	return w
 }
 
-// watchBlockers starts the blockers lookup of a recorded Postgres wait.
+// watchBlockers starts the blockers lookup of a recorded Postgres wait of
+// c, once the wait's waiter is set: who blocks c's statement, read on a
+// side connection of its own, never on c (waits.Lock.LookForBlockers,
+// which asks c's database, holdersOf).
 func (c *conn) watchBlockers(ctx context.Context, w *lockWait) {
-	if !w.recording() || c.connector.tel.BlockerThreshold() <= 0 {
+	if !w.Recording() || c.connector.tel.BlockerThreshold() <= 0 {
 		return
 	}
 	pid, err := c.BackendPID(ctx)
@@ -233,7 +111,9 @@ func (c *conn) watchBlockers(ctx context.Context, w *lockWait) {
 		return
 	}
 	w.Span().SetAttributes(AttrBackendPID.Int64(int64(pid)))
-	w.lookForBlockers(c, pid)
+	if c.connector.opts.dialect == Postgres {
+		w.LookForBlockers(pid, c.connector.opts.lockCheckTimeout)
+	}
 }
 
 // endLockWait ends the statement's lock wait and notes, in its
@@ -262,5 +142,5 @@ func (c *conn) endLockWait(ctx context.Context, plan advisoryPlan, err error) {
 			c.tx.took(&c.tx.xactSince)
 		}
 	}
-	w.end(ctx, outcome, err)
+	w.End(ctx, outcome, err)
 }

@@ -111,7 +111,7 @@ func (t *tx) begin(ctx context.Context, inner driver.Tx, opts driver.TxOptions, 
 		if rc, ok := ctx.(*runInTxContext); ok {
 			idCtx = rc.Context // the context RunInTx's fn runs with
 		}
-		t.c.ident.set(idCtx, time.Now(), site)
+		t.c.ident.Began(idCtx, time.Now(), site)
 	}
 	return t
 }
@@ -184,7 +184,7 @@ func (t *tx) end() {
 	t.inner, t.ctx, t.ownCtx, t.run = nil, nil, nil, nil
 	t.c.selfRun.Store(nil)
 	if t.c.connector.pins != nil {
-		t.c.ident.clear()
+		t.c.ident.Ended()
 	}
 	t.opts = driver.TxOptions{}
 	t.held.Reset()

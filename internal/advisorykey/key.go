@@ -12,6 +12,18 @@ type Key struct {
 	Shared bool  // shared mode, not exclusive
 }
 
+// Typed is the type set of [Key] and of the types defined over it (a
+// caller's key type that names a key its own way): generic code keyed by
+// any of them converts a key to Key and back for free.
+type Typed interface {
+	~struct {
+		Pair   bool
+		K1     int64
+		K2     int64
+		Shared bool
+	}
+}
+
 // String formats k as Postgres shows it, followed by " (shared)" for a
 // shared key: "42", "(1, 2) (shared)".
 func (k Key) String() string { return k.Describe(formatInt) }

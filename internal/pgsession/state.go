@@ -12,17 +12,9 @@ import (
 )
 
 // Key is what a State is keyed by: [advisorykey.Key], or a type defined
-// over it (the root's, which formats a key by the name it was made from).
-// Its type set is the key's struct, so a State converts its keys to
-// [advisorykey.Key] and back for free.
-type Key interface {
-	~struct {
-		Pair   bool
-		K1     int64
-		K2     int64
-		Shared bool
-	}
-}
+// over it (the root's, which formats a key by the name it was made from),
+// so a State converts its keys to [advisorykey.Key] and back for free.
+type Key interface{ advisorykey.Typed }
 
 // Held is one session lock a connection holds.
 type Held struct {
@@ -85,6 +77,20 @@ type State[K Key] struct {
 	PendingTurn    int64
 	HasPendingTurn bool
 }
+
+// TookLocked reports where and when the connection took the session lock
+// of k (k's mode exactly), if it holds it (holding.Locks).
+func (s *State[K]) TookLocked(k K) (site string, since time.Time, span trace.SpanContext, ok bool) {
+	l := s.Held[k]
+	if l == nil {
+		return "", time.Time{}, trace.SpanContext{}, false
+	}
+	return l.Site, l.Since, l.Span, true
+}
+
+// HoldsXactLocked reports whether the current transaction holds k (k's
+// mode exactly) at transaction level (holding.Locks).
+func (s *State[K]) HoldsXactLocked(k K) bool { return s.Xact[k] > 0 }
 
 // Lock locks the state's mutex.
 func (s *State[K]) Lock() { s.mu.Lock() }

@@ -16,6 +16,8 @@ type Waiter interface {
 	// AppendWaitArgs appends the slow-wait log's attributes that name the
 	// waiting connection (its database, number, backend pid).
 	AppendWaitArgs(args []any) []any
+	// PID is the waiting connection's backend pid (0: none known).
+	PID() int32
 }
 
 // Progress of a wait's slow-wait log.
@@ -37,6 +39,7 @@ type Entry[W Waiter, K any] struct {
 	prev, next *Entry[W, K]
 	listed     bool
 	ended      bool // ended while its "still waiting" line was being written
+	looked     bool // the lookup before the deadline ran (lookAt)
 
 	waiter    W              // the waiting connection, when known
 	site      string         // where the wait was asked for, or
@@ -58,7 +61,6 @@ type Entry[W Waiter, K any] struct {
 	// wait that times out can name the holder (the server forgets the
 	// wait the moment the driver cancels it). Zero: no lookup.
 	lookAt time.Time
-	looked bool
 	// found is who held what the wait waits for, as the slow-wait log, the
 	// span's blockers read or the lookup found them first (named again,
 	// with their ages now, by HolderNamed).

@@ -42,6 +42,15 @@ type Config[W Waiter, K any] struct {
 	HoldersOf func(ctx context.Context, v View[W, K]) *holders.Blockage
 	// Events receives an EventSlowWait for each slow wait (nil: none).
 	Events *holders.Events
+	// Telemetry times the waits begun by Start, and records their spans;
+	// Start needs it.
+	Telemetry *telemetry.Set
+	// Outcomes classifies the error of a wait that ended without an
+	// outcome of its own (Lock.End).
+	Outcomes telemetry.Outcomes
+	// SelfWait is the sentinel of a certain self-wait, whose errors
+	// Lock.WithSelfHint leaves alone (nil: none).
+	SelfWait error
 }
 
 // Watch is the set of lock waits in progress of one database: an

@@ -19,6 +19,7 @@ import (
 type conn struct{ id int }
 
 func (c *conn) AppendWaitArgs(args []any) []any { return append(args, "connection", c.id) }
+func (c *conn) PID() int32                      { return 0 }
 
 // wait is the caller's record of a wait, holding its Entry by value.
 type wait struct{ Entry[*conn, int] }
