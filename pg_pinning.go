@@ -7,10 +7,10 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/lockhooks/lockhooks/internal/lockset"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
+	"github.com/lockhooks/lockhooks/internal/stmtlocks"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
@@ -156,7 +156,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 		return plan, rawconn.OneValue(adv.Calls[0].Column, true), nil
 	}
-	if takesTurn(adv) && adv.Calls[0].Func == sqlscan.FnTry {
+	if stmtlocks.OneSessionLock(adv) && adv.Calls[0].Func == sqlscan.FnTry {
 		// A try-lock takes the key's turn if it is free, and is answered
 		// false without the server if another connection of this database
 		// holds or awaits the key (pg_turns.go).
@@ -178,7 +178,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		// names the holder to other processes. A connection that reaches
 		// the server itself needs neither: the statement's text and result
 		// tell its effect, and the statement names the holder itself.
-		annotate = !plan.Verify && retext && adv.Simple && c.direct && c.connector.own.Exec != nil && c.connector.own.OK() && integerArgs(args)
+		annotate = !plan.Verify && retext && adv.Simple && c.direct && c.connector.own.Exec != nil && c.connector.own.OK() && stmtlocks.IntegerArgs(args)
 		plan.Verify = !annotate
 	}
 	plan.Site = c.siteOf(ctx)
@@ -202,14 +202,14 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		}
 	}
 	c.warnSelfWait(adv, plan.Keys, plan.Known, plan.Site)
-	hint, err := c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("the statement %.120q", st.text) }, waitingKeys(adv, plan.Keys, plan.Known), nil)
+	hint, err := c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("the statement %.120q", st.text) }, stmtlocks.Waiting(adv, plan.Keys, plan.Known), nil)
 	if err != nil {
 		c.connector.events.Add(eventSelfWait, err.Error())
 		return plan, nil, err
 	}
 	plan.wait = c.startAdvisoryWait(ctx, adv, plan.Keys, plan.Known, plan.Site)
 	plan.wait.NoteSelfHint(hint)
-	if takesTurn(adv) && adv.Calls[0].Func == 0 {
+	if stmtlocks.OneSessionLock(adv) && adv.Calls[0].Func == 0 {
 		if key, ok := c.turnKey(plan); ok {
 			if err := c.takeTurn(ctx, key); err != nil {
 				plan.wait.End(ctx, "", err)
@@ -226,20 +226,6 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	return plan, nil, nil
 }
 
-// integerArgs reports whether every argument is a value of one of Go's
-// integer types that fits an int64: sent as text with its type left to
-// the server (pgx's QueryExecModeExec, see pgsession.Conn.LockText), such a
-// value means what it meant in the driver's own mode, where a []byte, a
-// time.Time or a value of the driver's own types need not.
-func integerArgs(args []driver.NamedValue) bool {
-	for _, a := range args {
-		if _, isInt, fits := lockset.IntegerValue(a.Value); !isInt || !fits {
-			return false
-		}
-	}
-	return true
-}
-
 // checkUnlocks looks at the unlocks of a statement of several calls whose
 // keys this connection does not hold at that point. An unlock inside a
 // larger statement cannot be sent to another connection: if another
@@ -248,27 +234,8 @@ func integerArgs(args []driver.NamedValue) bool {
 // (Postgres answers false for that call, as it would without lockhooks) and
 // a warning says so.
 func (c *conn) checkUnlocks(adv *sqlscan.Advisory, keys []lockKey, site string) error {
-	var unheld []lockKey
 	c.pin.Lock()
-	taken := map[lockKey]int{}
-	for k, l := range c.pin.Held {
-		taken[k] = l.Count
-	}
-	for i, call := range adv.Calls {
-		k := keys[i]
-		switch {
-		case call.Func&sqlscan.FnUnlockAll != 0:
-			clear(taken)
-		case call.Func&sqlscan.FnXact != 0:
-		case call.Func&sqlscan.FnUnlock != 0:
-			if taken[k] <= 0 {
-				unheld = append(unheld, k)
-			}
-			taken[k]--
-		case call.Func&sqlscan.FnTry == 0:
-			taken[k]++
-		}
-	}
+	unheld := c.pin.UnheldUnlocksLocked(adv.Calls, keys)
 	c.pin.Unlock()
 	for _, k := range unheld {
 		if h, ok := c.connector.pins.HolderOf(k, c); ok {

@@ -7,7 +7,7 @@ import (
 	"fmt"
 
 	"github.com/lockhooks/lockhooks/internal/pgsession"
-	"github.com/lockhooks/lockhooks/internal/sqlscan"
+	"github.com/lockhooks/lockhooks/internal/stmtlocks"
 )
 
 // Lock statements sent through the pool queue in memory, and the pool
@@ -57,7 +57,7 @@ var ErrPoolDeadlock = pgsession.ErrPoolDeadlock
 // is not AcquireAdvisoryLock's own (which took the turn itself).
 func (c *conn) turnKey(plan advisoryPlan) (int64, bool) {
 	adv := plan.st.advisory
-	if !takesTurn(adv) || !plan.Exact || len(plan.Keys) != 1 || !plan.Known[0] {
+	if !stmtlocks.OneSessionLock(adv) || !plan.Exact || len(plan.Keys) != 1 || !plan.Known[0] {
 		return 0, false
 	}
 	k := plan.Keys[0]
@@ -216,11 +216,4 @@ func (c *conn) settleTurnAfter(plan advisoryPlan) {
 	if plan.turn {
 		c.settleTurn()
 	}
-}
-
-// takesTurn reports whether a statement's plan may take a turn: one call
-// of pg_advisory_lock or pg_try_advisory_lock (exclusive, session level);
-// the cheap test before turnKey's.
-func takesTurn(adv *sqlscan.Advisory) bool {
-	return adv != nil && adv.Simple && adv.Calls[0].Func&^sqlscan.FnTry == 0
 }

@@ -184,24 +184,3 @@ func selfWaitResult(w *lockWait, c *conn, statement string, err error) error {
 	c.connector.events.Add(eventSelfWait, e.Error())
 	return e
 }
-
-// waitingKeys returns the known keys of a statement's calls that wait
-// (pg_advisory_lock and pg_advisory_xact_lock, shared or not).
-func waitingKeys(adv *sqlscan.Advisory, keys []lockKey, known []bool) []lockKey {
-	waits := func(i int) bool {
-		return adv.Calls[i].Func&(sqlscan.FnTry|sqlscan.FnUnlock|sqlscan.FnUnlockAll) == 0 && known[i]
-	}
-	if len(adv.Calls) == 1 { // the usual statement: no allocation
-		if waits(0) {
-			return keys[:1:1]
-		}
-		return nil
-	}
-	var out []lockKey
-	for i := range adv.Calls {
-		if waits(i) {
-			out = append(out, keys[i])
-		}
-	}
-	return out
-}

@@ -9,11 +9,11 @@ package lockhooks
 
 import (
 	"context"
-	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/holding"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
+	"github.com/lockhooks/lockhooks/internal/stmtlocks"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 	"github.com/lockhooks/lockhooks/internal/waits"
 )
@@ -36,36 +36,11 @@ func outcomes() telemetry.Outcomes {
 // the holder when another connection of this database holds a key. keys
 // and known are the key of each call, where known (advisoryPlan's).
 func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, keys []lockKey, known []bool, site string) *lockWait {
-	var acquire *sqlscan.AdvisoryCall
-	var names []string
-	var resolved []lockKey
-	for i, call := range adv.Calls {
-		if call.Func&(sqlscan.FnUnlock|sqlscan.FnUnlockAll) != 0 {
-			continue
-		}
-		if acquire == nil {
-			acquire = &adv.Calls[i]
-		}
-		switch {
-		case !known[i]:
-			names = append(names, "expression")
-		case len(adv.Calls) == 1:
-			names, resolved = append(names, keys[0].String()), keys[:1:1] // (no allocation)
-		default:
-			names, resolved = append(names, keys[i].String()), append(resolved, keys[i])
-		}
-	}
-	if acquire == nil {
+	mode, scope, text, resolved, ok := stmtlocks.AdvisoryWait(adv, keys, known)
+	if !ok {
 		return nil
 	}
-	mode, scope := "exclusive", "session"
-	if acquire.Func&sqlscan.FnShared != 0 {
-		mode = "shared"
-	}
-	if acquire.Func&sqlscan.FnXact != 0 {
-		scope = "transaction"
-	}
-	_, w := c.connector.waits.Start(ctx, "advisory", mode, scope, AttrLockKeys.String(strings.Join(names, ", ")))
+	_, w := c.connector.waits.Start(ctx, "advisory", mode, scope, AttrLockKeys.String(text))
 	w.SetWaiter(c, site, nil, "", resolved)
 	if !w.WantsHolder() {
 		return w
@@ -81,16 +56,7 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, key
 
 // startRowLockWait times a Postgres statement with a row-locking clause.
 func (c *conn) startRowLockWait(ctx context.Context, st statement) *lockWait {
-	mode := "for_key_share"
-	switch {
-	case st.locks&sqlscan.ForUpdate != 0 && !st.rewrote:
-		mode = "for_update"
-	case st.locks&(sqlscan.ForUpdate|sqlscan.ForNoKeyUpdate) != 0:
-		mode = "for_no_key_update"
-	case st.locks&sqlscan.ForShare != 0:
-		mode = "for_share"
-	}
-	_, w := c.connector.waits.Start(ctx, "row", mode, "transaction",
+	_, w := c.connector.waits.Start(ctx, "row", stmtlocks.RowLockMode(st.locks, st.rewrote), "transaction",
 		AttrLockNoWait.Bool(st.locks&sqlscan.NoWait != 0), AttrLockSkipLocked.Bool(st.locks&sqlscan.SkipLocked != 0))
 	w.SetWaiter(c, "", nil, st.text, nil)
 	c.watchBlockers(ctx, w)

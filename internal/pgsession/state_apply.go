@@ -66,3 +66,32 @@ func (s *State[K]) ApplyLocked(calls []sqlscan.AdvisoryCall, keys []K, results [
 	s.Gen++
 	return pending
 }
+
+// UnheldUnlocksLocked returns the keys of a statement of several calls
+// whose unlocks find the key not held at that point, call by call, left
+// to right (keys[i] is calls[i]'s): what another connection may hold, or
+// Postgres answers false for. The count of a key goes below 0 where
+// Postgres's stays at 0, so an unlock after a failed unlock and a lock of
+// the same key is named too. s is locked.
+func (s *State[K]) UnheldUnlocksLocked(calls []sqlscan.AdvisoryCall, keys []K) (unheld []K) {
+	taken := map[K]int{}
+	for k, l := range s.Held {
+		taken[k] = l.Count
+	}
+	for i, call := range calls {
+		k := keys[i]
+		switch {
+		case call.Func&sqlscan.FnUnlockAll != 0:
+			clear(taken)
+		case call.Func&sqlscan.FnXact != 0:
+		case call.Func&sqlscan.FnUnlock != 0:
+			if taken[k] <= 0 {
+				unheld = append(unheld, k)
+			}
+			taken[k]--
+		case call.Func&sqlscan.FnTry == 0:
+			taken[k]++
+		}
+	}
+	return unheld
+}

@@ -2,6 +2,7 @@ package pgsession
 
 import (
 	"database/sql/driver"
+	"slices"
 	"testing"
 	"time"
 
@@ -64,5 +65,42 @@ func TestApplyLocked(t *testing.T) {
 	}
 	if _, freed := apply(t, &s, "SELECT pg_advisory_unlock_all()", nil, false); freed != 2 || len(s.Held) != 0 {
 		t.Errorf("unlock_all: %d freed, %d still held; want 2 freed (1 and 7), none held", freed, len(s.Held))
+	}
+}
+
+// The unlocks of a statement of several calls that find their key not
+// held at that point: held locks count as taken, calls count left to
+// right, an unlock-all clears, transaction-level calls and try-locks
+// (whose answer is not known before) count for nothing.
+func TestUnheldUnlocks(t *testing.T) {
+	var s State[advisorykey.Key]
+	apply(t, &s, "SELECT pg_advisory_lock(1)", nil, false)
+	for _, c := range []struct {
+		text string
+		want []int64
+	}{
+		{"SELECT pg_advisory_unlock(1), pg_advisory_unlock(1)", []int64{1}},
+		{"SELECT pg_advisory_unlock(2), pg_advisory_lock(2), pg_advisory_unlock(2)", []int64{2, 2}}, // as before the move: the count goes below 0 where Postgres's stays at 0, so the second unlock is named too
+		{"SELECT pg_advisory_lock(3), pg_advisory_unlock(3), pg_advisory_unlock(1)", nil},
+		{"SELECT pg_advisory_unlock_all(), pg_advisory_unlock(1)", []int64{1}},
+		{"SELECT pg_try_advisory_lock(4), pg_advisory_xact_lock(4), pg_advisory_unlock(4)", []int64{4}},
+	} {
+		adv := sqlscan.ParseAdvisory(c.text)
+		keys := make([]advisorykey.Key, len(adv.Calls))
+		for i, call := range adv.Calls {
+			if len(call.Args) > 0 {
+				keys[i] = advisorykey.Key{K1: call.Args[0].Value}
+			}
+		}
+		s.Lock()
+		got := s.UnheldUnlocksLocked(adv.Calls, keys)
+		s.Unlock()
+		var ids []int64
+		for _, k := range got {
+			ids = append(ids, k.K1)
+		}
+		if !slices.Equal(ids, c.want) {
+			t.Errorf("%s: unheld %v, want %v", c.text, ids, c.want)
+		}
 	}
 }

@@ -12,7 +12,13 @@
 // statement takes; a transaction's locks, split at the statement running
 // now ([Tx]); a connection's session advisory locks for the checker
 // ([Session]); and what one statement adds to them ([Note]), fed to the
-// order graph of the lock-order checker ([Checker]) when it is on.
+// order graph of the lock-order checker ([Checker]) when it is on. And
+// what a statement's lock wait is, as spans and the page name it: the
+// mode, scope and keys of its advisory calls' wait ([AdvisoryWait]), the
+// keys its calls wait for ([Waiting]), the mode of a row-locking wait
+// ([RowLockMode]); whether it is one session lock whose key may take its
+// turn in the in-process queue ([OneSessionLock]); and whether its
+// arguments may be sent as text ([IntegerArgs]).
 //
 // State: one transaction's and one connection's tracked locks (owned by
 // the caller's connection, used by one goroutine at a time); the graph is
