@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/dberr"
-	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 )
 
@@ -97,9 +96,8 @@ func (c *conn) ReportLoss(l pgsession.Loss) {
 	c.connector.opts.logger.Error("lockhooks: advisory lock lost", attrs...)
 	// A span of its own (issue 20: the model of holders), linked to the
 	// span the lock was taken in.
-	h := connHolder(c)
-	h.Key, h.Site, h.Since, h.SiteKind = l.Keys, l.Oldest.Site, l.Oldest.Since, holders.SiteTook
-	c.connector.tel.LockLostSpan(h.WithSpan(l.Oldest.Span), l.Cause)
+	h := connHolder(c).TookLock(l.Keys, l.Oldest.Site, l.Oldest.Since, l.Oldest.Span)
+	c.connector.tel.LockLostSpan(h, l.Cause)
 }
 
 // LockLost frees the in-process turn of the AdvisoryLock held on c, if

@@ -95,8 +95,9 @@ func selfWaitHolder(ctx context.Context, c *conn) (h *conn, certain bool) {
 // (see selfWaitHolder), on another connection of the same database: Lock
 // (names gives its keys' lockset ids), or a pg_advisory_lock /
 // pg_advisory_xact_lock statement. For a likely self-wait it returns the
-// hint for the wait (waits.Lock.NoteSelfHint). waiter describes the request, for the
-// error only (formatting it on every request would cost allocations).
+// hint for the wait (waits.Lock.NoteSelfHint). waiter describes the
+// request, for the error only (formatting it on every request would cost
+// allocations).
 func (c *conn) selfWaitAdvisory(ctx context.Context, waiter func() string, keys []lockKey, names map[int64]string) (hint string, err error) {
 	if len(keys) == 0 {
 		return "", nil

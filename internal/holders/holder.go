@@ -163,6 +163,13 @@ func (h Holder) LogArgs() []any {
 	return args
 }
 
+// TookLock returns the holder as the holder of lock key (named for a
+// reader), which it took at site ("" where not known), at since, in span.
+func (h Holder) TookLock(key, site string, since time.Time, span trace.SpanContext) Holder {
+	h.Key, h.Site, h.Since, h.SiteKind = key, site, since, SiteTook
+	return h.WithSpan(span)
+}
+
 // WithSpan returns the holder with its span context, and its trace id
 // when span is valid.
 func (h Holder) WithSpan(span trace.SpanContext) Holder {

@@ -197,3 +197,16 @@ func TestSameConnection(t *testing.T) {
 		}
 	}
 }
+
+// A connection as the holder of a lock it took: the key, the site, since
+// when and the span, named the way Where says it.
+func TestTookLock(t *testing.T) {
+	since, span := time.Now().Add(-time.Second), spanOf(t, "4bf92f3577b34da6a3ce929d0e0e4736")
+	h := Holder{Database: "orders", Conn: 2, PID: 102}.TookLock("7", "jobs.go:7", since, span)
+	if h.Key != "7" || h.Site != "jobs.go:7" || !h.Since.Equal(since) || h.SiteKind != SiteTook || !h.Span.Equal(span) || h.TraceID != span.TraceID().String() {
+		t.Errorf("took: %+v", h)
+	}
+	if !strings.Contains(h.String(), "which took it at jobs.go:7") {
+		t.Errorf("named %q", h.String())
+	}
+}

@@ -67,7 +67,7 @@ func Of[C Conn[K], K Key](c C, keys []K) holders.Holder {
 		for _, k := range keys {
 			for _, hk := range Conflicting(k) {
 				if site, since, span, ok := l.TookLocked(hk); ok && h.SiteKind == holders.SiteNone {
-					h = took(h, hk, site, since, span)
+					h = h.TookLock(hk.String(), site, since, span)
 				}
 			}
 		}
@@ -102,7 +102,7 @@ func Among[C Conn[K], K Key](conns []C, k K, except C) []holders.Holder {
 		l.Lock()
 		for _, hk := range Conflicting(k) {
 			if site, since, span, ok := l.TookLocked(hk); ok {
-				out = append(out, took(c.Identity(), hk, site, since, span))
+				out = append(out, c.Identity().TookLock(hk.String(), site, since, span))
 			}
 		}
 		l.Unlock()
@@ -128,10 +128,4 @@ func HeldAmong[C Conn[K], K Key](c C, keys []K) (held K, ok bool) {
 	}
 	l.Unlock()
 	return held, ok
-}
-
-// took is h as the holder of the session lock of k, taken at site.
-func took[K Key](h holders.Holder, k K, site string, since time.Time, span trace.SpanContext) holders.Holder {
-	h.Key, h.Site, h.Since, h.SiteKind = k.String(), site, since, holders.SiteTook
-	return h.WithSpan(span)
 }

@@ -19,16 +19,15 @@ type Owners func(owner any) holders.Holder
 // reader), its call sites symbolised through sites when not nil (a page
 // or a list of many waiters shares sites).
 func (o Owners) Holder(key string, h Holder, sites SiteNames) holders.Holder {
-	x := o(h.Owner)
-	x.Key, x.Since, x.SiteKind = key, h.Since, holders.SiteTook
+	var site string
 	if h.Site.Recorded() {
 		if sites != nil {
-			x.Site = sites.Of(&h.Site)
+			site = sites.Of(&h.Site)
 		} else {
-			x.Site = h.Site.String()
+			site = h.Site.String()
 		}
 	}
-	return x.WithSpan(h.Span)
+	return o(h.Owner).TookLock(key, site, h.Since, h.Span)
 }
 
 // ExplainWait turns a *sqlitelock.WaitError of a table wait for key (named
