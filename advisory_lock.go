@@ -50,7 +50,7 @@ type AdvisoryLock struct {
 // this process may take the key at once, instead of waiting for the lost
 // lock's Release).
 func (l *AdvisoryLock) freeTurn() {
-	l.turnOnce.Do(func() { l.c.connector.turns.Unlock(l.key, l.turn) })
+	l.turnOnce.Do(func() { l.c.connector.Turns.Unlock(l.key, l.turn) })
 }
 
 // AcquireAdvisoryLock takes the exclusive session advisory lock key
@@ -93,13 +93,13 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 	if c.connector.opts.dialect == SQLite {
 		return l.acquireInProcess(user, ctx, try)
 	}
-	turns, taker := &c.connector.turns, takerOf(user, l, nil)
+	turns, taker := &c.connector.Turns, takerOf(user, l, nil)
 	if !turns.TryLock(key, l, taker, &site) {
 		sc.Close() // wait without a connection
 		if try {
 			return nil, false, nil // another acquirer of this process holds or awaits it
 		}
-		_, w := c.connector.waits.Start(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(key)))
+		_, w := c.connector.Waits.Start(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(key)))
 		w.SetWaiter(c, siteOf(ctx), nil, "", nil)
 		err := turns.Lock(user, key, l, taker, &site, w)
 		err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", key), "its turn behind another acquirer of this process", describeKey(key))
@@ -317,7 +317,7 @@ func (l *AdvisoryLock) firstRow(ctx context.Context, query string, dest []driver
 
 // acquireInProcess takes the SQLite stand-in: an in-process named lock.
 func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*AdvisoryLock, bool, error) {
-	names := &l.c.connector.named
+	names := &l.c.connector.Named
 	var site callsite.Stack
 	site.Capture()
 	if try {
@@ -328,7 +328,7 @@ func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*A
 		l.token = l.c.connector.tokens.next()
 		return l, true, nil
 	}
-	_, w := l.c.connector.waits.Start(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
+	_, w := l.c.connector.Waits.Start(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
 	w.SetWaiter(l.c, siteOf(ctx), nil, "", nil)
 	err := names.Lock(user, l.key, l, takerOf(user, l, nil), &site, w)
 	err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", l.key), fmt.Sprintf("advisory lock %d", l.key), describeKey(l.key))
@@ -394,7 +394,7 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 	l.released = true
 	if l.c.connector.opts.dialect == SQLite {
 		defer l.conn.Close()
-		l.c.connector.named.Unlock(l.key, l)
+		l.c.connector.Named.Unlock(l.key, l)
 		return nil
 	}
 	// Off the connection before the unlock, which must not count as a

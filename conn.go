@@ -130,7 +130,7 @@ func newConn(c *connector, inner driver.Conn) driver.Conn {
 	w := &conn{connector: c, inner: inner, id: c.nextID.Add(1)}
 	w.tx.c = w
 	if c.pins != nil {
-		w.pin.Who = pgsession.NewIdentity(c.seq, c.pool, w.id)
+		w.pin.Who = pgsession.NewIdentity(c.seq, c.Pool, w.id)
 		w.pin.Init(c.pins.Settings(), w)
 		w.pin.Hold.Init(&c.pins.holders, w)
 	}

@@ -38,7 +38,7 @@ func (c *connector) readDeadlockFacts(edges []pgserver.DeadlockEdge, detail stri
 	if c.opts.dialect != Postgres {
 		edges = nil // (none read)
 	}
-	return c.blocking.DeadlockFacts(edges, detail)
+	return c.Blocking.DeadlockFacts(edges, detail)
 }
 
 // explainDeadlock fills the sides of de and its advice. where is the

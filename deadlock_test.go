@@ -131,10 +131,10 @@ func TestDeadlockRowsInOppositeOrder(t *testing.T) {
 	}
 	// The page's event keeps the whole text.
 	c := connectorOf(t, a)
-	if victim.Who != "" && !strings.Contains(victim.Who, c.pool+"\"") {
+	if victim.Who != "" && !strings.Contains(victim.Who, c.Pool+"\"") {
 		c = connectorOf(t, b)
 	}
-	events, _ := c.events.Snapshot()
+	events, _ := c.Events.Snapshot()
 	found := false
 	for _, e := range events {
 		found = found || e.Kind == eventDeadlock && e.Message == de.Error()

@@ -180,7 +180,7 @@ func (h *debugHandler) report(ctx context.Context) debugpage.Report {
 				Held: []debugpage.Held{}, HeldGroups: []debugpage.Group{}, Waiters: []debugpage.Waiter{}, Events: []holders.Event{}, Counters: map[string]int64{}})
 			continue
 		}
-		d := c.debugState(ctx, i)
+		d := c.State(ctx, i, blockerLookupTimeout)
 		rep.Databases = append(rep.Databases, d)
 	}
 	return rep
@@ -192,9 +192,5 @@ func (h *debugHandler) heldPage(ctx context.Context, q *debugpage.Query) (debugp
 	if err != nil {
 		return debugpage.HeldPage{}, err
 	}
-	now := time.Now()
-	_, _, waited := c.listWaits(0)
-	hc := debugpage.NewCollector(q, newPageNames())
-	c.collectHeld(hc, c.openConns(), waited)
-	return hc.Page(now), nil
+	return c.HeldPage(q), nil
 }

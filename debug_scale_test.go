@@ -61,7 +61,7 @@ func heldAtScale(tb testing.TB, db *sql.DB, n int) http.Handler {
 	}
 	c := trackedConn(tb, sc).connector
 	sc.Close()
-	waitFor(tb, 30*time.Second, "the waiter", func() bool { _, n, _ := c.listWaits(0); return n == 1 })
+	waitFor(tb, 30*time.Second, "the waiter", func() bool { _, n := c.Waits.ListBounded(0, nil); return n == 1 })
 	return h
 }
 

@@ -213,7 +213,7 @@ func TestDebugHandlerBoundedEvents(t *testing.T) {
 	sc.Close()
 	const n = 3*eventCapacity + 7
 	for i := range n {
-		c.events.Add(eventDeadlock, fmt.Sprintf("event %d", i))
+		c.Events.Add(eventDeadlock, fmt.Sprintf("event %d", i))
 	}
 	rep, _ := debugJSON(t, srv)
 	ev := rep.Databases[0].Events
@@ -296,7 +296,7 @@ func TestSlowLockLogSQLite(t *testing.T) {
 	}
 	var holderSite string
 	c := trackedConn(t, held.Conn()).connector
-	c.named.Held(func(_ int64, h inprocess.Holder, _ int) { holderSite = h.Site.String() })
+	c.Named.Held(func(_ int64, h inprocess.Holder, _ int) { holderSite = h.Site.String() })
 	done := make(chan error, 1)
 	go func() {
 		l, err := AcquireAdvisoryLock(ctx, db, 9)

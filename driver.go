@@ -24,7 +24,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,8 +33,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/driverext"
 	"github.com/lockhooks/lockhooks/internal/holders"
-	"github.com/lockhooks/lockhooks/internal/inprocess"
-	"github.com/lockhooks/lockhooks/internal/pgblocking"
+	"github.com/lockhooks/lockhooks/internal/lockdb"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqliteconn"
@@ -300,34 +298,29 @@ func registeredDriver(name string) (driver.Driver, error) {
 // connector is the wrapped connector: the state of one wrapped database,
 // shared by all of its connections.
 type connector struct {
+	// DB is the database as the core sees it (internal/lockdb): its pool
+	// name, open connections, lock tables, waits, events, session-lock
+	// registry and reader of who blocks whom.
+	lockdb.DB[*conn, lockKey]
+
 	inner    driver.Connector
 	driver   *Driver
 	opts     *options
 	rewriter *rewriter
 	tel      *reporting
-	pins     *pinning                              // Postgres only
-	named    inprocess.Table[int64]                // SQLite's in-process advisory locks
-	turns    inprocess.Table[int64]                // Postgres: AcquireAdvisoryLock's in-process queue per key
-	tokens   tokenClock                            // SQLite: the in-process advisory locks' fencing tokens
-	own      pgdriver.Statements                   // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
-	sites    callsite.Names                        // Postgres: call sites of transactions' identities, by return address (internal/callsite)
-	locksets inprocess.Table[inprocess.LocksetKey] // SQLite's in-process Lock/TryLock
-	writer   writerLock                            // SQLite's in-process writer lock
-	defaults *sqliteconn.Defaults                  // SQLite: what a new connection gets where the DSN leaves it unset
-	dsn      string                                // "" when the inner connector was given
-	pool     string                                // the pool name: WithPoolName's, or a default unique in the process
-	seq      uint64                                // the database's number in the process, from 1 (identities name it: internal/identity)
-	server   atomic.Pointer[string]                // Postgres: the server its connections reached (its start time, read by identifyOnConnect; nil: not known)
-	db       atomic.Pointer[sql.DB]                // the database that uses it, once known (noteDB): its pool's counts tell a deadlocked pool
-	sqlite   sqlitelock.DSN                        // dsn's parameters, parsed (SQLite)
+	pins     *pinning               // Postgres only
+	tokens   tokenClock             // SQLite: the in-process advisory locks' fencing tokens
+	own      pgdriver.Statements    // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
+	sites    callsite.Names         // Postgres: call sites of transactions' identities, by return address (internal/callsite)
+	writer   writerLock             // SQLite's in-process writer lock
+	defaults *sqliteconn.Defaults   // SQLite: what a new connection gets where the DSN leaves it unset
+	dsn      string                 // "" when the inner connector was given
+	seq      uint64                 // the database's number in the process, from 1 (identities name it: internal/identity)
+	server   atomic.Pointer[string] // Postgres: the server its connections reached (its start time, read by identifyOnConnect; nil: not known)
+	sqlDB    atomic.Pointer[sql.DB] // the database that uses it, once known (noteDB): its pool's counts tell a deadlocked pool
+	sqlite   sqlitelock.DSN         // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
-	events   *holders.Events           // recent events, for DebugHandler
-	waits    *waitWatch                // waits in progress, for DebugHandler and WithSlowLockLog
-	side     *rawconn.Side             // Postgres: the one connection outside the pool for lookups (pg_blockers.go)
-	blocking *pgblocking.Reader[*conn] // Postgres: who blocks whom among its connections, read on side
-
-	liveMu sync.RWMutex       // read: openConns, the model of holders (self-waits)
-	live   map[*conn]struct{} // every open wrapped connection
+	side     *rawconn.Side // Postgres: the one connection outside the pool for lookups (pg_blockers.go)
 
 	// noTokenInLock: the server refused pg_current_xact_id() (none before
 	// Postgres 13, or no permission to call it), so AcquireAdvisoryLock's
@@ -344,7 +337,9 @@ var (
 // the process's registry of databases (which also settles its pool name)
 // until Close.
 func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sqlite sqlitelock.DSN) *connector {
-	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), live: make(map[*conn]struct{}), dsn: dsn, sqlite: sqlite}
+	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), dsn: dsn, sqlite: sqlite}
+	c.Dialect, c.Names, c.Writer = string(o.dialect), &keyNames, &c.writer.core
+	c.OwnerConn, c.NeedsConn, c.Identify = ownerConn, needsConn, identify
 	c.openSide() // before join: a database the registry lists can be asked who a backend is
 	databases.join(c, defaultPoolName(o.dialect, dsn, inner))
 	var observe func() (held, parked int64)
@@ -353,12 +348,12 @@ func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sql
 	}
 	if o.dialect == Postgres {
 		c.pins = newPinning(c)
-		observe = c.pins.Observe
+		c.Sessions, observe = c.pins.Registry, c.pins.Observe
 	}
-	c.tel = newReporting(o, c.pool, observe)
-	c.events = holders.NewEvents(eventCapacity)
-	c.waits = newWaitWatch(c) // (after c.events: the slow waits are among its events)
-	c.tel.events, c.tel.watch = c.events, c.waits
+	c.tel = newReporting(o, c.Pool, observe)
+	c.Events = holders.NewEvents(eventCapacity)
+	c.Waits = newWaitWatch(c) // (after c.Events: the slow waits are among its events)
+	c.tel.events, c.tel.watch = c.Events, c.Waits
 	return c
 }
 
@@ -389,36 +384,8 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 			return nil, err
 		}
 	}
-	c.liveMu.Lock()
-	c.live[w] = struct{}{}
-	c.liveMu.Unlock()
+	c.Opened(w)
 	return wrapped, nil
-}
-
-// forget removes a closed connection from the open ones.
-func (c *connector) forget(w *conn) {
-	c.liveMu.Lock()
-	delete(c.live, w)
-	c.liveMu.Unlock()
-}
-
-// openConns returns every open wrapped connection.
-func (c *connector) openConns() []*conn {
-	c.liveMu.RLock()
-	defer c.liveMu.RUnlock()
-	return slices.Collect(maps.Keys(c.live))
-}
-
-// openConn returns the open connection numbered id, or nil.
-func (c *connector) openConn(id uint64) *conn {
-	c.liveMu.RLock()
-	defer c.liveMu.RUnlock()
-	for oc := range c.live {
-		if oc.id == id {
-			return oc
-		}
-	}
-	return nil
 }
 
 // Driver returns the wrapped driver, as sql.DB.Driver reports it: the value
@@ -439,7 +406,7 @@ func (c *connector) Close() error {
 		c.pins.Close()
 	}
 	c.tel.Close()
-	c.waits.Close()
+	c.Waits.Close()
 	c.side.Close()
 	if cl, ok := c.inner.(io.Closer); ok {
 		return cl.Close()

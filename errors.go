@@ -168,8 +168,8 @@ func (c *conn) deadlockError(err error) error {
 	held = append(held, c.order.Describe(describeKey)...) // known only with the lock-order checker on
 	de = &DeadlockError{Err: err, Detail: dberr.Detail(err), Held: held, Waiting: waiting}
 	c.explainDeadlock(de, dberr.Where(err))
-	c.connector.events.Add(eventDeadlock, de.Error())
-	args := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", c.pin.PID.Load()}
+	c.connector.Events.Add(eventDeadlock, de.Error())
+	args := []any{"database", c.connector.Pool, "connection", c.id, "backend_pid", c.pin.PID.Load()}
 	for _, s := range de.Sides {
 		if s.This {
 			args = append(args, "waited_for", s.WaitedFor)

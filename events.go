@@ -41,5 +41,5 @@ func noteRetry(ctx context.Context, db *sql.DB, attempt int, err error) {
 		return
 	}
 	defer sc.Close()
-	c.connector.events.Add(eventRetry, fmt.Sprintf("RunInTx attempt %d failed and is retried: %v", attempt, err))
+	c.connector.Events.Add(eventRetry, fmt.Sprintf("RunInTx attempt %d failed and is retried: %v", attempt, err))
 }

@@ -4,6 +4,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/holding"
+	"github.com/lockhooks/lockhooks/internal/pgsession"
 )
 
 // The model of holders and waiters, one per process.
@@ -49,5 +50,8 @@ func connHolder(oc *conn) holders.Holder {
 	if oc == nil {
 		return holders.Holder{}
 	}
-	return holders.Holder{Database: oc.connector.pool, Conn: oc.id, PID: oc.shownPID()}
+	return holders.Holder{Database: oc.connector.Pool, Conn: oc.id, PID: oc.shownPID()}
 }
+
+// Pin is the connection's session-lock tracking (lockdb.Conn).
+func (c *conn) Pin() *pgsession.Conn[lockKey] { return &c.pin }

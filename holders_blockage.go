@@ -10,13 +10,6 @@ import (
 	"github.com/lockhooks/lockhooks/internal/pgblocking"
 )
 
-// addBlockers adds to b the backends Postgres showed blocking a wait for
-// keys, each identified as a holder where it is a connection of a
-// lockhooks database (identify).
-func addBlockers(b *holders.Blockage, server []holders.Blocker, keys []lockKey) {
-	b.Add(server, func(s holders.Blocker) (holders.Holder, bool) { return identify(s, keys) })
-}
-
 // identify returns the holder that backend s is, when it is a connection
 // of a lockhooks database: of this process, as the model knows it (the
 // lock among keys it holds, where and when it took it, or its

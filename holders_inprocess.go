@@ -1,10 +1,9 @@
 package lockhooks
 
-// Holders in this process, the root's part: who holds what a wait waits
-// for, from the lock tables (internal/inprocess) and the connections'
-// session locks (internal/holding), and on Postgres from the server
-// (internal/pgblocking); a lock table's taker and owners as the model
-// names them; and the timeout error that names the holder.
+// Holders in this process, the root's part: a lock table's taker and
+// owners as the model names them (the connection of an owner, for
+// lockdb.DB.OwnerConn), and the timeout error that names the holder. Who
+// holds what a wait waits for is the database's (internal/lockdb).
 
 import (
 	"context"
@@ -16,64 +15,9 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/holders"
-	"github.com/lockhooks/lockhooks/internal/holding"
 	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
-
-// holdersOf finds who holds what the wait v waits for: in-process holders
-// from the lock tables and the advisory-lock tracking and, on Postgres,
-// the backends pg_blocking_pids names, followed to the root of the chain,
-// each identified where it is a connection of a lockhooks database (of
-// this process or another), or, for a wait that does not wait on the
-// server (through a transaction pooler lockhooks polls), the backends
-// pg_locks shows holding its advisory keys.
-func (c *connector) holdersOf(ctx context.Context, v waitView) *holders.Blockage {
-	b := &holders.Blockage{Holders: c.inProcessHolders(v, c.inProcessEdges()), At: time.Now()}
-	if c.opts.dialect != Postgres || v.Waiter == nil || v.Waiter.pin.PID.Load() == 0 {
-		return b
-	}
-	ahead := c.turnAhead(v.Waiter)
-	asked := []*conn{v.Waiter}
-	if ahead != nil {
-		asked = append(asked, ahead)
-	}
-	blocked, err := c.blocking.Blocked(ctx, asked)
-	bb := blocked[v.Waiter]
-	if bb == nil && ahead != nil && blocked[ahead] != nil {
-		bb = blocked[ahead].BehindInMemory()
-	}
-	switch {
-	case err != nil:
-		b.Err = err
-	case bb != nil:
-		addBlockers(b, bb.Blockers, v.AdvKeys)
-		b.Queued = bb.QueuedAhead
-	case len(b.Holders) == 0 && len(v.AdvKeys) > 0:
-		addBlockers(b, c.keyHolders(ctx, v.Waiter, v.AdvKeys), v.AdvKeys)
-	}
-	return b // otherwise not waiting on the server (an in-process queue)
-}
-
-// inProcessHolders returns the holders in this process of what v waits
-// for: from the lock tables' edges, and from the advisory-lock tracking.
-func (c *connector) inProcessHolders(v waitView, edges []inprocess.Edge) []holders.Holder {
-	holders := []holders.Holder{}
-	if v.Waiter == nil {
-		return holders
-	}
-	for _, e := range edges {
-		if ownerConn(e.Waiter) == v.Waiter {
-			holders = append(holders, e.Holder)
-		}
-	}
-	if c.pins != nil {
-		for _, k := range v.AdvKeys {
-			holders = append(holders, holding.Among(c.pins.Snapshot(), k, v.Waiter)...)
-		}
-	}
-	return holders
-}
 
 // takerOf describes the caller, taking a lock for owner with ctx (run:
 // RunInTx's fn whose transaction owner is, or nil): a likely self-wait
@@ -102,14 +46,12 @@ func explainTableWait(err error, waiter, what, key string) error {
 	return inprocess.Owners(ownerHolder).ExplainWait(err, waiter, what, key)
 }
 
-// inProcessEdges lists who waits for whom in the database's in-process
-// locks (inprocess.Tables.Edges).
-func (c *connector) inProcessEdges() []inprocess.Edge {
-	return inprocess.Tables{Named: &c.named, Turns: &c.turns, Locksets: &c.locksets, Writer: &c.writer.core, DescribeKey: describeKey,
-		AwaitsOnServer: func(owner any, key int64) bool {
-			o, ok := owner.(*conn)
-			return ok && o.awaitsOnServer(key)
-		}}.Edges(ownerHolder)
+// needsConn reports whether a turn's owner that is not a connection waits
+// for a connection of the pool: an AdvisoryLock's acquisition before it
+// has one (lockdb.DB.NeedsConn).
+func needsConn(owner any) bool {
+	l, ok := owner.(*AdvisoryLock)
+	return ok && l.needsConn.Load()
 }
 
 // ownerConn returns the connection of a lock owner.
@@ -145,7 +87,7 @@ func (c *conn) nameHolder(w *lockWait, err error) error {
 		// now (the server forgot the wait).
 		ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
 		b := &holders.Blockage{At: time.Now()}
-		addBlockers(b, c.connector.keyHolders(ctx, c, w.AdvisoryKeys()), w.AdvisoryKeys())
+		c.connector.AddBlockers(b, c.connector.KeyHolders(ctx, c, w.AdvisoryKeys()), w.AdvisoryKeys())
 		cancel()
 		if !b.Empty() {
 			text = b.String()

@@ -25,10 +25,10 @@ func (r *registry) join(c *connector, defaultName string) {
 	if explicit {
 		name = c.opts.poolName
 	}
-	clash := r.Join(c, name, explicit, func(seq uint64, pool string) { c.seq, c.pool = seq, pool })
+	clash := r.Join(c, name, explicit, func(seq uint64, pool string) { c.seq, c.Pool = seq, pool })
 	if clash { // (the user's logger runs outside the registry's lock)
 		c.opts.logger.Warn("lockhooks: two open databases have the same pool name (WithPoolName); their gauges and the holders they name cannot be told apart",
-			"pool", c.pool)
+			"pool", c.Pool)
 	}
 }
 
@@ -46,7 +46,7 @@ func (r *registry) connOf(pid int32, app, query string, seenBy *connector) *conn
 		if c.opts.dialect != Postgres {
 			continue
 		}
-		if oc, ok := c.blocking.ConnOf(pid, app, query, sameServer(c, seenBy)); ok {
+		if oc, ok := c.Blocking.ConnOf(pid, app, query, sameServer(c, seenBy)); ok {
 			return oc
 		}
 	}

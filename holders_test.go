@@ -68,7 +68,7 @@ func testHolderInAnotherDatabaseIsNamed(t *testing.T, pooler bool, opts ...Optio
 	tr := newTraced(opts...)
 	buf := &syncBuffer{}
 	a, b := replicasWithLog(t, tr, buf, pooler)
-	pa, pb := connectorOf(t, a).pool, connectorOf(t, b).pool
+	pa, pb := connectorOf(t, a).Pool, connectorOf(t, b).Pool
 	if pa == pb || pb != pa+"#2" {
 		t.Errorf("two databases on one DSN have the pool names %q and %q, want distinct defaults", pa, pb)
 	}
@@ -188,7 +188,7 @@ func testAdvisoryHolderInAnotherDatabaseIsNamed(t *testing.T, pooler bool, opts 
 	}()
 	waitFor(t, 20*time.Second, "the still-waiting line", func() bool { return strings.Contains(buf.String(), "still waiting") })
 	line := buf.String()
-	for _, want := range []string{"holder_database=" + connectorOf(t, a).pool + " ", "which took it at " + testDir + took, "keys=7170"} {
+	for _, want := range []string{"holder_database=" + connectorOf(t, a).Pool + " ", "which took it at " + testDir + took, "keys=7170"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("the slow-wait line lacks %q:\n%s", want, line)
 		}
@@ -233,7 +233,7 @@ func TestRegistryForgetsClosedDatabases(t *testing.T) {
 // small, so they collide); on the same server it is.
 func TestBackendPIDsAreMatchedPerServer(t *testing.T) {
 	db := func(name, server string) *connector {
-		c := &connector{opts: &options{dialect: Postgres, logger: slog.Default()}, live: map[*conn]struct{}{}}
+		c := &connector{opts: &options{dialect: Postgres, logger: slog.Default()}}
 		if server != "" {
 			c.server.Store(&server)
 		}
@@ -245,7 +245,7 @@ func TestBackendPIDsAreMatchedPerServer(t *testing.T) {
 	open := func(c *connector, pid int32) {
 		oc := &conn{connector: c, id: 1}
 		oc.pin.PID.Store(pid)
-		c.live[oc] = struct{}{}
+		c.Opened(oc)
 	}
 	a := db("server-a:5432/app", "1796119200100000")
 	b := db("server-b:5432/app", "1796115600700000")
@@ -265,8 +265,8 @@ func TestBackendPIDsAreMatchedPerServer(t *testing.T) {
 		t.Errorf("backend 814 of server A was named as %s, a connection of a database whose server is not known", h)
 	}
 	h, ok := identify(blocker(813), nil)
-	if !ok || h.Database != sameAsA.pool || h.PID != 813 {
-		t.Errorf("backend 813 of server A: %v %v, want the connection of %q on the same server", h, ok, sameAsA.pool)
+	if !ok || h.Database != sameAsA.Pool || h.PID != 813 {
+		t.Errorf("backend 813 of server A: %v %v, want the connection of %q on the same server", h, ok, sameAsA.Pool)
 	}
 }
 

@@ -226,7 +226,7 @@ func (l *grantRaceLane) holders(k int64, app string) (int, error) {
 func (l *grantRaceLane) diverges() (string, error) {
 	var problems []string
 	seen := map[int32]bool{}
-	for _, w := range l.conn.openConns() {
+	for _, w := range l.conn.Conns() {
 		v := w.view()
 		seen[v.pid] = true
 		server, err := readServerLocks(l.raw, v.pid)

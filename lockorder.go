@@ -67,7 +67,7 @@ func (r *orderReporter) LockOrder(found []lockorder.Report) {
 		g.handler(reports[i])
 	}
 	for _, r := range reports {
-		c.connector.events.Add(eventLockOrder, r.String())
+		c.connector.Events.Add(eventLockOrder, r.String())
 	}
 }
 

@@ -4,9 +4,7 @@ import (
 	"context"
 	"database/sql/driver"
 
-	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgblocking"
-	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 )
 
@@ -39,13 +37,13 @@ const sideConnsPerDatabase = 2
 // does c's session-lock tracking).
 func (c *connector) openSide() {
 	c.side = rawconn.NewSide(func(ctx context.Context) (driver.Conn, error) { return c.inner.Connect(ctx) })
-	c.blocking = pgblocking.New(pgblocking.Config[*conn]{
+	c.Blocking = pgblocking.New(pgblocking.Config[*conn]{
 		Side:       c.side,
 		Own:        &c.own,
 		Database:   func() uint64 { return c.seq },
 		TxPooler:   c.opts.txPooler,
 		PoolerSeen: func() bool { return c.pins != nil && c.pins.PoolerSeen() != nil },
-		Conns:      c.openConns,
+		Conns:      c.Conns,
 		SeenBy:     c,
 		Timeout:    blockerLookupTimeout,
 	})
@@ -57,9 +55,3 @@ func (c *conn) HolderPID() int32 { return c.pin.Hold.PID() }
 
 // ConnectApp is c's application_name at connect (pgblocking.Conn).
 func (c *conn) ConnectApp() string { return c.pin.Who.ConnectApp }
-
-// keyHolders returns the backends other than waiter's that hold the
-// advisory keys now (pgblocking.Reader.KeyHolders).
-func (c *connector) keyHolders(ctx context.Context, waiter *conn, keys []lockKey) []holders.Blocker {
-	return c.blocking.KeyHolders(ctx, waiter.shownPID(), pgsession.CoreKeys(keys))
-}

@@ -131,7 +131,7 @@ func TestBlockersQueueNamesTheHolder(t *testing.T) {
 			e := queueOnKey(t, n)
 			defer e.finish(t)
 			start := time.Now()
-			blocked, err := e.c.blocking.Blocked(context.Background(), e.c.openConns())
+			blocked, err := e.c.Blocking.Blocked(context.Background(), e.c.Conns())
 			took := time.Since(start)
 			if err != nil {
 				t.Fatal(err)
@@ -203,10 +203,10 @@ func BenchmarkBlockersQueue(b *testing.B) {
 		b.Run(fmt.Sprint("waiters=", n), func(b *testing.B) {
 			e := queueOnKey(b, n)
 			defer e.finish(b)
-			conns := e.c.openConns()
+			conns := e.c.Conns()
 			b.ResetTimer()
 			for b.Loop() {
-				blocked, err := e.c.blocking.Blocked(context.Background(), conns)
+				blocked, err := e.c.Blocking.Blocked(context.Background(), conns)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -70,7 +70,7 @@ func TestPoolerFailedAcquireLeavesNothing(t *testing.T) {
 		t.Fatal(ok, err)
 	}
 	l.abandon() // as acquire does when lockOnServer failed
-	l.c.connector.turns.Unlock(l.key, l.turn)
+	l.c.connector.Turns.Unlock(l.key, l.turn)
 	e.waitNoAdvisoryLocks(t)
 	if s := db.Stats(); s.InUse != 0 {
 		t.Errorf("%d connections still in use after the failed acquire", s.InUse)

@@ -69,7 +69,7 @@ func TestSameHostAndPidIsAnotherProcess(t *testing.T) {
 		t.Fatalf("waiter: %v", err)
 	}
 	t.Log(err)
-	if strings.Contains(err.Error(), "connection #1 of \""+w.connector.pool+"\"") || !strings.Contains(err.Error(), "leader/elect.go:42") {
+	if strings.Contains(err.Error(), "connection #1 of \""+w.connector.Pool+"\"") || !strings.Contains(err.Error(), "leader/elect.go:42") {
 		t.Errorf("the other process's holder is named as this process's own connection #%d (and its published site is lost):\n%v", w.id, err)
 	}
 }

@@ -21,12 +21,12 @@ func TestIdentityAsHolder(t *testing.T) {
 	// and blocks the waiter too, 8180 (no lockhooks) holds something else.
 	app := func(id identity.Holder) string { return id.AppName() }
 	b := &holders.Blockage{At: time.Now()}
-	addBlockers(b, []holders.Blocker{
+	b.Add([]holders.Blocker{
 		{PID: 8170, Depth: 1, Waiting: true, WaitSeconds: 2.1, State: "active", XactSeconds: 3, Query: "UPDATE t SET v = 2 WHERE id = 1",
 			ApplicationName: app(identity.Holder{Process: "web-2/12", Database: 1, Conn: 5, Holds: "tx", Site: "jobs/b.go:9"})},
 		{PID: 8161, Depth: 2, State: "idle in transaction", XactSeconds: 12.3, Query: "UPDATE t SET v = 1 WHERE id = 1", ApplicationName: app(*tx)},
 		{PID: 8180, Depth: 1, State: "idle", XactSeconds: -1, ApplicationName: "psql", Query: "SELECT pg_advisory_lock(1)"},
-	}, nil)
+	}, func(s holders.Blocker) (holders.Holder, bool) { return identify(s, nil) })
 	line := b.String()
 	for _, s := range []string{`connection #3 of "jobs" in process web-1/4711 (backend pid 8161), in a transaction begun at jobs/run.go:7, for 12.3`,
 		`last statement "UPDATE t SET v = 1 WHERE id = 1"`, `backend pid 8180 ("psql"), idle`,

@@ -86,9 +86,9 @@ func (c *conn) MarkLost(why string, cause error, flags pgsession.LossFlags) erro
 // the oldest was taken in.
 func (c *conn) ReportLoss(l pgsession.Loss) {
 	c.connector.tel.LockLost(context.Background(), "advisory", l.N)
-	c.connector.events.Add(eventLockLost, l.Err.Error())
+	c.connector.Events.Add(eventLockLost, l.Err.Error())
 	heldFor := time.Since(l.Oldest.Since).Round(time.Millisecond)
-	attrs := []any{"database", c.connector.pool, "connection", c.id, "backend_pid", l.PID,
+	attrs := []any{"database", c.connector.Pool, "connection", c.id, "backend_pid", l.PID,
 		"keys", l.Keys, "taken_at", l.Oldest.Site, "held_for", heldFor.String(), "parked", l.Parked, "cause", l.Cause.Error()}
 	if l.Backend != "" {
 		attrs = append(attrs, "backend", l.Backend)

@@ -21,7 +21,7 @@ func (m *model) check(when string) {
 	for {
 		problems = problems[:0]
 		seen := map[int32]bool{}
-		for _, w := range m.conn.openConns() {
+		for _, w := range m.conn.Conns() {
 			v := w.view()
 			if m.kind == modelPooled && w.pin.Hold.PID() == 0 {
 				// No holder: the connection holds no session lock, and the
@@ -114,7 +114,7 @@ func (m *model) drain() {
 	// the pool, where a rerouted unlock of a shared key may release any of
 	// its parked holders, so those are counted per key over all of them.
 	parked, parkedApprox := map[lockKey]int{}, map[lockKey]bool{}
-	for _, w := range m.conn.openConns() {
+	for _, w := range m.conn.Conns() {
 		v := w.view()
 		if v.lost || len(v.session) == 0 {
 			continue
@@ -159,7 +159,7 @@ func (m *model) drain() {
 			rows.Close()
 		}
 		var views []string
-		for _, w := range m.conn.openConns() {
+		for _, w := range m.conn.Conns() {
 			views = append(views, fmt.Sprintf("%v: %+v", w, w.view()))
 		}
 		m.fail("after unlocking every counted lock, %d advisory locks are still held: %v\nlockhooks' views: %v", n, left, views)

@@ -60,7 +60,7 @@ func (m *model) cancelledWait(i int, s *slot) {
 // terminateHolder terminates one backend of this database that holds
 // session locks, and waits until lockhooks has reported them lost.
 func (m *model) terminateHolder() string {
-	for _, w := range m.conn.openConns() {
+	for _, w := range m.conn.Conns() {
 		v := w.view()
 		if len(v.session) == 0 || v.lost {
 			continue
@@ -115,7 +115,7 @@ func (m *model) waitGone(pid int32) {
 // parked holder must be reported lost. Either way lockhooks must end a
 // backend the fault left holding locks (check sees to it).
 func (m *model) injectFault() string {
-	conns := m.conn.openConns()
+	conns := m.conn.Conns()
 	slices.SortFunc(conns, func(a, b *conn) int { return cmp.Compare(a.id, b.id) })
 	type target struct {
 		w    *conn

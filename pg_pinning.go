@@ -161,7 +161,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 		// false without the server if another connection of this database
 		// holds or awaits the key (pg_turns.go).
 		if key, ok := c.turnKey(plan); ok {
-			if !c.connector.turns.TryLock(key, c, takerOf(ctx, c, nil), nil) {
+			if !c.connector.Turns.TryLock(key, c, takerOf(ctx, c, nil), nil) {
 				// Counted and traced as a try-lock the server refused.
 				c.startAdvisoryWait(ctx, adv, plan.Keys, plan.Known, c.siteOf(ctx)).End(ctx, telemetry.OutcomeNotAcquired, nil)
 				return plan, rawconn.OneValue(adv.Calls[0].Column, false), nil
@@ -204,7 +204,7 @@ func (c *conn) beforeAdvisory(ctx context.Context, st statement, args []driver.N
 	c.warnSelfWait(adv, plan.Keys, plan.Known, plan.Site)
 	hint, err := c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("the statement %.120q", st.text) }, stmtlocks.Waiting(adv, plan.Keys, plan.Known), nil)
 	if err != nil {
-		c.connector.events.Add(eventSelfWait, err.Error())
+		c.connector.Events.Add(eventSelfWait, err.Error())
 		return plan, nil, err
 	}
 	plan.wait = c.startAdvisoryWait(ctx, adv, plan.Keys, plan.Known, plan.Site)
@@ -240,7 +240,7 @@ func (c *conn) checkUnlocks(adv *sqlscan.Advisory, keys []lockKey, site string) 
 	for _, k := range unheld {
 		if h, ok := c.connector.pins.HolderOf(k, c); ok {
 			err := fmt.Errorf("%w: pg_advisory_unlock%s(%s) on %v, in a statement with other advisory calls: the lock is held by %v, and an unlock inside a larger statement cannot be sent there; unlock it in a statement of its own", ErrNotLockOwner, pgsession.SharedSuffix(k), k, c, h)
-			c.connector.events.Add(eventUnlockRefused, err.Error())
+			c.connector.Events.Add(eventUnlockRefused, err.Error())
 			c.connector.tel.UnlockRefused(context.Background())
 			return err
 		}

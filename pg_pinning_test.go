@@ -481,7 +481,7 @@ func TestReleaseThatCannotUnlockClosesTheConnection(t *testing.T) {
 	}()
 	waitFor(t, 10*time.Second, "the next acquirer to wait for its turn", func() bool {
 		n := 0
-		l.c.connector.turns.Waits(func(key int64, _ inprocess.Holder, _ sqlitelock.Waiting) {
+		l.c.connector.Turns.Waits(func(key int64, _ inprocess.Holder, _ sqlitelock.Waiting) {
 			if key == 556 {
 				n++
 			}

@@ -49,8 +49,8 @@ func newPinning(c *connector) *pinning {
 				Logger: o.logger, Own: &c.own},
 			CheckInterval: o.lockCheckInterval, ParkedWarning: o.parkedWarning,
 			Connect:  connect,
-			OpenConn: func(id uint64) (*conn, bool) { oc := c.openConn(id); return oc, oc != nil },
-			LongHold: func(msg string) { c.events.Add(eventLongHold, msg) },
+			OpenConn: c.ConnByID,
+			LongHold: func(msg string) { c.Events.Add(eventLongHold, msg) },
 		})}
 	p.holders = pgsession.TxPooler{Settings: p.Settings(), Connect: connect, Closing: p.Closing()}
 	p.guard = p.poolGuard()
@@ -129,7 +129,7 @@ func (c *conn) CloseInner() error {
 	c.pin.Closed = true
 	c.releaseTurnsLocked()
 	c.pin.Unlock()
-	c.connector.forget(c)
+	c.connector.Closed(c)
 	c.pin.Hold.Shut()
 	return c.inner.Close()
 }

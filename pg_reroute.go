@@ -2,6 +2,7 @@ package lockhooks
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -34,3 +35,14 @@ func (p *pinning) rerouteUnlock(ctx context.Context, from *conn, k lockKey) (err
 
 // UnlockRerouted counts an unlock rerouted to c.
 func (c *conn) UnlockRerouted(ctx context.Context) { c.connector.tel.UnlockRerouted(ctx) }
+
+// noteUnlock records the outcome of an unlock rerouteUnlock handled.
+func (c *connector) noteUnlock(from *conn, k lockKey, err error) {
+	switch {
+	case err == nil:
+		c.Events.Add(eventUnlockRerouted, fmt.Sprintf("pg_advisory_unlock%s(%s) sent on %v ran on the parked connection that held the lock", pgsession.SharedSuffix(k), k, from))
+	case errors.Is(err, ErrNotLockOwner):
+		c.Events.Add(eventUnlockRefused, err.Error())
+		c.tel.UnlockRefused(context.Background())
+	}
+}

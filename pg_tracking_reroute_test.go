@@ -263,7 +263,7 @@ func TestRerouteIgnoresTheCallersDeadline(t *testing.T) {
 		t.Fatalf("parked: %+v", parked)
 	}
 	var holder *conn
-	for _, w := range e.connector(t).openConns() {
+	for _, w := range e.connector(t).Conns() {
 		if w.view().parked {
 			holder = w
 		}

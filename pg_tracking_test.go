@@ -300,7 +300,7 @@ func TestSessionTryLockBesideTransactionLocks(t *testing.T) {
 func (e *pinEnv) parkedViews(t testing.TB) []heldView {
 	t.Helper()
 	var out []heldView
-	for _, w := range e.connector(t).openConns() {
+	for _, w := range e.connector(t).Conns() {
 		if v := w.view(); v.parked {
 			out = append(out, v)
 		}

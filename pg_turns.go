@@ -36,7 +36,7 @@ import (
 //     own counts say so; lockhooks knows its *sql.DB once it opened it, or
 //     once a lockhooks function was given it). Its connection then goes
 //     back to the pool, where the unlock can have it. The guard is
-//     pgsession.PoolGuard, over the queue as poolGuard copies it.
+//     pgsession.PoolGuard, over the queue as lockdb.DB.TurnQueue copies it.
 //
 // A connection owns a key's turn from its lock statement until it no
 // longer holds the key (unlock, a rerouted unlock, a loss, its close).
@@ -73,7 +73,7 @@ func (c *conn) turnKey(plan advisoryPlan) (int64, bool) {
 // (see above), and with the context's error when ctx ends. On success the
 // turn is c's until the statement's outcome is settled (settleTurn).
 func (c *conn) takeTurn(ctx context.Context, key int64) error {
-	turns := &c.connector.turns
+	turns := &c.connector.Turns
 	if turns.TryLock(key, c, takerOf(ctx, c, nil), nil) {
 		c.notePendingTurn(key)
 		return nil
@@ -103,7 +103,7 @@ func (c *conn) takeTurn(ctx context.Context, key int64) error {
 func (c *conn) adoptTurn(key int64, from any) {
 	c.pin.Lock()
 	defer c.pin.Unlock()
-	if !c.connector.turns.HandOver(key, from, c) {
+	if !c.connector.Turns.HandOver(key, from, c) {
 		return
 	}
 	c.pin.AdoptTurnLocked(key)
@@ -133,13 +133,13 @@ func (c *conn) releaseTurnsLocked() { c.pin.ReleaseTurnsLocked(c.ReleaseTurn) }
 
 // ReleaseTurn gives key's turn, which c owned, back to the database's
 // queue.
-func (c *conn) ReleaseTurn(key int64) { c.connector.turns.Unlock(key, c) }
+func (c *conn) ReleaseTurn(key int64) { c.connector.Turns.Unlock(key, c) }
 
 // noteDB records the *sql.DB that uses c, whose pool counts tell a
 // deadlocked pool (the first one given wins: a connector serves one).
 func (c *connector) noteDB(db *sql.DB) {
 	if c != nil && db != nil {
-		c.db.CompareAndSwap(nil, db)
+		c.sqlDB.CompareAndSwap(nil, db)
 	}
 }
 
@@ -147,68 +147,18 @@ func (c *connector) noteDB(db *sql.DB) {
 // counts (once its *sql.DB is known: noteDB) and its queue of turns.
 func (p *pinning) poolGuard() pgsession.PoolGuard[lockKey, *conn] {
 	c := p.c
-	return pgsession.PoolGuard[lockKey, *conn]{Registry: p.Registry, Pool: c.pool, Describe: describeKey,
+	return pgsession.PoolGuard[lockKey, *conn]{Registry: p.Registry, Pool: c.Pool, Describe: describeKey,
 		Counts: func() (inUse, limit int, known bool) {
-			db := c.db.Load()
+			db := c.sqlDB.Load()
 			if db == nil {
 				return 0, 0, false
 			}
 			s := db.Stats()
 			return s.InUse, s.MaxOpenConnections, true
 		},
-		Turns:      c.turnsNow,
-		Deadlocked: func(msg string) { c.events.Add(eventPoolDeadlock, msg) },
+		Turns:      c.TurnQueue,
+		Deadlocked: func(msg string) { c.Events.Add(eventPoolDeadlock, msg) },
 	}
-}
-
-// turnsNow copies the queue of turns for the pool-deadlock guard: the
-// owner and waiters that are connections, and whether an AdvisoryLock
-// that owns a turn waits for a connection of the pool.
-func (c *connector) turnsNow() []pgsession.Turn[*conn] {
-	entries := c.turns.Entries()
-	out := make([]pgsession.Turn[*conn], len(entries))
-	for i, e := range entries {
-		t := pgsession.Turn[*conn]{Key: e.Key}
-		switch o := e.Owner.(type) {
-		case *conn:
-			t.Owner = o
-		case *AdvisoryLock:
-			t.NeedsPool = o.needsConn.Load()
-		}
-		for _, w := range e.Waiters {
-			if wc, ok := w.(*conn); ok {
-				t.Waiters = append(t.Waiters, wc)
-			}
-		}
-		out[i] = t
-	}
-	return out
-}
-
-// awaitsOnServer reports whether c owns key's turn for a lock statement
-// that waits on the server (pending, in flight).
-func (c *conn) awaitsOnServer(key int64) bool { return c.pin.AwaitsOnServer(key) }
-
-// turnAhead returns the connection whose turn w waits for in memory, where
-// that connection waits on the server for the key itself: w's holder is
-// then whom the server names for it, and it is queued ahead of w (the
-// model never names a waiter as a holder). nil otherwise.
-func (c *connector) turnAhead(w *conn) *conn {
-	if w == nil || c.pins == nil {
-		return nil
-	}
-	for _, e := range c.turns.Entries() {
-		o, ok := e.Owner.(*conn)
-		if !ok {
-			continue
-		}
-		for _, x := range e.Waiters {
-			if x == any(w) && o.awaitsOnServer(e.Key) {
-				return o
-			}
-		}
-	}
-	return nil
 }
 
 // settleTurnAfter is afterTracked's part for a statement that took a turn.

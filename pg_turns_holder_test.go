@@ -33,7 +33,7 @@ func TestTurnQueueWaitersNameTheRealHolder(t *testing.T) {
 	c := connectorOf(t, db)
 	waitFor(t, 30*time.Second, fmt.Sprintf("one server waiter and %d in memory", n-1), func() bool {
 		inMemory := 0
-		for _, e := range c.turns.Entries() {
+		for _, e := range c.Turns.Entries() {
 			inMemory += len(e.Waiters)
 		}
 		var onServer int

@@ -63,9 +63,9 @@ func TestGaugesPerDatabase(t *testing.T) {
 		return db
 	}
 	a, b := open(WithPoolName("jobs-a")), open() // the second has the default name
-	pb := connectorOf(t, b).pool
-	if pb == "jobs-a" || pb == "" || connectorOf(t, a).pool != "jobs-a" {
-		t.Fatalf("pool names: %q and %q", connectorOf(t, a).pool, pb)
+	pb := connectorOf(t, b).Pool
+	if pb == "jobs-a" || pb == "" || connectorOf(t, a).Pool != "jobs-a" {
+		t.Fatalf("pool names: %q and %q", connectorOf(t, a).Pool, pb)
 	}
 	ctx := context.Background()
 	sc, err := a.Conn(ctx)

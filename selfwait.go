@@ -83,10 +83,7 @@ func chainOf(ctx context.Context, run *callsite.Run) callsite.Chain {
 // began with ctx (likely), or nil. It looks at every open connection of
 // the database, so it is called only on the way to a wait that may be one.
 func selfWaitHolder(ctx context.Context, c *conn) (h *conn, certain bool) {
-	db := c.connector
-	db.liveMu.RLock()
-	defer db.liveMu.RUnlock()
-	h, _, certain = holding.SelfWait(ctx, c, db.live)
+	h, _, certain = c.connector.SelfWait(ctx, c)
 	return h, certain
 }
 
@@ -167,7 +164,7 @@ func probeSelfWait(w *lockWait, c, h *conn) {
 		return
 	}
 	safe := func() bool { return c.endable() && h.endable() } // (a pooler seen since watchSelfWait)
-	w.SetProbe(&selfWaitProbe{Probe: c.connector.blocking.Probe(selfWaitProbeDelay, pid, hpid, safe), holder: holding.Of(h, []lockKey(nil))})
+	w.SetProbe(&selfWaitProbe{Probe: c.connector.Blocking.Probe(selfWaitProbeDelay, pid, hpid, safe), holder: holding.Of(h, []lockKey(nil))})
 }
 
 // selfWaitResult ends the self-wait probe of c's wait w, if any, and
@@ -182,6 +179,6 @@ func selfWaitResult(w *lockWait, c *conn, statement string, err error) error {
 	}
 	e := fmt.Errorf("%w; Postgres cancelled the waiting statement: %w",
 		inprocess.SelfWaitError(fmt.Sprintf("the statement %.120q", statement), "a row lock", p.holder), err)
-	c.connector.events.Add(eventSelfWait, e.Error())
+	c.connector.Events.Add(eventSelfWait, e.Error())
 	return e
 }

@@ -367,7 +367,7 @@ func TestSelfWaitPostgres(t *testing.T) {
 // eventsOf counts the database's events of kind.
 func eventsOf(t *testing.T, db *sql.DB, kind string) int {
 	t.Helper()
-	events, _ := connectorOf(t, db).events.Snapshot()
+	events, _ := connectorOf(t, db).Events.Snapshot()
 	n := 0
 	for _, e := range events {
 		if e.Kind == kind {

@@ -37,14 +37,14 @@ type (
 // holders c finds.
 func newWaitWatch(c *connector) *waitWatch {
 	return waits.New(waits.Config[*conn, lockKey]{Threshold: c.opts.slowLockLog, Logger: c.opts.logger,
-		LookUpBeforeDeadline: c.opts.dialect == Postgres, HoldersOf: c.holdersOf, Events: c.events,
+		LookUpBeforeDeadline: c.opts.dialect == Postgres, HoldersOf: c.HoldersOf, Events: c.Events,
 		Telemetry: c.tel.Set, Outcomes: outcomes(), SelfWait: ErrSelfWait})
 }
 
 // AppendWaitArgs appends what the slow-wait log says of c as a waiter: its
 // database, number and backend pid (waits.Waiter).
 func (c *conn) AppendWaitArgs(args []any) []any {
-	args = append(args, "database", c.connector.pool, "connection", c.id)
+	args = append(args, "database", c.connector.Pool, "connection", c.id)
 	if pid := c.shownPID(); pid != 0 {
 		args = append(args, "backend_pid", pid)
 	}

@@ -60,7 +60,7 @@ func TestCloseDoesNotWaitForHolderLookups(t *testing.T) {
 	for range n {
 		wg.Go(func() { AcquireAdvisoryLock(wctx, db, 5) })
 	}
-	waitFor(t, 10*time.Second, "the waits to be listed", func() bool { return len(connectorOf(t, db).waits.List()) == n })
+	waitFor(t, 10*time.Second, "the waits to be listed", func() bool { return len(connectorOf(t, db).Waits.List()) == n })
 	stall.Store(true)
 	waitFor(t, 10*time.Second, "a holder lookup to hang on the silent server", func() bool { return stalled.Load() > 0 })
 	start := time.Now()

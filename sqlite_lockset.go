@@ -126,11 +126,11 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 				names[ks[i].K1] = inprocess.KeyName(namespace, lockset.DescribeID(id))
 			}
 			if hint, err = c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("Lock(%q, %s)", namespace, lockset.DescribeIDs(keys)) }, ks, names); err != nil {
-				c.connector.events.Add(eventSelfWait, err.Error())
+				c.connector.Events.Add(eventSelfWait, err.Error())
 				return nil, err
 			}
 		}
-		_, w := c.connector.waits.Start(ctx, "lockset", "exclusive", "transaction",
+		_, w := c.connector.Waits.Start(ctx, "lockset", "exclusive", "transaction",
 			AttrLockNamespace.String(namespace), AttrLockKeys.String(lockset.DescribeIDs(keys)))
 		w.NoteSelfHint(hint)
 		var site callsite.Stack
@@ -179,9 +179,9 @@ func (t *tx) snapshotGuard(namespace string) error {
 // locksetInProcess takes keys in order in the database's lockset table,
 // timed as one lock wait linked to the holders it waits for.
 func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []string, try bool) (bool, error) {
-	table := &t.c.connector.locksets
+	table := &t.c.connector.Locksets
 	owner := txOwner{t.c, t.gen}
-	_, w := t.c.connector.waits.Start(ctx, "lockset", "exclusive", "transaction",
+	_, w := t.c.connector.Waits.Start(ctx, "lockset", "exclusive", "transaction",
 		AttrLockNamespace.String(namespace), AttrLockKeys.String(lockset.DescribeIDs(keys)))
 	var site callsite.Stack
 	site.CaptureFast()
@@ -205,7 +205,7 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 			name := inprocess.KeyName(namespace, lockset.DescribeID(k))
 			err = explainTableWait(err, fmt.Sprintf("Lock(%q, %s)", namespace, lockset.DescribeIDs(keys)), "lockset id "+name, name)
 			if errors.Is(err, ErrSelfWait) {
-				t.c.connector.events.Add(eventSelfWait, err.Error())
+				t.c.connector.Events.Add(eventSelfWait, err.Error())
 			}
 			w.End(ctx, "", err)
 			return false, err
@@ -220,7 +220,7 @@ func (t *tx) locksetInProcess(ctx context.Context, namespace string, keys []stri
 
 // releaseLast releases the last n locks the transaction took.
 func (t *tx) releaseLast(n int) {
-	table := &t.c.connector.locksets
+	table := &t.c.connector.Locksets
 	owner := txOwner{t.c, t.gen}
 	for _, key := range t.locks[len(t.locks)-n:] {
 		table.Unlock(key, owner)

@@ -44,14 +44,14 @@ func TestAdvisoryTimeoutNamesTheHolder(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	_, err = AcquireAdvisoryLock(short, b, 4711)
-	wantHolderNamed(t, err, context.DeadlineExceeded, "advisory lock 4711", connectorOf(t, a).pool, "which took it at "+testDir+took)
+	wantHolderNamed(t, err, context.DeadlineExceeded, "advisory lock 4711", connectorOf(t, a).Pool, "which took it at "+testDir+took)
 	t.Log(err)
 
 	// Cancelled, not timed out: pg_locks names the holder after the fact.
 	cctx, cancelNow := context.WithCancel(ctx)
 	time.AfterFunc(300*time.Millisecond, cancelNow)
 	_, err = AcquireAdvisoryLock(cctx, b, 4711)
-	wantHolderNamed(t, err, context.Canceled, connectorOf(t, a).pool, "which took it at "+testDir+took)
+	wantHolderNamed(t, err, context.Canceled, connectorOf(t, a).Pool, "which took it at "+testDir+took)
 }
 
 // A row wait (FOR UPDATE) that lock_timeout ends: the error names the
@@ -83,7 +83,7 @@ func TestRowLockTimeoutNamesTheHolder(t *testing.T) {
 	if !IsLockNotAvailable(err) {
 		t.Fatalf("got %v, want lock_not_available", err)
 	}
-	wantHolderNamed(t, err, err, connectorOf(t, a).pool, "in a transaction begun at "+testDir+began, "for \"SELECT state FROM jobs")
+	wantHolderNamed(t, err, err, connectorOf(t, a).Pool, "in a transaction begun at "+testDir+began, "for \"SELECT state FROM jobs")
 }
 
 // SQLite: a writer past its context's deadline, and AcquireAdvisoryLock

@@ -40,7 +40,7 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, key
 	if !ok {
 		return nil
 	}
-	_, w := c.connector.waits.Start(ctx, "advisory", mode, scope, AttrLockKeys.String(text))
+	_, w := c.connector.Waits.Start(ctx, "advisory", mode, scope, AttrLockKeys.String(text))
 	w.SetWaiter(c, site, nil, "", resolved)
 	if !w.WantsHolder() {
 		return w
@@ -56,7 +56,7 @@ func (c *conn) startAdvisoryWait(ctx context.Context, adv *sqlscan.Advisory, key
 
 // startRowLockWait times a Postgres statement with a row-locking clause.
 func (c *conn) startRowLockWait(ctx context.Context, st statement) *lockWait {
-	_, w := c.connector.waits.Start(ctx, "row", stmtlocks.RowLockMode(st.locks, st.rewrote), "transaction",
+	_, w := c.connector.Waits.Start(ctx, "row", stmtlocks.RowLockMode(st.locks, st.rewrote), "transaction",
 		AttrLockNoWait.Bool(st.locks&sqlscan.NoWait != 0), AttrLockSkipLocked.Bool(st.locks&sqlscan.SkipLocked != 0))
 	w.SetWaiter(c, "", nil, st.text, nil)
 	c.watchBlockers(ctx, w)
@@ -67,7 +67,7 @@ func (c *conn) startRowLockWait(ctx context.Context, st statement) *lockWait {
 // watchBlockers starts the blockers lookup of a recorded Postgres wait of
 // c, once the wait's waiter is set: who blocks c's statement, read on a
 // side connection of its own, never on c (waits.Lock.LookForBlockers,
-// which asks c's database, holdersOf).
+// which asks c's database, lockdb.DB.HoldersOf).
 func (c *conn) watchBlockers(ctx context.Context, w *lockWait) {
 	if !w.Recording() || c.connector.tel.BlockerThreshold() <= 0 {
 		return
