@@ -55,7 +55,8 @@ type DB[C Conn[K], K pgsession.NamedKey] struct {
 	// Sessions is the registry of connections that hold session locks
 	// (Postgres; nil on SQLite, and how the database tells its engine);
 	// Blocking is the reader of who blocks whom among its connections on
-	// the database's side connection (set on both engines, asked to read only on Postgres).
+	// the database's side connection (set on both engines, asked to read
+	// only on Postgres).
 	Sessions *pgsession.Registry[K, C]
 	Blocking *pgblocking.Reader[C]
 
