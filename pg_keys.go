@@ -28,9 +28,6 @@ func (k lockKey) String() string { return advisorykey.Key(k).Describe(describeKe
 // "(1, 2)".
 func (k lockKey) number() string { return advisorykey.Key(k).Number() }
 
-// exclusive returns k in exclusive mode.
-func (k lockKey) exclusive() lockKey { return lockKey(advisorykey.Key(k).Exclusive()) }
-
 // keyOf resolves a call's key from literals and bound arguments.
 func keyOf(call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
 	k, ok := stmtlocks.KeyOf(call, args)

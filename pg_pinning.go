@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
@@ -273,7 +274,7 @@ func (c *conn) warnSelfWait(adv *sqlscan.Advisory, keys []lockKey, known []bool,
 			taken = l.Site
 		}
 		h.pin.Unlock()
-		if parked && (!k.Shared || h.holds(k.exclusive())) {
+		if parked && (!k.Shared || h.holds(advisorykey.Exclusive(k))) {
 			c.connector.opts.logger.Warn("lockhooks: an advisory lock request waits for a connection of this same database that holds the lock outside the pool; if the same code took it, it waits for itself: unlock it first (pg_advisory_unlock through this database), or take locks with lockhooks.AcquireAdvisoryLock",
 				"key", k.String(), "requested_at", site, "holder", h.id, "holder_pid", h.pin.PID.Load(), "taken_at", taken)
 		}

@@ -24,6 +24,16 @@ type Typed interface {
 	}
 }
 
+// Named is a [Typed] key type that names its keys for a reader (the
+// caller's own String: a bigint key by the name it was made from, say).
+type Named interface {
+	Typed
+	String() string
+}
+
+// Exclusive returns k in exclusive mode, as k's own type.
+func Exclusive[K Typed](k K) K { return K(Key(k).Exclusive()) }
+
 // String formats k as Postgres shows it, followed by " (shared)" for a
 // shared key: "42", "(1, 2) (shared)".
 func (k Key) String() string { return k.Describe(formatInt) }

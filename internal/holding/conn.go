@@ -13,10 +13,7 @@ import (
 // Key is an advisory key as the adapter keys its connections' locks:
 // [advisorykey.Key], or a type defined over it that names a key for a
 // reader (String).
-type Key interface {
-	advisorykey.Typed
-	String() string
-}
+type Key = advisorykey.Named
 
 // Conn is one connection of this process as the model reads it.
 type Conn[K Key] interface {
@@ -49,7 +46,7 @@ type Locks[K Key] interface {
 // Conflicting returns the modes of k's key that conflict with a request
 // for k: both for an exclusive request, the exclusive one for a shared.
 func Conflicting[K Key](k K) []K {
-	ex := K(advisorykey.Key(k).Exclusive())
+	ex := advisorykey.Exclusive(k)
 	if advisorykey.Key(k).Shared {
 		return []K{ex}
 	}

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/debugpage"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/pgblocking"
@@ -132,7 +133,7 @@ func (db *DB[C, K]) listWaits(n int) ([]waits.View[C, K], int, map[K]int) {
 			if keys == nil {
 				keys = map[K]int{}
 			}
-			keys[exclusive(k)]++
+			keys[advisorykey.Exclusive(k)]++
 		}
 	})
 	return out, total, keys

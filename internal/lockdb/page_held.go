@@ -39,8 +39,8 @@ func (db *DB[C, K]) collectHeld(hc *debugpage.Collector, conns []C, waited map[K
 			}
 			for k, l := range pin.Held {
 				cand = debugpage.Candidate{Mode: modeOf(k), Scope: "session", Conn: oc.ID(), PID: pid, State: state,
-					Since: l.Since, Site: l.Site, Count: l.Count, Waiters: waited[exclusive(k)]}
-				db.advisoryCandidate(&cand, exclusive(k))
+					Since: l.Since, Site: l.Site, Count: l.Count, Waiters: waited[advisorykey.Exclusive(k)]}
+				db.advisoryCandidate(&cand, advisorykey.Exclusive(k))
 				hc.Offer(&cand)
 			}
 			for k, n := range pin.Xact {
@@ -48,8 +48,8 @@ func (db *DB[C, K]) collectHeld(hc *debugpage.Collector, conns []C, waited map[K
 					break
 				}
 				cand = debugpage.Candidate{Mode: modeOf(k), Scope: "transaction", Conn: oc.ID(), PID: pid, State: state,
-					Since: pin.XactSince, Site: pin.XactSite, Stack: &pin.XactPCs, Count: n, Waiters: waited[exclusive(k)]}
-				db.advisoryCandidate(&cand, exclusive(k))
+					Since: pin.XactSince, Site: pin.XactSite, Stack: &pin.XactPCs, Count: n, Waiters: waited[advisorykey.Exclusive(k)]}
+				db.advisoryCandidate(&cand, advisorykey.Exclusive(k))
 				hc.Offer(&cand)
 			}
 			pin.Unlock()
@@ -105,9 +105,6 @@ func (db *DB[C, K]) advisoryCandidate(c *debugpage.Candidate, k K) {
 		}
 	}
 }
-
-// exclusive is k in exclusive mode.
-func exclusive[K advisorykey.Typed](k K) K { return K(advisorykey.Key(k).Exclusive()) }
 
 // pageNames names the rows a page load keeps (debugpage.Names): call
 // sites symbolised once per load, lockset ids and advisory keys as the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
 	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
@@ -83,7 +84,7 @@ func (c *Conn[K]) SplitConflict(adv *sqlscan.Advisory, keys []K, known []bool) e
 			continue
 		}
 		k := keys[i]
-		excl := exclusive(k)
+		excl := advisorykey.Exclusive(k)
 		shared := shared(k)
 		var other bool
 		if call.Func&sqlscan.FnXact != 0 {

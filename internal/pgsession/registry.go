@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/advisorykey"
 )
 
 // The registry of one Postgres database's connections that hold session
@@ -22,10 +24,7 @@ import (
 
 // NamedKey is a [Key] that names itself for messages (the root's key
 // formats a bigint key by the name it was made from).
-type NamedKey interface {
-	Key
-	fmt.Stringer
-}
+type NamedKey = advisorykey.Named
 
 // A Member is one connection of a database as its [Registry] sees it: the
 // caller's own connection type (a pointer), whose state is a [State] and

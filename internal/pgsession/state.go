@@ -121,7 +121,7 @@ func (s *State[K]) Holds(k K) bool {
 // it exclusively (a backend's own locks never conflict with its requests,
 // and nobody else can hold a key it holds exclusively).
 func (s *State[K]) TryCertainLocked(k K) bool {
-	x := exclusive(k)
+	x := advisorykey.Exclusive(k)
 	return s.Held[k] != nil || s.Held[x] != nil || s.Xact[k] > 0 || s.Xact[x] > 0
 }
 
@@ -148,9 +148,6 @@ func CoreKeys[K Key](keys []K) []advisorykey.Key {
 	}
 	return out
 }
-
-// exclusive returns k in exclusive mode.
-func exclusive[K Key](k K) K { return K(advisorykey.Key(k).Exclusive()) }
 
 // shared returns k in shared mode.
 func shared[K Key](k K) K { return K(advisorykey.Key(k).SharedMode()) }

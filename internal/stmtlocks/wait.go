@@ -11,10 +11,7 @@ import (
 
 // Key is an advisory key as the caller keys its locks: [advisorykey.Key],
 // or a type defined over it that names a key for a reader (String).
-type Key interface {
-	advisorykey.Typed
-	String() string
-}
+type Key = advisorykey.Named
 
 // AdvisoryWait is what the lock wait of a statement's advisory calls is,
 // as spans and the page name it: the mode and scope of its first call
