@@ -15,6 +15,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/dberr"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/pgsession"
+	"github.com/lockhooks/lockhooks/internal/pgstmt"
 )
 
 // AdvisoryLock is a session advisory lock held on one connection of a
@@ -232,14 +233,6 @@ func (l *AdvisoryLock) lockAlone(ctx context.Context) error {
 	return nil
 }
 
-// tokenAfterLockKey marks the context of AcquireAdvisoryLock's lock
-// statement on a connection to the server itself: the statement, which
-// lockhooks sends annotated (pgsession.Conn.LockText), also returns the fencing
-// token, taken once the lock is granted (the target list runs left to
-// right), in its second column. One round trip for both; through a pooler
-// the token is read apart (readToken).
-type tokenAfterLockKey struct{}
-
 // lockedWithToken takes the lock on l's connection, and the fencing token
 // in the same statement where the statement goes as annotated (tokened);
 // otherwise the caller reads the token apart. The token never fails the
@@ -250,7 +243,7 @@ type tokenAfterLockKey struct{}
 // permission to call it) is never asked that way again.
 func (l *AdvisoryLock) lockedWithToken(ctx context.Context) (got, tokened bool, err error) {
 	row := l.row[:]
-	n, err := l.firstRow(context.WithValue(ctx, tokenAfterLockKey{}, true), "SELECT pg_advisory_lock($1)", row)
+	n, err := l.firstRow(pgstmt.WithFencingToken(ctx), "SELECT pg_advisory_lock($1)", row)
 	if state := dberr.SQLState(err); tokenRefused(state) && ctx.Err() == nil {
 		if strings.HasPrefix(state, "42") && l.c.connector.noTokenInLock.CompareAndSwap(false, true) {
 			l.c.connector.opts.logger.Warn("lockhooks: the server refuses the fencing token (pg_current_xact_id()); AdvisoryLock.Token is 0 on this database",

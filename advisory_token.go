@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
+	"github.com/lockhooks/lockhooks/internal/pgstmt"
 )
 
 // Token returns the lock's fencing token: a number that grows with every
@@ -51,12 +52,8 @@ import (
 // there instead of writing unfenced.
 func (l *AdvisoryLock) Token() int64 { return l.token }
 
-// tokenExpr is the fencing token: NULL on a hot standby, where
-// pg_current_xact_id() fails (25006).
-const tokenExpr = "(CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_xact_id() END)::text::bigint"
-
 // tokenQuery reads the fencing token.
-const tokenQuery = "SELECT " + tokenExpr
+const tokenQuery = "SELECT " + pgstmt.FencingToken
 
 // readToken takes the fencing token of a lock that was just granted
 // (0 if none can be assigned; see Token). The lock is held: a context that

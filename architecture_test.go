@@ -17,7 +17,7 @@ import (
 // so a new package is placed in the picture when it is made.
 var importRules = map[string]packageRule{
 	// The public face and the database/sql adapter.
-	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/telemetry", "internal/lockset", "internal/pgserver", "internal/waits", "internal/rawconn", "internal/keynames", "internal/sqliteconn", "internal/stmtlocks", "internal/pgblocking", "internal/inprocess", "internal/pgbegin", "internal/holding", "internal/lockdb", "internal/driverext"}},
+	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/telemetry", "internal/lockset", "internal/pgserver", "internal/waits", "internal/rawconn", "internal/keynames", "internal/sqliteconn", "internal/stmtlocks", "internal/pgblocking", "internal/inprocess", "internal/pgbegin", "internal/holding", "internal/lockdb", "internal/pgstmt", "internal/driverext"}},
 	"modernc": {may: []string{".", "internal/driverext"}},
 
 	// The core: one concept each, none of them on database/sql; the pure
@@ -49,6 +49,7 @@ var importRules = map[string]packageRule{
 	"internal/holding":    {core: true, pure: true, may: []string{"internal/holders", "internal/advisorykey", "internal/callsite"}},
 	"internal/pgbegin":    {core: true, may: []string{"internal/retry", "internal/identity", "internal/dberr", "internal/pgdriver"}},
 	"internal/lockdb":     {core: true, pure: true, may: []string{"internal/holders", "internal/holding", "internal/inprocess", "internal/waits", "internal/pgsession", "internal/pgblocking", "internal/debugpage", "internal/keynames", "internal/lockset", "internal/advisorykey", "internal/sqlitelock", "internal/callsite"}},
+	"internal/pgstmt":     {core: true, may: []string{"internal/lockdb", "internal/pgsession", "internal/stmtlocks", "internal/sqlscan", "internal/waits", "internal/telemetry", "internal/holders", "internal/holding", "internal/inprocess", "internal/pgblocking", "internal/rawconn", "internal/advisorykey", "internal/dberr"}},
 	"internal/pgblocking": {core: true, may: []string{"internal/pgserver", "internal/rawconn", "internal/identity", "internal/pgdriver", "internal/holders", "internal/advisorykey"}},
 
 	// Driver plumbing shared by the root and its driver subpackages.

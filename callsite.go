@@ -17,10 +17,10 @@ func siteOf(ctx context.Context) string {
 	return callsite.Here()
 }
 
-// siteOf returns the call site recorded in ctx, or finds it, naming it
+// Site returns the call site recorded in ctx, or finds it, naming it
 // through the database's callsite.Names: a statement's site costs no
 // allocation once its return addresses were seen.
-func (c *conn) siteOf(ctx context.Context) string {
+func (c *conn) Site(ctx context.Context) string {
 	if s, ok := ctx.Value(callSiteKey{}).(string); ok {
 		return s
 	}

@@ -8,11 +8,7 @@ package lockhooks
 import (
 	"context"
 	"database/sql/driver"
-	"errors"
 	"slices"
-
-	"github.com/lockhooks/lockhooks/internal/dberr"
-	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
 // needsWriterLock notes that a statement ran in the current transaction,
@@ -50,7 +46,7 @@ func (c *conn) queryWriting(ctx context.Context, st statement, query string, run
 // lockhooks changed them (advisoryPlan.sent), where retext allows it (a
 // statement that is not prepared).
 func (c *conn) execTracked(ctx context.Context, st statement, args []driver.NamedValue, retext bool, run func(text string, args []driver.NamedValue) (driver.Result, error)) (driver.Result, error) {
-	plan, answer, err := c.beforeAdvisory(ctx, st, args, retext)
+	plan, answer, err := c.connector.stmts.Before(ctx, c, st.planned(), args, retext)
 	if answer != nil && err == nil {
 		return driver.RowsAffected(1), nil // a rerouted unlock: SELECT returned one row
 	}
@@ -58,7 +54,7 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 		return nil, err
 	}
 	if plan.OnHolder {
-		answer, err := c.pin.RunOnHolder(ctx, plan.st.advisory, plan.Keys[0], plan.Known[0], st.text, args)
+		answer, err := c.pin.RunOnHolder(ctx, plan.St.Advisory, plan.Keys[0], plan.Known[0], st.text, args)
 		if err = c.afterTracked(ctx, plan, answer.Values(), err); err != nil {
 			return nil, err
 		}
@@ -75,7 +71,7 @@ func (c *conn) execTracked(ctx context.Context, st statement, args []driver.Name
 // queryTracked is execTracked for queries: the tracking is brought up to
 // date when the rows are closed.
 func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.NamedValue, retext bool, run func(text string, args []driver.NamedValue) (driver.Rows, error)) (driver.Rows, error) {
-	plan, answer, err := c.beforeAdvisory(ctx, st, args, retext)
+	plan, answer, err := c.connector.stmts.Before(ctx, c, st.planned(), args, retext)
 	if answer != nil && err == nil {
 		return answer, nil
 	}
@@ -83,7 +79,7 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 		return nil, err
 	}
 	if plan.OnHolder {
-		answer, err := c.pin.RunOnHolder(ctx, plan.st.advisory, plan.Keys[0], plan.Known[0], st.text, args)
+		answer, err := c.pin.RunOnHolder(ctx, plan.St.Advisory, plan.Keys[0], plan.Known[0], st.text, args)
 		if err = c.afterTracked(ctx, plan, answer.Values(), err); err != nil {
 			return nil, err
 		}
@@ -115,45 +111,23 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 // nothing, so that texts that change with every hold never fill the
 // driver's statement cache.
 func (c *conn) sentWith(plan advisoryPlan, args []driver.NamedValue) (string, []driver.NamedValue) {
-	if plan.sent == "" {
-		return plan.st.text, args
+	if plan.Sent == "" {
+		return plan.St.Text, args
 	}
-	c.pin.Trips.Sent(plan.sent)
-	if slices.Contains(c.sentTexts[:], plan.sent) && c.pin.Discards.Load() == 0 { // (DISCARD ALL forgot the driver's prepared statements)
-		return plan.sent, args
+	c.pin.Trips.Sent(plan.Sent)
+	if slices.Contains(c.sentTexts[:], plan.Sent) && c.pin.Discards.Load() == 0 { // (DISCARD ALL forgot the driver's prepared statements)
+		return plan.Sent, args
 	}
-	c.sentTexts[c.sentNext] = plan.sent
+	c.sentTexts[c.sentNext] = plan.Sent
 	c.sentNext = (c.sentNext + 1) % len(c.sentTexts)
 	// The driver reads the arguments during the call only, and a
 	// connection runs one statement at a time: one slice serves them all.
 	c.sentArgs = append(append(c.sentArgs[:0], c.connector.own.Exec...), args...)
-	return plan.sent, c.sentArgs
+	return plan.Sent, c.sentArgs
 }
 
-// afterTracked brings the lock tracking up to date and ends the lock wait.
+// afterTracked brings the lock tracking up to date and ends the lock wait
+// (pgstmt.Database.After).
 func (c *conn) afterTracked(ctx context.Context, plan advisoryPlan, results []driver.Value, err error) error {
-	if err == nil || dberr.FromServer(err) {
-		c.pin.Trips.Answered()
-		c.pin.Trips.Sent("") // lockhooks' own reads of pg_locks may follow
-	}
-	err = c.pin.After(ctx, &plan.Plan, results, err)
-	c.settleTurnAfter(plan)
-	if err == nil || dberr.FromServer(err) {
-		c.pin.Trips.Answered()
-	}
-	err = selfWaitResult(plan.wait, c, plan.st.text, err)
-	if !(plan.st.locks&sqlscan.NoWait != 0 && dberr.SQLState(err) == dberr.LockNotAvailable) { // NOWAIT did not wait
-		err = c.nameHolder(plan.wait, err)
-	}
-	err = plan.wait.WithSelfHint(err)
-	if err != nil {
-		var de *DeadlockError // (declared here: errors.As makes it escape, an allocation per statement)
-		if errors.As(err, &de) {
-			for _, h := range de.others { // the wait span links to the other side of the cycle
-				plan.wait.HeldBy(h)
-			}
-		}
-	}
-	c.endLockWait(ctx, plan, err)
-	return err
+	return c.connector.stmts.After(ctx, c, plan, results, err)
 }

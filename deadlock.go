@@ -1,6 +1,7 @@
 package lockhooks
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -113,6 +114,17 @@ func (c *conn) explainDeadlock(de *DeadlockError, where string) {
 		}
 	}
 	de.Advice = pgserver.DeadlockAdvice(de.Held, others, where, edges)
+}
+
+// deadlockOthers returns the other sides of the deadlock err reports
+// that are connections of this process, if err reports one
+// (pgstmt.Database.Others).
+func deadlockOthers(err error) []holders.Holder {
+	var de *DeadlockError
+	if errors.As(err, &de) {
+		return de.others
+	}
+	return nil
 }
 
 // describeAdvisoryKey formats a key of a deadlock's DETAIL as lockhooks

@@ -33,6 +33,7 @@ import (
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/driverext"
 	"github.com/lockhooks/lockhooks/internal/holders"
+	"github.com/lockhooks/lockhooks/internal/inprocess"
 	"github.com/lockhooks/lockhooks/internal/lockdb"
 	"github.com/lockhooks/lockhooks/internal/pgdriver"
 	"github.com/lockhooks/lockhooks/internal/rawconn"
@@ -309,6 +310,7 @@ type connector struct {
 	rewriter *rewriter
 	tel      *reporting
 	pins     *pinning               // Postgres only
+	stmts    statements             // what the statements on the slow path share (internal/pgstmt)
 	tokens   tokenClock             // SQLite: the in-process advisory locks' fencing tokens
 	own      pgdriver.Statements    // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
 	sites    callsite.Names         // Postgres: call sites of transactions' identities, by return address (internal/callsite)
@@ -324,7 +326,7 @@ type connector struct {
 
 	// noTokenInLock: the server refused pg_current_xact_id() (none before
 	// Postgres 13, or no permission to call it), so AcquireAdvisoryLock's
-	// lock statement does not take the fencing token (tokenAfterLockKey).
+	// lock statement does not take the fencing token (pgstmt.WithFencingToken).
 	noTokenInLock atomic.Bool
 }
 
@@ -354,6 +356,12 @@ func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sql
 	c.Events = holders.NewEvents(eventCapacity)
 	c.Waits = newWaitWatch(c) // (after c.Events: the slow waits are among its events)
 	c.tel.events, c.tel.watch = c.Events, c.Waits
+	c.stmts = statements{DB: &c.DB, Telemetry: c.tel.Set, Outcomes: outcomes(),
+		Taker:       func(ctx context.Context, owner any) inprocess.Taker { return takerOf(ctx, owner, nil) },
+		ExplainWait: explainTableWait, Others: deadlockOthers}
+	if c.pins != nil {
+		c.stmts.Guard, c.stmts.Reroute = &c.pins.guard, c.pins.rerouteUnlock
+	}
 	return c
 }
 

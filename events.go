@@ -5,22 +5,23 @@ import (
 	"database/sql"
 	"fmt"
 
+	"github.com/lockhooks/lockhooks/internal/pgstmt"
 	"github.com/lockhooks/lockhooks/internal/waits"
 )
 
 // Kinds of the events kept for the debug page ([DebugHandler]).
 const (
-	eventLockLost       = "lock_lost"         // a connection holding session locks died
-	eventUnlockRerouted = "unlock_rerouted"   // an unlock ran on the parked holder
-	eventUnlockRefused  = "unlock_refused"    // an unlock refused with ErrNotLockOwner
-	eventDeadlock       = "deadlock"          // a statement failed with 40P01
-	eventRetry          = "retry"             // a transaction was retried (RunInTx)
-	eventLockOrder      = "lock_order"        // a lock-order report (WithLockOrderCheck)
-	eventLongHold       = "long_hold"         // a parked lock held past the warning threshold
-	eventSlowWait       = waits.EventSlowWait // a lock wait longer than WithSlowLockLog's threshold
-	eventWriterTimeout  = "writer_timeout"    // an SQLite writer gave up waiting for the writer lock
-	eventSelfWait       = "self_wait"         // a wait for its own call chain's transaction, failed with ErrSelfWait
-	eventPoolDeadlock   = "pool_deadlock"     // a lock statement gave its connection up: the pool would have deadlocked (ErrPoolDeadlock)
+	eventLockLost       = "lock_lost"               // a connection holding session locks died
+	eventUnlockRerouted = "unlock_rerouted"         // an unlock ran on the parked holder
+	eventUnlockRefused  = pgstmt.EventUnlockRefused // an unlock refused with ErrNotLockOwner
+	eventDeadlock       = "deadlock"                // a statement failed with 40P01
+	eventRetry          = "retry"                   // a transaction was retried (RunInTx)
+	eventLockOrder      = "lock_order"              // a lock-order report (WithLockOrderCheck)
+	eventLongHold       = "long_hold"               // a parked lock held past the warning threshold
+	eventSlowWait       = waits.EventSlowWait       // a lock wait longer than WithSlowLockLog's threshold
+	eventWriterTimeout  = "writer_timeout"          // an SQLite writer gave up waiting for the writer lock
+	eventSelfWait       = pgstmt.EventSelfWait      // a wait for its own call chain's transaction, failed with ErrSelfWait
+	eventPoolDeadlock   = "pool_deadlock"           // a lock statement gave its connection up: the pool would have deadlocked (ErrPoolDeadlock)
 )
 
 // Counters kept without an event each: frequent, expected outcomes.

@@ -7,16 +7,12 @@ package lockhooks
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/holders"
 	"github.com/lockhooks/lockhooks/internal/inprocess"
-	"github.com/lockhooks/lockhooks/internal/telemetry"
 )
 
 // takerOf describes the caller, taking a lock for owner with ctx (run:
@@ -65,45 +61,4 @@ func ownerConn(owner any) *conn {
 		return o.c
 	}
 	return nil
-}
-
-// nameHolder adds to the error of a Postgres lock wait that timed out or
-// was cancelled (the context, lock_timeout, statement_timeout) what it
-// waited for, how long, and who holds it: as the slow-wait log, the wait
-// span's blockers read or the lookup before the context's deadline found
-// it (whichever came first, with its ages now), or, for advisory keys, as
-// pg_locks shows it now. It still wraps err.
-func (c *conn) nameHolder(w *lockWait, err error) error {
-	if w == nil || err == nil || errors.Is(err, ErrSelfWait) || errors.Is(err, ErrLockLost) {
-		return err
-	}
-	if o := outcomeOf(err); o != telemetry.OutcomeTimeout && o != telemetry.OutcomeCanceled {
-		return err
-	}
-	waited := time.Since(w.Started()).Round(time.Millisecond)
-	text := w.HolderNamed()
-	if text == "" && len(w.AdvisoryKeys()) > 0 && c.connector.opts.dialect == Postgres {
-		// Nobody looked in time; the keys' holders, as pg_locks shows them
-		// now (the server forgot the wait).
-		ctx, cancel := context.WithTimeout(context.Background(), blockerLookupTimeout)
-		b := &holders.Blockage{At: time.Now()}
-		c.connector.AddBlockers(b, c.connector.KeyHolders(ctx, c, w.AdvisoryKeys()), w.AdvisoryKeys())
-		cancel()
-		if !b.Empty() {
-			text = b.String()
-		}
-	}
-	what := w.Kind() + " lock"
-	switch {
-	case w.Namespace() != "":
-		what += fmt.Sprintf(" %q ids %s", w.Namespace(), w.Keys())
-	case w.Keys() != "":
-		what += " " + w.Keys()
-	case w.Query() != "":
-		what += fmt.Sprintf(" for %.120q", w.Query())
-	}
-	if text == "" {
-		return fmt.Errorf("lockhooks: gave up waiting for the %s after %v (the holder was not looked up in time): %w", what, waited, err)
-	}
-	return fmt.Errorf("lockhooks: gave up waiting for the %s after %v; held by %s: %w", what, waited, text, err)
 }

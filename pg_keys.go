@@ -34,11 +34,11 @@ func keyOf(call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) 
 	return lockKey(k), ok
 }
 
-// evalKey resolves a call's key, asking the server to evaluate arguments
+// EvalKey resolves a call's key, asking the server to evaluate arguments
 // that are expressions (stmtlocks.EvalQuery). A volatile expression may
 // evaluate differently in the statement itself, so keys found this way are
 // checked against pg_locks after the statement.
-func (c *conn) evalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
+func (c *conn) EvalKey(ctx context.Context, call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
 	query, ok := stmtlocks.EvalQuery(call)
 	if !ok {
 		return lockKey{Shared: call.Func&sqlscan.FnShared != 0, Pair: call.NArgs == 2}, false

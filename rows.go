@@ -88,7 +88,7 @@ func (r *rows) Columns() []string { return r.inner.Columns() }
 // the connection.
 func (r *rows) Next(dest []driver.Value) error {
 	err := r.inner.Next(dest)
-	if err == nil && r.first == nil && r.plan.st.advisory != nil && r.plan.st.advisory.TargetList {
+	if err == nil && r.first == nil && r.plan.St.Advisory != nil && r.plan.St.Advisory.TargetList {
 		r.first = append(r.firstFew[:0], dest...)
 	}
 	if err != nil && err != io.EOF {

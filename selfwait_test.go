@@ -13,6 +13,7 @@ import (
 
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/dberr"
+	"github.com/lockhooks/lockhooks/internal/pgstmt"
 )
 
 // skipWithoutGoroutineIdentity skips, loudly, where lockhooks recognises
@@ -355,7 +356,7 @@ func TestSelfWaitPostgres(t *testing.T) {
 	go func() {
 		done <- db.QueryRowContext(ctx, "SELECT state FROM jobs WHERE id = 1 FOR UPDATE").Scan(new(string))
 	}()
-	time.Sleep(3 * selfWaitProbeDelay) // let a (wrong) probe fire; the outcome does not depend on it
+	time.Sleep(3 * pgstmt.SelfWaitProbeDelay) // let a (wrong) probe fire; the outcome does not depend on it
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +399,7 @@ func TestSelfWaitNotForPostgresRowHandedOff(t *testing.T) {
 	}
 	committed := make(chan error, 1)
 	go func() {
-		time.Sleep(10 * selfWaitProbeDelay) // long after a probe would have cancelled the wait
+		time.Sleep(10 * pgstmt.SelfWaitProbeDelay) // long after a probe would have cancelled the wait
 		committed <- tx.Commit()
 	}()
 	var state string

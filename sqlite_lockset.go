@@ -125,7 +125,7 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 			for i, id := range keys {
 				names[ks[i].K1] = inprocess.KeyName(namespace, lockset.DescribeID(id))
 			}
-			if hint, err = c.selfWaitAdvisory(ctx, func() string { return fmt.Sprintf("Lock(%q, %s)", namespace, lockset.DescribeIDs(keys)) }, ks, names); err != nil {
+			if hint, err = c.connector.stmts.SelfWaitAdvisory(ctx, c, func() string { return fmt.Sprintf("Lock(%q, %s)", namespace, lockset.DescribeIDs(keys)) }, ks, names); err != nil {
 				c.connector.Events.Add(eventSelfWait, err.Error())
 				return nil, err
 			}
@@ -136,10 +136,10 @@ func (c *conn) lockset(ctx context.Context, args []driver.NamedValue) (driver.Re
 		var site callsite.Stack
 		site.CaptureFast()
 		w.SetWaiter(c, "", &site, "", ks)
-		c.watchBlockers(ctx, w)
+		c.connector.stmts.WatchBlockers(ctx, c, w)
 		ok, err = c.locksetPostgres(ctx, namespace, keys, try, &site)
 		if !try {
-			err = w.WithSelfHint(c.nameHolder(w, err))
+			err = w.WithSelfHint(c.connector.stmts.NameHolder(c, w, err))
 		}
 		outcome := ""
 		if err == nil && !ok {

@@ -123,6 +123,18 @@ func (t *tx) took(since *time.Time) {
 	}
 }
 
+// TookInTx notes, in c's open transaction if it has one, when it first
+// took row locks (row) or transaction-level locks (pgstmt.Conn).
+func (c *conn) TookInTx(row bool) {
+	switch {
+	case c.tx.inner == nil:
+	case row:
+		c.tx.took(&c.tx.rowSince)
+	default:
+		c.tx.took(&c.tx.xactSince)
+	}
+}
+
 // readOnly reports whether the transaction was begun read-only.
 func (t *tx) readOnly() bool { return t.opts.ReadOnly }
 
