@@ -2,19 +2,14 @@ package lockhooks
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/lockhooks/lockhooks/internal/debugpage"
-	"github.com/lockhooks/lockhooks/internal/holders"
 )
 
 // DebugHandler returns an http.Handler that shows, for each of dbs (opened
@@ -59,11 +54,12 @@ import (
 // The first request resolves each database through one connection of its
 // pool (kept only for the lookup); later requests use no pool connection.
 func DebugHandler(dbs ...*sql.DB) http.Handler {
-	return &debugHandler{dbs: dbs, conns: make([]*connector, len(dbs))}
+	r := &debugResolver{dbs: dbs, conns: make([]*connector, len(dbs))}
+	return &debugpage.Handler{N: len(dbs), Resolve: r.source, Lookup: blockerLookupTimeout, Refresh: debugRefresh}
 }
 
-// debugHandler serves DebugHandler.
-type debugHandler struct {
+// debugResolver finds the databases of DebugHandler, each once.
+type debugResolver struct {
 	dbs []*sql.DB
 
 	mu    sync.Mutex
@@ -77,64 +73,17 @@ const debugResolveTimeout = 2 * time.Second
 // debugRefresh is the page's default reload interval.
 const debugRefresh = 2 * time.Second
 
-func (h *debugHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-		return
+// source returns database i as the page reads it.
+func (h *debugResolver) source(ctx context.Context, i int) (debugpage.Source, error) {
+	c, err := h.resolve(ctx, i)
+	if err != nil {
+		return nil, err
 	}
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	q := r.URL.Query()
-	if q.Get("format") == "json" {
-		var v any
-		hq, isPage, err := debugpage.ParseQuery(q, len(h.dbs))
-		switch {
-		case err != nil:
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		case isPage:
-			page, err := h.heldPage(r.Context(), hq)
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-			v = page
-		default:
-			v = h.report(r.Context())
-		}
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(v); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-		}
-		return
-	}
-	report := h.report(r.Context())
-	refresh := debugRefresh
-	if s := q.Get("refresh"); s != "" {
-		if n, err := strconv.ParseFloat(s, 64); err == nil && n >= 0 && n < 86400 {
-			refresh = time.Duration(n * float64(time.Second))
-		}
-	}
-	nonce := newNonce()
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; script-src 'nonce-"+nonce+"'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := debugpage.Render(w, report, refresh, nonce); err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-	}
-}
-
-// newNonce returns a fresh CSP nonce for the page's one script.
-func newNonce() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return base64.RawStdEncoding.EncodeToString(b[:])
+	return &c.DB, nil
 }
 
 // resolve returns the connector of database i.
-func (h *debugHandler) resolve(ctx context.Context, i int) (*connector, error) {
+func (h *debugResolver) resolve(ctx context.Context, i int) (*connector, error) {
 	h.mu.Lock()
 	c := h.conns[i]
 	h.mu.Unlock()
@@ -168,29 +117,4 @@ func (h *debugHandler) resolve(ctx context.Context, i int) (*connector, error) {
 	h.conns[i] = c
 	h.mu.Unlock()
 	return c, nil
-}
-
-// report gathers every database's state.
-func (h *debugHandler) report(ctx context.Context) debugpage.Report {
-	rep := debugpage.Report{Generated: time.Now().UTC()}
-	for i := range h.dbs {
-		c, err := h.resolve(ctx, i)
-		if err != nil {
-			rep.Databases = append(rep.Databases, debugpage.Database{Index: i, Error: err.Error(),
-				Held: []debugpage.Held{}, HeldGroups: []debugpage.Group{}, Waiters: []debugpage.Waiter{}, Events: []holders.Event{}, Counters: map[string]int64{}})
-			continue
-		}
-		d := c.State(ctx, i, blockerLookupTimeout)
-		rep.Databases = append(rep.Databases, d)
-	}
-	return rep
-}
-
-// heldPage gathers one JSON page of one database's held locks.
-func (h *debugHandler) heldPage(ctx context.Context, q *debugpage.Query) (debugpage.HeldPage, error) {
-	c, err := h.resolve(ctx, q.DB)
-	if err != nil {
-		return debugpage.HeldPage{}, err
-	}
-	return c.HeldPage(q), nil
 }

@@ -333,7 +333,7 @@ func TestSlowLockLogSQLite(t *testing.T) {
 	if _, end, _ := strings.Cut(log, "slow lock wait: ended"); !strings.Contains(end, `holder="as named `) || !strings.Contains(end, " into the wait: connection #") {
 		t.Errorf("the ended line does not say when its holder was named:\n%s", end)
 	}
-	rep := (&debugHandler{dbs: []*sql.DB{db}, conns: []*connector{c}}).report(ctx)
+	rep := (&debugpage.Handler{N: 1, Lookup: blockerLookupTimeout, Resolve: (&debugResolver{dbs: []*sql.DB{db}, conns: []*connector{c}}).source}).Report(ctx)
 	if ev := rep.Databases[0].Events; len(ev) != 1 || ev[0].Kind != eventSlowWait {
 		t.Errorf("events: %+v", ev)
 	}

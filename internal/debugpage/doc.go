@@ -11,11 +11,12 @@
 // sites and key names are formatted only for the rows kept ([Names]).
 // [GraphOf] builds the wait-for graph of the waiters, and [Render] writes
 // the page: a summary for the whole process, then each database, every
-// list bounded and what is left out counted.
+// list bounded and what is left out counted. [Handler] serves it, HTML or
+// JSON, over the databases its caller resolves as [Source]s.
 //
 // Reading the model (connections, lock tables, the writer lock, the
-// server's blockers) and serving the handler are the root package's
-// business: it builds the snapshot and hands it here.
+// server's blockers) is internal/lockdb's business (a [Source]), finding
+// the databases the root's: each builds what it knows and hands it here.
 //
 // State: none; a Collector lives for one page load.
 //
