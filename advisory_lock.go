@@ -31,7 +31,7 @@ type AdvisoryLock struct {
 	turn     any // the owner of this key's turn in the in-process queue (Postgres)
 	turnOnce sync.Once
 	// needsConn is set on the turn's owner while, its turn come, it waits
-	// for a connection of the pool to take the lock on (pg_turns.go).
+	// for a connection of the pool to take the lock on (internal/pgstmt's turns.go).
 	needsConn atomic.Bool
 	token     int64    // the fencing token (Token)
 	taken     heldLock // how the key was taken (noteTaken), for the report of a release under the lock
@@ -121,7 +121,7 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		l = &AdvisoryLock{key: key, db: db, conn: sc, c: c, turn: l}
 	}
 	// The acquisition is under way until its last statement: its lock
-	// statement takes no turn (it owns it already: pg_turns.go), and the
+	// statement takes no turn (it owns it already: internal/pgstmt's turns.go), and the
 	// monitor's first look waits until it is done, since the token read
 	// below runs on the lock's connection (pinning.acquired).
 	l.c.acquiring.Store(true)
@@ -403,7 +403,7 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		// The key was taken again on l.Conn() and is still held there
 		// (locks stack): the connection, parked, keeps it and the key's
 		// turn, so no acquirer of this process waits on the server for it
-		// (pg_turns.go).
+		// (internal/pgstmt's turns.go).
 		l.c.adoptTurn(l.key, l.turn)
 	}
 	l.conn.Close()

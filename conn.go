@@ -100,7 +100,7 @@ type conn struct {
 	// acquiring is set while AcquireAdvisoryLock or TryAdvisoryLock takes
 	// a lock on this connection, from its lock statement to its last
 	// statement (the token read): the lock statement takes no turn (the
-	// acquisition owns the key's turn already: pg_turns.go), and the
+	// acquisition owns the key's turn already: internal/pgstmt's turns.go), and the
 	// monitor's first look waits for the acquisition to settle
 	// (pinning.acquired).
 	acquiring atomic.Bool

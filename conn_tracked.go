@@ -43,7 +43,7 @@ func (c *conn) queryWriting(ctx context.Context, st statement, query string, run
 // execTracked runs a statement that calls advisory-lock functions, or runs
 // on a connection holding session locks, with the lock tracking around it.
 // run runs the statement with a text and arguments, which are st's unless
-// lockhooks changed them (advisoryPlan.sent), where retext allows it (a
+// lockhooks changed them (pgstmt.Plan.Sent), where retext allows it (a
 // statement that is not prepared).
 func (c *conn) execTracked(ctx context.Context, st statement, args []driver.NamedValue, retext bool, run func(text string, args []driver.NamedValue) (driver.Result, error)) (driver.Result, error) {
 	plan, answer, err := c.connector.stmts.Before(ctx, c, st.planned(), args, retext)
@@ -102,7 +102,7 @@ func (c *conn) queryTracked(ctx context.Context, st statement, args []driver.Nam
 }
 
 // sentWith returns the text and arguments a tracked statement runs with:
-// its own, or, where lockhooks annotated it (advisoryPlan.sent), that text,
+// its own, or, where lockhooks annotated it (pgstmt.Plan.Sent), that text,
 // noted as the statement the backend runs. An annotated text this
 // connection sent among its last few goes as the user's statements go (in
 // pgx's default mode, prepared once and cached): a holder that takes one

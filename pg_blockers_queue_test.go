@@ -16,7 +16,7 @@ import (
 // session (raw pgx, not lockhooks) holds the key and n connections of a
 // lockhooks pool wait for it in SELECT pg_advisory_lock. The key is a pair
 // of int4 keys (queueClass, key): a statement of one bigint key waits for
-// its turn in memory first (pg_turns.go), one connection per key on the
+// its turn in memory first (internal/pgstmt's turns.go), one connection per key on the
 // server, and a queue on the server is what other processes, or other
 // forms of the call, make.
 type queueEnv struct {

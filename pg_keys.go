@@ -28,12 +28,6 @@ func (k lockKey) String() string { return advisorykey.Key(k).Describe(describeKe
 // "(1, 2)".
 func (k lockKey) number() string { return advisorykey.Key(k).Number() }
 
-// keyOf resolves a call's key from literals and bound arguments.
-func keyOf(call sqlscan.AdvisoryCall, args []driver.NamedValue) (lockKey, bool) {
-	k, ok := stmtlocks.KeyOf(call, args)
-	return lockKey(k), ok
-}
-
 // EvalKey resolves a call's key, asking the server to evaluate arguments
 // that are expressions (stmtlocks.EvalQuery). A volatile expression may
 // evaluate differently in the statement itself, so keys found this way are

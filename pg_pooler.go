@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/lockhooks/lockhooks/internal/pgsession"
-	"github.com/lockhooks/lockhooks/internal/sqlscan"
 )
 
 // ErrTransactionPooler is wrapped by the error returned when a session
@@ -138,14 +137,4 @@ func (c *conn) sawMarker(m, pid string) {
 	if o, ok := c.connector.pins.OwnerOf(m); ok && o != c {
 		c.connector.pins.SawPooler(c.PoolerDetected(fmt.Sprintf("was opened on backend pid %s, which %v, still open, was opened on too", pid, o)))
 	}
-}
-
-// refuseThroughPooler fails a statement, once a transaction-mode pooler
-// is known on a database not opened with WithTransactionPooler
-// (pgsession.Conn.RefuseThroughPooler). One atomic load otherwise.
-func (c *conn) refuseThroughPooler(adv *sqlscan.Advisory) error {
-	if c.connector.pins == nil {
-		return nil // SQLite
-	}
-	return c.pin.RefuseThroughPooler(adv, c.connector.pins.PoolerSeen())
 }

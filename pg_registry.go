@@ -37,7 +37,7 @@ type pinning struct {
 	locks       map[*AdvisoryLock]struct{} // handed out and not released
 	locksClosed bool                       // db.Close has run: track refuses
 
-	guard pgsession.PoolGuard[lockKey, *conn] // gives a lock statement's wait for its turn up when the pool deadlocks (pg_turns.go)
+	guard pgsession.PoolGuard[lockKey, *conn] // gives a lock statement's wait for its turn up when the pool deadlocks (internal/pgstmt's turns.go)
 }
 
 func newPinning(c *connector) *pinning {

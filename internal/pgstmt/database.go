@@ -41,9 +41,8 @@ type Conn[K advisorykey.Named] interface {
 // Database is what the statements of one database share: the database
 // as the core sees it, and what the adapter adds. The adapter fills it
 // when it opens the database, before any connection opens; every field
-// is required, but Guard, which is nil on SQLite (where only
-// [Database.WatchBlockers], [Database.SelfWaitAdvisory] and
-// [Database.NameHolder] are used).
+// is required, but Guard and Reroute, which are nil on SQLite (where none
+// of its methods is called: the statements it plans are Postgres's).
 type Database[C Conn[K], K advisorykey.Named] struct {
 	*lockdb.DB[C, K]
 	// Guard gives a lock statement's wait for its key's turn up when the

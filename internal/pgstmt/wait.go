@@ -56,9 +56,8 @@ func (db *Database[C, K]) startRowLockWait(ctx context.Context, c C, st Statemen
 	return w
 }
 
-// WatchBlockers starts the blockers lookup of a recorded wait w of c
-// (Postgres; on SQLite it only names c's backend, which there is none),
-// once the wait's waiter is set: who blocks c's statement, read on a side
+// WatchBlockers starts the blockers lookup of a recorded Postgres wait w
+// of c, once the wait's waiter is set: who blocks c's statement, read on a side
 // connection of its own, never on c (waits.Lock.LookForBlockers, which
 // asks c's database, lockdb.DB.HoldersOf).
 func (db *Database[C, K]) WatchBlockers(ctx context.Context, c C, w *waits.Lock[C, K]) {
