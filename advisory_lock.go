@@ -6,16 +6,11 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
-	"strings"
 	"sync"
 	"sync/atomic"
 
+	"github.com/lockhooks/lockhooks/internal/advisorylock"
 	"github.com/lockhooks/lockhooks/internal/callsite"
-	"github.com/lockhooks/lockhooks/internal/dberr"
-	"github.com/lockhooks/lockhooks/internal/pgdriver"
-	"github.com/lockhooks/lockhooks/internal/pgsession"
-	"github.com/lockhooks/lockhooks/internal/pgstmt"
 )
 
 // AdvisoryLock is a session advisory lock held on one connection of a
@@ -23,7 +18,7 @@ import (
 // protects on [AdvisoryLock.Conn], stop it when [AdvisoryLock.Lost] is
 // closed, and end it with [AdvisoryLock.Release].
 type AdvisoryLock struct {
-	key  int64
+	lock advisorylock.Lock[lockKey] // what the lock does on the server, and its key and token (internal/advisorylock)
 	db   *sql.DB
 	conn *sql.Conn
 	c    *conn // the wrapper's state of conn
@@ -33,17 +28,26 @@ type AdvisoryLock struct {
 	// needsConn is set on the turn's owner while, its turn come, it waits
 	// for a connection of the pool to take the lock on (internal/pgstmt's turns.go).
 	needsConn atomic.Bool
-	token     int64    // the fencing token (Token)
-	taken     heldLock // how the key was taken (noteTaken), for the report of a release under the lock
 
 	mu       sync.Mutex
 	released bool
 
-	// The argument and the row of firstRow's statements (one runs at a
-	// time: the acquisition's, then Release's), kept here so that they
-	// cost no allocation.
+	// The argument of FirstRow's statements (one runs at a time: the
+	// acquisition's, then Release's), kept here so that it costs no
+	// allocation.
 	args [1]driver.NamedValue
-	row  [2]driver.Value
+}
+
+// newAdvisoryLock returns the AdvisoryLock of key on sc (c, its wrapper's
+// state), whose turn is owned by turn (nil: by itself).
+func newAdvisoryLock(key int64, db *sql.DB, sc *sql.Conn, c *conn, turn any) *AdvisoryLock {
+	l := &AdvisoryLock{db: db, conn: sc, c: c, turn: turn}
+	if turn == nil {
+		l.turn = l
+	}
+	l.lock = advisorylock.Lock[lockKey]{Key: key, K: lockKey{K1: key}, DB: &c.connector.advisory,
+		Pin: &c.pin, Hold: (*lockHold)(l), Direct: c.direct}
+	return l
 }
 
 // freeTurn gives up l's turn in the in-process queue of its key, once: at
@@ -51,7 +55,7 @@ type AdvisoryLock struct {
 // this process may take the key at once, instead of waiting for the lost
 // lock's Release).
 func (l *AdvisoryLock) freeTurn() {
-	l.turnOnce.Do(func() { l.c.connector.Turns.Unlock(l.key, l.turn) })
+	l.turnOnce.Do(func() { l.c.connector.Turns.Unlock(l.lock.Key, l.turn) })
 }
 
 // AcquireAdvisoryLock takes the exclusive session advisory lock key
@@ -89,8 +93,7 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		return nil, false, err
 	}
 	ctx := context.WithValue(user, callSiteKey{}, c.connector.sites.Of(&site))
-	l := &AdvisoryLock{key: key, db: db, conn: sc, c: c}
-	l.turn = l
+	l := newAdvisoryLock(key, db, sc, c, nil)
 	if c.connector.opts.dialect == SQLite {
 		return l.acquireInProcess(user, ctx, try)
 	}
@@ -118,17 +121,17 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 			turns.Unlock(key, l)
 			return nil, false, err
 		}
-		l = &AdvisoryLock{key: key, db: db, conn: sc, c: c, turn: l}
+		l = newAdvisoryLock(key, db, sc, c, l)
 	}
 	// The acquisition is under way until its last statement: its lock
 	// statement takes no turn (it owns it already: internal/pgstmt's turns.go), and the
 	// monitor's first look waits until it is done, since the token read
 	// below runs on the lock's connection (pinning.acquired).
 	l.c.acquiring.Store(true)
-	got, tokened, err := l.lockOnServer(ctx, try)
+	got, tokened, err := l.lock.LockOnServer(ctx, try)
 	if err != nil || !got {
 		l.c.acquiring.Store(false) // before the connection goes back
-		l.abandon()
+		l.lock.Abandon()
 		l.freeTurn()
 		return nil, false, err
 	}
@@ -139,9 +142,9 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		return nil, false, fmt.Errorf("%w: advisory lock %s: the database was closed while it was acquired", ErrLockLost, describeKey(key))
 	}
 	if !tokened {
-		l.readToken(ctx) // never fails the acquisition: the lock is held
+		l.lock.ReadToken(ctx) // never fails the acquisition: the lock is held
 	}
-	l.noteTaken()
+	l.lock.NoteTaken()
 	l.c.advisory.Store(l)
 	l.c.acquiring.Store(false)
 	l.c.connector.pins.Acquired(l.c) // nothing more of the acquisition runs on it
@@ -149,33 +152,6 @@ func acquire(user context.Context, db *sql.DB, key int64, try bool) (*AdvisoryLo
 		l.freeTurn() // lost before the line above: MarkLost could not see l
 	}
 	return l, true, nil
-}
-
-// abandon gives back the connection of an acquire that failed. The failed
-// statement may still have taken the lock: a lock_timeout, statement_timeout
-// or cancel racing the grant, or a context that ended after the server's
-// answer arrived but before it was read (database/sql then reports the
-// context's error). lockhooks' tracking, which the server confirms after any
-// error, says whether the connection holds the key; if it does, the key is
-// unlocked before the connection goes back to the pool, or, if that fails,
-// the connection is closed for good (which ends its backend), so no lock
-// stays behind on a parked connection for this process's next acquirer to
-// wait on. The error-free path never gets here.
-func (l *AdvisoryLock) abandon() {
-	defer l.conn.Close()
-	k := lockKey{K1: l.key}
-	if !l.c.holds(k) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), l.c.connector.opts.lockCheckTimeout)
-	defer cancel()
-	var ok bool
-	err := l.conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
-	if err == nil && ok && !l.c.holds(k) {
-		return
-	}
-	why := fmt.Sprintf("could not be unlocked after its acquire failed (unlock: %v, %v), so its connection is closed", ok, err)
-	l.c.MarkLost(why, errors.New(why), pgsession.LossEnd)
 }
 
 // lockhooksConn takes a connection of db and its lockhooks state.
@@ -204,138 +180,34 @@ func lockhooksConn(ctx context.Context, db *sql.DB) (*sql.Conn, *conn, error) {
 	return sc, c, nil
 }
 
-// lockOnServer takes the Postgres session lock on l's connection (through
-// a transaction pooler the holder polls; see pgsession.Conn.RunOnHolder). tokened
-// says that the statement also took the fencing token (lockedWithToken).
-func (l *AdvisoryLock) lockOnServer(ctx context.Context, try bool) (got, tokened bool, err error) {
-	if !try {
-		if l.c.direct && !l.c.connector.noTokenInLock.Load() {
-			return l.lockedWithToken(ctx)
-		}
-		if err := l.lockAlone(ctx); err != nil {
-			return false, false, err
-		}
-		return true, false, nil
-	}
-	if _, err := l.firstRow(ctx, "SELECT pg_try_advisory_lock($1)", l.row[:1]); err != nil {
-		return false, false, fmt.Errorf("lockhooks: trying advisory lock %s: %w", describeKey(l.key), err)
-	}
-	got, _ = l.row[0].(bool)
-	return got, false, nil
-}
-
-// lockAlone takes the Postgres session lock on l's connection with a
-// statement that takes nothing else.
-func (l *AdvisoryLock) lockAlone(ctx context.Context) error {
-	if _, err := l.conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.key); err != nil {
-		return fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
-	}
-	return nil
-}
-
-// lockedWithToken takes the lock on l's connection, and the fencing token
-// in the same statement where the statement goes as annotated (tokened);
-// otherwise the caller reads the token apart. The token never fails the
-// acquisition: where the statement failed for the token's sake
-// (tokenRefused), the lock is kept if it was granted before the token
-// failed, or else taken alone, with token 0. A server that refused the
-// token statement outright (no pg_current_xact_id() before Postgres 13, no
-// permission to call it) is never asked that way again.
-func (l *AdvisoryLock) lockedWithToken(ctx context.Context) (got, tokened bool, err error) {
-	row := l.row[:]
-	n, err := l.firstRow(pgstmt.WithFencingToken(ctx), "SELECT pg_advisory_lock($1)", row)
-	if state := dberr.SQLState(err); tokenRefused(state) && ctx.Err() == nil {
-		if strings.HasPrefix(state, "42") && l.c.connector.noTokenInLock.CompareAndSwap(false, true) {
-			l.c.connector.opts.logger.Warn("lockhooks: the server refuses the fencing token (pg_current_xact_id()); AdvisoryLock.Token is 0 on this database",
-				"connection", l.c.String(), "error", err)
-		}
-		if l.c.holds(lockKey{K1: l.key}) {
-			return true, true, nil // granted before the token failed (the failure's pg_locks read says so): token 0
-		}
-		if err := l.lockAlone(ctx); err != nil {
-			return false, false, err
-		}
-		return true, true, nil // token 0
-	}
-	if err != nil {
-		return false, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
-	}
-	if n == 2 && row[1] != nil { // NULL on a hot standby: 0
-		l.token = pgdriver.AsInt64(row[1])
-	}
-	clear(row)
-	return true, n == 2, nil
-}
-
-// tokenRefused reports whether SQLSTATE state is one the fencing token
-// raises and a lock statement alone does not: the statement refused
-// before it ran (class 42: pg_current_xact_id() undefined, 42883, or not
-// permitted, 42501), no transaction id to assign (54000, near xid
-// wraparound; 25006, read-only). The lock's own failures (a timeout, a
-// cancel, a deadlock, a full lock table, a lost connection) are not.
-func tokenRefused(state string) bool {
-	return strings.HasPrefix(state, "42") || state == "54000" || state == "25006"
-}
-
-// firstRow runs query, with l's key as its argument, on l's connection
-// through the statement hooks, and reads its first row (at most len(dest)
-// columns) into dest; n is the number of columns. It calls the hooks
-// directly, under database/sql's hold of the connection (Raw): the lock
-// and unlock of AcquireAdvisoryLock and Release need none of what
-// database/sql's own query path costs (its rows, the conversions of Scan,
-// a goroutine per query run with a context that can end).
-func (l *AdvisoryLock) firstRow(ctx context.Context, query string, dest []driver.Value) (n int, err error) {
-	err = l.conn.Raw(func(any) error {
-		l.args[0] = driver.NamedValue{Ordinal: 1, Value: l.key}
-		rows, err := l.c.QueryContext(ctx, query, l.args[:])
-		if err != nil {
-			return err
-		}
-		n = len(rows.Columns())
-		if n > len(dest) {
-			rows.Close()
-			return fmt.Errorf("lockhooks: %q returned %d columns, want at most %d", query, n, len(dest))
-		}
-		if err := rows.Next(dest[:n]); err != nil {
-			rows.Close()
-			if err == io.EOF {
-				err = fmt.Errorf("lockhooks: %q returned no row", query)
-			}
-			return err
-		}
-		return rows.Close()
-	})
-	return n, err
-}
-
 // acquireInProcess takes the SQLite stand-in: an in-process named lock.
 func (l *AdvisoryLock) acquireInProcess(user, ctx context.Context, try bool) (*AdvisoryLock, bool, error) {
 	names := &l.c.connector.Named
 	var site callsite.Stack
 	site.Capture()
 	if try {
-		if !names.TryLock(l.key, l, takerOf(user, l, nil), &site) {
+		if !names.TryLock(l.lock.Key, l, takerOf(user, l, nil), &site) {
 			l.conn.Close()
 			return nil, false, nil
 		}
-		l.token = l.c.connector.tokens.next()
+		l.lock.Token = l.c.connector.tokens.Next()
 		return l, true, nil
 	}
-	_, w := l.c.connector.Waits.Start(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.key)))
+	_, w := l.c.connector.Waits.Start(ctx, "advisory", "exclusive", "session", AttrLockKeys.String(describeKey(l.lock.Key)))
 	w.SetWaiter(l.c, siteOf(ctx), nil, "", nil)
-	err := names.Lock(user, l.key, l, takerOf(user, l, nil), &site, w)
-	err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", l.key), fmt.Sprintf("advisory lock %d", l.key), describeKey(l.key))
+	err := names.Lock(user, l.lock.Key, l, takerOf(user, l, nil), &site, w)
+	err = explainTableWait(err, fmt.Sprintf("AcquireAdvisoryLock(%d)", l.lock.Key), fmt.Sprintf("advisory lock %d", l.lock.Key), describeKey(l.lock.Key))
 	w.End(ctx, "", err)
 	if err != nil {
 		l.conn.Close()
-		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.key), err)
+		return nil, false, fmt.Errorf("lockhooks: acquiring advisory lock %s: %w", describeKey(l.lock.Key), err)
 	}
-	l.token = l.c.connector.tokens.next()
+	l.lock.Token = l.c.connector.tokens.Next()
 	return l, true, nil
 }
 
 // Key returns the lock's key.
-func (l *AdvisoryLock) Key() int64 { return l.key }
+func (l *AdvisoryLock) Key() int64 { return l.lock.Key }
 
 // Conn returns the connection that holds the lock. Run the protected work
 // on it: its statements fail with an error wrapping [ErrLockLost] once the
@@ -382,12 +254,12 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.released {
-		return fmt.Errorf("lockhooks: advisory lock %s was already released", describeKey(l.key))
+		return fmt.Errorf("lockhooks: advisory lock %s was already released", describeKey(l.lock.Key))
 	}
 	l.released = true
 	if l.c.connector.opts.dialect == SQLite {
 		defer l.conn.Close()
-		l.c.connector.Named.Unlock(l.key, l)
+		l.c.connector.Named.Unlock(l.lock.Key, l)
 		return nil
 	}
 	// Off the connection before the unlock, which must not count as a
@@ -396,88 +268,17 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 	l.c.advisory.CompareAndSwap(l, nil)
 	err := l.Err()
 	if err == nil {
-		err = l.unlock(ctx)
+		err = l.lock.Unlock(ctx)
 	}
 	l.c.connector.pins.untrack(l)
-	if err == nil && l.c.holds(lockKey{K1: l.key}) {
+	if err == nil && l.c.holds(lockKey{K1: l.lock.Key}) {
 		// The key was taken again on l.Conn() and is still held there
 		// (locks stack): the connection, parked, keeps it and the key's
 		// turn, so no acquirer of this process waits on the server for it
 		// (internal/pgstmt's turns.go).
-		l.c.adoptTurn(l.key, l.turn)
+		l.c.adoptTurn(l.lock.Key, l.turn)
 	}
 	l.conn.Close()
 	l.freeTurn() // the next acquirer of this process, once the lock is released
 	return err
-}
-
-// unlock runs Release's unlock. If it fails and the connection still holds
-// the key (lockhooks' tracking, which the server confirms after any error,
-// says so), it makes sure the key does not stay held: see Release.
-func (l *AdvisoryLock) unlock(ctx context.Context) error {
-	// The unlock must run even when ctx is done (defer l.Release(ctx) after
-	// a cancelled request): a skipped unlock would leave the lock on a
-	// parked connection, and the next acquirer waiting behind it.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.connector.opts.lockCheckTimeout)
-	defer cancel()
-	ok, err := l.unlockOnce(ctx)
-	if err == nil && ok {
-		return nil
-	}
-	if err == nil {
-		err = fmt.Errorf("%w: pg_advisory_unlock(%d) returned false", ErrNotLockOwner, l.key)
-	} else {
-		err = fmt.Errorf("lockhooks: releasing advisory lock %s: %w", describeKey(l.key), err)
-	}
-	k := lockKey{K1: l.key}
-	if !l.c.holds(k) {
-		return err
-	}
-	// Still held: if the unlock failed because the transaction it ran in
-	// had failed (25P02; one begun by statement text: database/sql's
-	// belongs to its *sql.Tx), roll that transaction back and unlock
-	// again. Another failure (a timeout, say) keeps the user's work: the
-	// connection is closed instead. The connection's state is read under
-	// database/sql's hold of it (Raw), never beside a statement of another
-	// goroutine's.
-	var textTx bool
-	if dberr.SQLState(err) == "25P02" {
-		l.conn.Raw(func(any) error {
-			l.c.pin.Lock()
-			textTx = l.c.pin.TextTx && l.c.tx.inner == nil
-			l.c.pin.Unlock()
-			return nil
-		})
-	}
-	if textTx {
-		if _, rerr := l.conn.ExecContext(ctx, "ROLLBACK"); rerr == nil {
-			if ok, uerr := l.unlockOnce(ctx); uerr == nil && ok && !l.c.holds(k) {
-				return fmt.Errorf("%w; lockhooks rolled back the connection's transaction (its work was not committed) and unlocked the lock then", err)
-			}
-		}
-	}
-	if !l.c.holds(k) {
-		return err
-	}
-	// Closing the connection ends its session, and the lock with it (its
-	// backend is ended too if it outlives the connection). The turn stays
-	// taken until Release has closed it: MarkLost must not free it.
-	l.c.advisory.CompareAndSwap(l, nil)
-	why := fmt.Sprintf("could not be unlocked at Release (%v), so its connection is closed", err)
-	l.c.MarkLost(why, err, pgsession.LossEnd)
-	l.c.connector.pins.Settle(l.c) // (a parked connection, after Conn().Close(), is closed here)
-	return fmt.Errorf("%w; the connection still held the lock, so lockhooks closed it instead of returning it to the pool, which releases the lock on the server", err)
-}
-
-// unlockOnce runs pg_advisory_unlock for l's key on its connection, or,
-// if the caller closed Conn() (the connection is parked and still holds
-// the lock), rerouted to it through the pool.
-func (l *AdvisoryLock) unlockOnce(ctx context.Context) (ok bool, err error) {
-	if _, err = l.firstRow(ctx, "SELECT pg_advisory_unlock($1)", l.row[:1]); err == nil {
-		ok, _ = l.row[0].(bool)
-	}
-	if errors.Is(err, sql.ErrConnDone) {
-		err = l.db.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
-	}
-	return ok, err
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockhooks/lockhooks/internal/advisorylock"
 )
 
 // A statement on an AdvisoryLock's own connection that releases its key is
@@ -91,12 +93,12 @@ func TestAdvisoryReleasedUnderLockIsALoss(t *testing.T) {
 			}
 			mentions(t, "Err()", err.Error(), "advisory lock 4242", "released by a statement on its own connection", stmt, "Release")
 			_, err = l.Conn().ExecContext(ctx, "SELECT 1")
-			if !errors.Is(err, ErrLockLost) || !strings.Contains(err.Error(), releasedOnOwnConn) {
+			if !errors.Is(err, ErrLockLost) || !strings.Contains(err.Error(), advisorylock.ReleasedOnOwnConn) {
 				t.Fatalf("the next statement on the lock's connection: %v, want ErrLockLost for the release", err)
 			}
 			t.Logf("Err(): %v", err)
 			line := logLine(t, e.log, "advisory lock lost")
-			mentions(t, "the log line", line, "keys=4242", releasedOnOwnConn)
+			mentions(t, "the log line", line, "keys=4242", advisorylock.ReleasedOnOwnConn)
 			if got := counterValue(t, e.metrics, "lockhooks.lock.lost"); got != 1 {
 				t.Errorf("lockhooks.lock.lost = %d, want 1", got)
 			}

@@ -1,14 +1,5 @@
 package lockhooks
 
-import (
-	"context"
-	"sync/atomic"
-	"time"
-
-	"github.com/lockhooks/lockhooks/internal/pgdriver"
-	"github.com/lockhooks/lockhooks/internal/pgstmt"
-)
-
 // Token returns the lock's fencing token: a number that grows with every
 // acquisition of the lock's key, so that the data a holder protects can
 // refuse a holder whose lock was lost and taken by another meanwhile (a
@@ -50,50 +41,4 @@ import (
 // read failed (the acquisition does not fail for it: the lock is held). A
 // write fenced as above refuses 0, so code that relies on the token stops
 // there instead of writing unfenced.
-func (l *AdvisoryLock) Token() int64 { return l.token }
-
-// tokenQuery reads the fencing token.
-const tokenQuery = "SELECT " + pgstmt.FencingToken
-
-// readToken takes the fencing token of a lock that was just granted
-// (0 if none can be assigned; see Token). The lock is held: a context that
-// ends now must not close the connection (which would lose it) nor fail
-// the acquisition, so the read has a bounded context of its own, and its
-// failure leaves the token 0. A failure that broke the connection is the
-// lock's loss, which the connection's tracking reports (Lost, Err) as for
-// any later statement. The read is the holder's last statement until it
-// runs another, so it carries the holder's annotation, as the pg_locks read
-// before it did (pg_identity_publish.go): other processes name a parked
-// AdvisoryLock's holder from it.
-func (l *AdvisoryLock) readToken(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.c.connector.opts.lockCheckTimeout)
-	defer cancel()
-	l.conn.Raw(func(any) error {
-		note, args := l.c.holderNote()
-		row, err := l.c.QueryRow(ctx, note+tokenQuery, args)
-		switch {
-		case err == nil && row[0] != nil:
-			l.token = pgdriver.AsInt64(row[0])
-		case err != nil && l.c.ConnectionBroken(err):
-			// The read bypasses the statement hooks, which would have
-			// found the loss: report it as they would (Lost, Err).
-			l.c.LoseLocks(err)
-		}
-		return nil
-	})
-}
-
-// tokenClock gives the in-process advisory locks (SQLite) their fencing
-// tokens: each larger than the last, and than the clock in nanoseconds.
-type tokenClock struct{ last atomic.Int64 }
-
-// next returns a new token.
-func (c *tokenClock) next() int64 {
-	for {
-		last := c.last.Load()
-		next := max(last+1, time.Now().UnixNano())
-		if c.last.CompareAndSwap(last, next) {
-			return next
-		}
-	}
-}
+func (l *AdvisoryLock) Token() int64 { return l.lock.Token }

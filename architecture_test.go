@@ -17,7 +17,7 @@ import (
 // so a new package is placed in the picture when it is made.
 var importRules = map[string]packageRule{
 	// The public face and the database/sql adapter.
-	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/telemetry", "internal/lockset", "internal/pgserver", "internal/waits", "internal/rawconn", "internal/keynames", "internal/sqliteconn", "internal/stmtlocks", "internal/pgblocking", "internal/inprocess", "internal/pgbegin", "internal/holding", "internal/lockdb", "internal/pgstmt", "internal/driverext"}},
+	".":       {may: []string{"internal/sqlscan", "internal/dberr", "internal/callsite", "internal/identity", "internal/lockorder", "internal/holders", "internal/advisorykey", "internal/sqlitelock", "internal/pgdriver", "internal/pgsession", "internal/retry", "internal/debugpage", "internal/telemetry", "internal/lockset", "internal/pgserver", "internal/waits", "internal/rawconn", "internal/keynames", "internal/sqliteconn", "internal/stmtlocks", "internal/pgblocking", "internal/inprocess", "internal/pgbegin", "internal/holding", "internal/lockdb", "internal/pgstmt", "internal/advisorylock", "internal/driverext"}},
 	"modernc": {may: []string{".", "internal/driverext"}},
 
 	// The core: one concept each, none of them on database/sql; the pure
@@ -35,22 +35,23 @@ var importRules = map[string]packageRule{
 	"internal/rawconn":     {core: true},
 
 	// The core packages over others of the core.
-	"internal/sqlitelock": {core: true, pure: true, may: []string{"internal/callsite"}},
-	"internal/stmtlocks":  {core: true, may: []string{"internal/sqlscan", "internal/advisorykey", "internal/lockset", "internal/lockorder", "internal/callsite", "internal/pgdriver"}},
-	"internal/sqliteconn": {core: true, may: []string{"internal/sqlitelock", "internal/rawconn", "internal/dberr", "internal/retry", "internal/pgdriver"}},
-	"internal/pgsession":  {core: true, may: []string{"internal/advisorykey", "internal/callsite", "internal/pgdriver", "internal/rawconn", "internal/pgserver", "internal/dberr", "internal/sqlscan", "internal/identity"}},
-	"internal/retry":      {core: true, pure: true, may: []string{"internal/dberr"}},
-	"internal/debugpage":  {core: true, pure: true, may: []string{"internal/holders", "internal/advisorykey", "internal/callsite"}},
-	"internal/telemetry":  {core: true, pure: true, may: []string{"internal/holders", "internal/dberr"}},
-	"internal/pgserver":   {core: true, may: []string{"internal/pgdriver", "internal/holders", "internal/advisorykey"}},
-	"internal/keynames":   {core: true, pure: true, may: []string{"internal/holders", "internal/lockset"}},
-	"internal/waits":      {core: true, pure: true, may: []string{"internal/holders", "internal/telemetry", "internal/callsite"}},
-	"internal/inprocess":  {core: true, pure: true, may: []string{"internal/sqlitelock", "internal/callsite", "internal/holders", "internal/lockset"}},
-	"internal/holding":    {core: true, pure: true, may: []string{"internal/holders", "internal/advisorykey", "internal/callsite"}},
-	"internal/pgbegin":    {core: true, may: []string{"internal/retry", "internal/identity", "internal/dberr", "internal/pgdriver"}},
-	"internal/lockdb":     {core: true, pure: true, may: []string{"internal/holders", "internal/holding", "internal/inprocess", "internal/waits", "internal/pgsession", "internal/pgblocking", "internal/debugpage", "internal/keynames", "internal/lockset", "internal/advisorykey", "internal/sqlitelock", "internal/callsite"}},
-	"internal/pgstmt":     {core: true, may: []string{"internal/lockdb", "internal/pgsession", "internal/stmtlocks", "internal/sqlscan", "internal/waits", "internal/telemetry", "internal/holders", "internal/holding", "internal/inprocess", "internal/pgblocking", "internal/rawconn", "internal/advisorykey", "internal/dberr"}},
-	"internal/pgblocking": {core: true, may: []string{"internal/pgserver", "internal/rawconn", "internal/identity", "internal/pgdriver", "internal/holders", "internal/advisorykey"}},
+	"internal/sqlitelock":   {core: true, pure: true, may: []string{"internal/callsite"}},
+	"internal/stmtlocks":    {core: true, may: []string{"internal/sqlscan", "internal/advisorykey", "internal/lockset", "internal/lockorder", "internal/callsite", "internal/pgdriver"}},
+	"internal/sqliteconn":   {core: true, may: []string{"internal/sqlitelock", "internal/rawconn", "internal/dberr", "internal/retry", "internal/pgdriver"}},
+	"internal/pgsession":    {core: true, may: []string{"internal/advisorykey", "internal/callsite", "internal/pgdriver", "internal/rawconn", "internal/pgserver", "internal/dberr", "internal/sqlscan", "internal/identity"}},
+	"internal/retry":        {core: true, pure: true, may: []string{"internal/dberr"}},
+	"internal/debugpage":    {core: true, pure: true, may: []string{"internal/holders", "internal/advisorykey", "internal/callsite"}},
+	"internal/telemetry":    {core: true, pure: true, may: []string{"internal/holders", "internal/dberr"}},
+	"internal/pgserver":     {core: true, may: []string{"internal/pgdriver", "internal/holders", "internal/advisorykey"}},
+	"internal/keynames":     {core: true, pure: true, may: []string{"internal/holders", "internal/lockset"}},
+	"internal/waits":        {core: true, pure: true, may: []string{"internal/holders", "internal/telemetry", "internal/callsite"}},
+	"internal/inprocess":    {core: true, pure: true, may: []string{"internal/sqlitelock", "internal/callsite", "internal/holders", "internal/lockset"}},
+	"internal/holding":      {core: true, pure: true, may: []string{"internal/holders", "internal/advisorykey", "internal/callsite"}},
+	"internal/pgbegin":      {core: true, may: []string{"internal/retry", "internal/identity", "internal/dberr", "internal/pgdriver"}},
+	"internal/lockdb":       {core: true, pure: true, may: []string{"internal/holders", "internal/holding", "internal/inprocess", "internal/waits", "internal/pgsession", "internal/pgblocking", "internal/debugpage", "internal/keynames", "internal/lockset", "internal/advisorykey", "internal/sqlitelock", "internal/callsite"}},
+	"internal/pgstmt":       {core: true, may: []string{"internal/lockdb", "internal/pgsession", "internal/stmtlocks", "internal/sqlscan", "internal/waits", "internal/telemetry", "internal/holders", "internal/holding", "internal/inprocess", "internal/pgblocking", "internal/rawconn", "internal/advisorykey", "internal/dberr"}},
+	"internal/advisorylock": {core: true, may: []string{"internal/pgsession", "internal/pgstmt", "internal/keynames", "internal/pgdriver", "internal/dberr"}},
+	"internal/pgblocking":   {core: true, may: []string{"internal/pgserver", "internal/rawconn", "internal/identity", "internal/pgdriver", "internal/holders", "internal/advisorykey"}},
 
 	// Driver plumbing shared by the root and its driver subpackages.
 	"internal/driverext": {},

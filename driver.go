@@ -30,6 +30,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/lockhooks/lockhooks/internal/advisorylock"
 	"github.com/lockhooks/lockhooks/internal/callsite"
 	"github.com/lockhooks/lockhooks/internal/driverext"
 	"github.com/lockhooks/lockhooks/internal/holders"
@@ -311,7 +312,8 @@ type connector struct {
 	tel      *reporting
 	pins     *pinning               // Postgres only
 	stmts    statements             // what the statements on the slow path share (internal/pgstmt)
-	tokens   tokenClock             // SQLite: the in-process advisory locks' fencing tokens
+	advisory advisorylock.Database  // what its AdvisoryLocks share (internal/advisorylock)
+	tokens   advisorylock.Clock     // SQLite: the in-process advisory locks' fencing tokens
 	own      pgdriver.Statements    // Postgres: what the driver allows lockhooks' own statements (pg_begin.go)
 	sites    callsite.Names         // Postgres: call sites of transactions' identities, by return address (internal/callsite)
 	writer   writerLock             // SQLite's in-process writer lock
@@ -323,11 +325,6 @@ type connector struct {
 	sqlite   sqlitelock.DSN         // dsn's parameters, parsed (SQLite)
 	nextID   atomic.Uint64
 	side     *rawconn.Side // Postgres: the one connection outside the pool for lookups (pg_blockers.go)
-
-	// noTokenInLock: the server refused pg_current_xact_id() (none before
-	// Postgres 13, or no permission to call it), so AcquireAdvisoryLock's
-	// lock statement does not take the fencing token (pgstmt.WithFencingToken).
-	noTokenInLock atomic.Bool
 }
 
 var (
@@ -341,6 +338,7 @@ var (
 func newConnector(inner driver.Connector, d *Driver, o *options, dsn string, sqlite sqlitelock.DSN) *connector {
 	c := &connector{inner: inner, driver: d, opts: o, rewriter: newRewriter(o), dsn: dsn, sqlite: sqlite}
 	c.Dialect, c.Names, c.Writer = string(o.dialect), &keyNames, &c.writer.core
+	c.advisory.CheckTimeout, c.advisory.Logger, c.advisory.Names = o.lockCheckTimeout, o.logger, &keyNames
 	c.OwnerConn, c.NeedsConn, c.Identify = ownerConn, needsConn, identify
 	c.openSide() // before join: a database the registry lists can be asked who a backend is
 	databases.join(c, defaultPoolName(o.dialect, dsn, inner))

@@ -69,8 +69,8 @@ func TestPoolerFailedAcquireLeavesNothing(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	l.abandon() // as acquire does when lockOnServer failed
-	l.c.connector.Turns.Unlock(l.key, l.turn)
+	l.lock.Abandon() // as acquire does when LockOnServer failed
+	l.c.connector.Turns.Unlock(l.lock.Key, l.turn)
 	e.waitNoAdvisoryLocks(t)
 	if s := db.Stats(); s.InUse != 0 {
 		t.Errorf("%d connections still in use after the failed acquire", s.InUse)
