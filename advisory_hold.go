@@ -78,7 +78,7 @@ func (h *lockHold) UnlockKey(ctx context.Context, throughPool bool) (ok bool, er
 // hold of it, past the statement hooks; a failure that broke the
 // connection is reported as the hooks would have (Lost, Err).
 func (h *lockHold) OwnRow(ctx context.Context, query string) (row []driver.Value, err error) {
-	h.conn.Raw(func(any) error {
+	rerr := h.conn.Raw(func(any) error {
 		note, args := h.c.holderNote()
 		row, err = h.c.QueryRow(ctx, note+query, args)
 		if err != nil && h.c.ConnectionBroken(err) {
@@ -86,6 +86,9 @@ func (h *lockHold) OwnRow(ctx context.Context, query string) (row []driver.Value
 		}
 		return nil
 	})
+	if rerr != nil {
+		return nil, rerr // the connection was closed before the read (db.Close racing the acquisition)
+	}
 	return row, err
 }
 

@@ -44,9 +44,6 @@ func lockID(name string) int64 {
 	return int64(binary.BigEndian.Uint64(sum[24:]) & (1<<63 - 1))
 }
 
-// heldLock is one session lock a connection holds (pgsession.Held).
-type heldLock = pgsession.Held
-
 // InTx reports whether the connection is inside a transaction block, opened
 // by database/sql or by statement text.
 func (c *conn) InTx() bool {

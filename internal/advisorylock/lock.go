@@ -32,7 +32,9 @@ type Database struct {
 // Hold is the adapter's side of a lock: how statements run on the
 // connection it keeps for the lock.
 type Hold interface {
-	// String names the lock's connection in messages.
+	// String names the lock's connection in messages. It is called under
+	// the lock of the connection's tracking (Released), so it must not
+	// take that lock.
 	String() string
 	// FirstRow runs query, with the lock's key as its one argument, on
 	// the lock's connection through the adapter's statement hooks, and

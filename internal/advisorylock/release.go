@@ -47,13 +47,14 @@ func (l *Lock[K]) markLost(why string, cause error) {
 // connection still holds the key (the tracking, which the server confirms
 // after any error, says so), it makes sure the key does not stay held:
 // where the unlock failed because the transaction it ran in had failed
-// (25P02), and that transaction was begun by statement text (the
-// adapter's own belongs to the application), it rolls the transaction
-// back and unlocks again; where that is not so or does not work (a
-// timeout, say, which keeps the user's work), it takes the lock off its
-// connection and closes that connection for good, which ends the session
-// and the lock with it (its backend is ended too if it outlives the
-// connection). The error says which.
+// (25P02), and that transaction was begun by statement text (one
+// database/sql began belongs to the application's *sql.Tx), it rolls the transaction back and unlocks again; where that is not so
+// or does not work (a timeout, say, which keeps the user's work), it takes
+// the lock off its connection and marks the connection lost, so that it
+// is closed instead of pooled (Hold.Settle closes a parked one; the
+// caller's Release closes its own), which ends the session and the lock
+// with it (its backend is ended too if it outlives the connection). The
+// error says which.
 func (l *Lock[K]) Unlock(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.DB.CheckTimeout)
 	defer cancel()

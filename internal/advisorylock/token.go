@@ -24,7 +24,7 @@ const tokenQuery = "SELECT " + pgstmt.FencingToken
 func (l *Lock[K]) ReadToken(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.DB.CheckTimeout)
 	defer cancel()
-	if row, err := l.Hold.OwnRow(ctx, tokenQuery); err == nil && row[0] != nil {
+	if row, err := l.Hold.OwnRow(ctx, tokenQuery); err == nil && len(row) > 0 && row[0] != nil {
 		l.Token = pgdriver.AsInt64(row[0])
 	}
 }
